@@ -1,0 +1,1 @@
+"""gpu-alert-bot: turns Alertmanager webhooks into precise, never-lost notifications for GPU servers."""

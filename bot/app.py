@@ -1,0 +1,135 @@
+"""The aiohttp application: routes, and the start-up and shut-down of the store, worker and outbox."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from bot.auth import WebhookAuth
+from bot.config import BotConfig
+from bot.enrich import build_enrichers
+from bot.enrich.base import EnrichmentRunner
+from bot.ingest import WebhookHandler, json_error
+from bot.metrics import Metrics
+from bot.outbox import Outbox
+from bot.pipeline import Pipeline
+from bot.playbooks import PlaybookSet
+from bot.routing import Router
+from bot.sinks import build_sinks
+from bot.store import Store, StoreUnavailable, open_store
+from bot.worker import Worker
+
+log = logging.getLogger(__name__)
+
+WEBHOOK_PATH = "/alertmanager"
+_READY_CHECK_TIMEOUT = 2.0
+
+
+@dataclass
+class Runtime:
+    """Everything that runs in the background of one bot process."""
+
+    store: Store
+    outbox: Outbox
+    worker: Worker
+    enrichers: EnrichmentRunner
+
+    async def close(self) -> None:
+        await self.worker.stop()
+        await self.outbox.stop()
+        await self.enrichers.close()
+        await self.store.close()
+
+
+async def start_runtime(config: BotConfig, metrics: Metrics, playbooks: PlaybookSet) -> Runtime:
+    store = await open_store(config.store)
+    sinks = build_sinks(config.receivers, store, metrics)
+    outbox = Outbox(store, sinks, config.outbox, metrics)
+    enrichers = build_enrichers(config.enrichment, store, metrics)
+    pipeline = Pipeline(store, enrichers, playbooks, Router(config.routing), outbox, metrics)
+    worker = Worker(pipeline, store, config.worker, config.store, metrics)
+    outbox.start()
+    worker.start()
+    return Runtime(store=store, outbox=outbox, worker=worker, enrichers=enrichers)
+
+
+RUNTIME_KEY = web.AppKey("runtime", Runtime)
+METRICS_KEY = web.AppKey("metrics", Metrics)
+WEBHOOK_KEY = web.AppKey("webhook", WebhookHandler)
+
+
+def build_app(config: BotConfig, playbooks: PlaybookSet, metrics: Metrics | None = None) -> web.Application:
+    metrics = metrics or Metrics()
+    app = web.Application(client_max_size=config.server.max_body_bytes, middlewares=[_json_errors])
+    app[METRICS_KEY] = metrics
+    auth = WebhookAuth(config.server.auth)
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        runtime = await start_runtime(config, metrics, playbooks)
+        app[RUNTIME_KEY] = runtime
+        app[WEBHOOK_KEY] = WebhookHandler(runtime.store, auth, config.server, metrics, runtime.worker.notify)
+        yield
+        await runtime.close()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.router.add_post(WEBHOOK_PATH, _webhook)
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", _readyz)
+    app.router.add_get("/metrics", _metrics)
+    return app
+
+
+async def _webhook(request: web.Request) -> web.Response:
+    return await request.app[WEBHOOK_KEY](request)
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "alive"})
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME_KEY]
+    checks: dict[str, str] = {}
+    try:
+        await asyncio.wait_for(runtime.store.check_writable(), _READY_CHECK_TIMEOUT)
+        checks["store"] = "writable"
+    except (StoreUnavailable, TimeoutError) as exc:
+        checks["store"] = f"not writable: {exc}" if str(exc) else "not writable: timed out"
+    checks["worker"] = "running" if runtime.worker.running else "stopped"
+    checks["outbox"] = "running" if runtime.outbox.running else "stopped"
+    ready = checks["store"] == "writable" and checks["worker"] == "running" and checks["outbox"] == "running"
+    return web.json_response(
+        {"status": "ready" if ready else "not ready", "checks": checks}, status=200 if ready else 503
+    )
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[METRICS_KEY].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """aiohttp's own errors (404, 405, 413) as JSON like ours; an unexpected exception as a JSON 500, logged."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        response = json_error(exc.status, exc.reason.lower().replace(" ", "_"), exc.text or exc.reason)
+        for name in ("Allow", "WWW-Authenticate"):
+            if name in exc.headers:
+                response.headers[name] = exc.headers[name]
+        return response
+    except Exception:
+        log.exception("unexpected error while handling a request", extra={"path": request.path})
+        request.app[METRICS_KEY].errors.labels("internal").inc()
+        return json_error(500, "internal_error", "unexpected error; see the bot's log")

@@ -1,0 +1,51 @@
+"""Webhook authentication: a bearer token or HTTP basic credentials, compared in constant time."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+
+from bot.config import WebhookAuthConfig
+
+
+def _same(presented: str, expected: str) -> bool:
+    return hmac.compare_digest(presented.encode("utf-8"), expected.encode("utf-8"))
+
+
+class WebhookAuth:
+    def __init__(self, config: WebhookAuthConfig) -> None:
+        self._bearer = config.bearer_token_file.get() if config.bearer_token_file else None
+        self._basic = (config.basic.username, config.basic.password_file.get()) if config.basic else None
+
+    @property
+    def enabled(self) -> bool:
+        return self._bearer is not None or self._basic is not None
+
+    @property
+    def challenge(self) -> str:
+        return 'Basic realm="gpu-alert-bot"' if self._basic and not self._bearer else 'Bearer realm="gpu-alert-bot"'
+
+    def allows(self, authorization: str | None) -> bool:
+        """Whether the Authorization header carries the configured credentials (always true when none are set)."""
+        if not self.enabled:
+            return True
+        scheme, _, credentials = (authorization or "").strip().partition(" ")
+        credentials = credentials.strip()
+        if scheme.lower() == "bearer" and self._bearer is not None:
+            return _same(credentials, self._bearer)
+        if scheme.lower() == "basic" and self._basic is not None:
+            return self._basic_matches(credentials)
+        return False
+
+    def _basic_matches(self, credentials: str) -> bool:
+        assert self._basic is not None
+        try:
+            decoded = base64.b64decode(credentials, validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+        username, sep, password = decoded.partition(":")
+        # Both comparisons always run, so the time taken does not tell which part was wrong.
+        user_ok = _same(username, self._basic[0])
+        password_ok = _same(password, self._basic[1])
+        return bool(sep) and user_ok and password_ok

@@ -1,0 +1,134 @@
+"""Compose the neutral message for one event: the one place that decides what the bot says.
+
+Sinks only decide how to show it (bot/render/*); the facts, evidence and advice are chosen here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bot.enrich.base import Enrichment
+from bot.message import Fact, Link, Message, Section, format_duration
+from bot.models import Event, EventKind, host_from_labels
+from bot.playbooks import Advice
+
+_SUMMARY_ANNOTATIONS = ("summary", "description", "message")
+
+
+def compose_message(event: Event, enrichment: Enrichment, advice: Advice) -> Message:
+    alert = event.alert
+    host = host_from_labels(alert.labels)
+    gpu = _gpu_text(alert.labels, enrichment)
+    return Message(
+        alert_key=alert.key,
+        fingerprint=alert.fingerprint,
+        group_key=alert.group_key,
+        event=event.kind.value,
+        status=alert.status,
+        severity=alert.severity,
+        title=_title(alert.alertname or advice.title, host, gpu),
+        summary=_summary(alert.annotations, advice),
+        host=host,
+        gpu=gpu,
+        alertname=alert.alertname,
+        starts_at=alert.starts_at,
+        resolved_at=alert.resolved_at if alert.status == "resolved" else None,
+        times_seen=alert.times_seen,
+        acked_by=alert.acked_by,
+        facts=_facts(event, host, gpu, enrichment),
+        sections=_sections(event, enrichment, advice),
+        links=_links(alert.annotations, alert.generator_url, advice),
+        actions=advice.actions if alert.status == "firing" else [],
+        labels=alert.labels,
+        details=_details(alert.annotations, enrichment, advice),
+    )
+
+
+def _title(name: str, host: str, gpu: str) -> str:
+    title = name
+    if host:
+        title += f" on {host}"
+    if gpu:
+        title += f" GPU {gpu}"
+    return title
+
+
+def _gpu_text(labels: dict[str, str], enrichment: Enrichment) -> str:
+    return str(enrichment.data("gpu").get("index", labels.get("gpu", "")))
+
+
+def _summary(annotations: dict[str, str], advice: Advice) -> str:
+    for name in _SUMMARY_ANNOTATIONS:
+        if annotations.get(name):
+            return annotations[name]
+    return advice.title
+
+
+def _facts(event: Event, host: str, gpu: str, enrichment: Enrichment) -> list[Fact]:
+    alert = event.alert
+    facts: list[Fact] = []
+    if host:
+        facts.append(Fact(label="Host", value=host))
+    identity = enrichment.data("gpu")
+    if gpu or identity:
+        parts = [p for p in (gpu, identity.get("model"), identity.get("uuid"), identity.get("pci_bus_id")) if p]
+        facts.append(Fact(label="GPU", value=" · ".join(str(p) for p in parts)))
+    history = enrichment.data("prometheus")
+    if "current" in history:
+        facts.append(Fact(label="Value", value=str(history["current"])))
+    if alert.severity:
+        facts.append(Fact(label="Severity", value=alert.severity))
+    facts.append(Fact(label="Started", value=alert.starts_at.strftime("%Y-%m-%d %H:%M:%S UTC")))
+    if alert.status == "resolved" and alert.resolved_at is not None:
+        lasted = format_duration((alert.resolved_at - alert.starts_at).total_seconds())
+        facts.append(Fact(label="Resolved", value=f"after {lasted}"))
+    if event.kind is EventKind.REPEAT or alert.times_seen > 1:
+        facts.append(Fact(label="Seen", value=f"{alert.times_seen} times"))
+    return facts
+
+
+def _sections(event: Event, enrichment: Enrichment, advice: Advice) -> list[Section]:
+    sections: list[Section] = []
+    if advice.judgements:
+        sections.append(Section(title="Judgement", kind="judgement", lines=advice.judgements))
+    if advice.meaning:
+        sections.append(Section(title="What it means", lines=[advice.meaning]))
+    for found in enrichment.sections:
+        if found.status == "ok":
+            lines = ([found.summary] if found.summary else []) + found.lines
+            if lines:
+                kind = "code" if found.data.get("render") == "code" else "text"
+                sections.append(Section(title=found.title, kind=kind, lines=lines))
+        elif found.status == "unavailable":
+            sections.append(
+                Section(title=found.title, kind="warning", lines=[f"{found.title} unavailable: {found.reason}"])
+            )
+    if event.alert.status == "firing":
+        if advice.causes:
+            sections.append(Section(title="Likely causes", lines=advice.causes))
+        if advice.steps:
+            sections.append(Section(title="Runbook", kind="steps", lines=advice.steps))
+        if advice.escalation:
+            sections.append(Section(title="Escalate", lines=[advice.escalation]))
+    return sections
+
+
+def _links(annotations: dict[str, str], generator_url: str, advice: Advice) -> list[Link]:
+    links: list[Link] = []
+    if annotations.get("runbook_url"):
+        links.append(Link(text="Runbook", url=annotations["runbook_url"]))
+    if annotations.get("dashboard_url"):
+        links.append(Link(text="Dashboard", url=annotations["dashboard_url"]))
+    links.extend(advice.links)
+    if generator_url:
+        links.append(Link(text="Source", url=generator_url))
+    return links
+
+
+def _details(annotations: dict[str, str], enrichment: Enrichment, advice: Advice) -> dict[str, Any]:
+    details: dict[str, Any] = {"annotations": annotations, "playbook": advice.playbook}
+    for found in enrichment.sections:
+        details[found.name] = found.data if found.status == "ok" else {"unavailable": found.reason}
+    if advice.judgements:
+        details["judgements"] = advice.judgements
+    return details

@@ -1,0 +1,428 @@
+"""The YAML configuration file, validated by pydantic. Every key is documented in config/bot.example.yaml.
+
+Secrets are never written in the file itself: keys ending in `_file` name a file whose content is the secret
+(Docker/Kubernetes secrets), so nothing secret appears in the environment or `docker inspect`. Relative paths
+are resolved against the directory of the configuration file, so the bot runs from any working directory.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+BUNDLED_PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+_DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_LISTEN = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[^:\s]+):(?P<port>\d{1,5})$")
+_MATCHER = re.compile(r'^\s*(?P<name>[a-zA-Z_][a-zA-Z0-9_]*)\s*(?P<op>=~|!~|!=|=)\s*"(?P<value>(?:[^"\\]|\\.)*)"\s*$')
+
+
+class ConfigError(Exception):
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from a number or a Prometheus-style duration such as `90s`, `15m`, `1h30m`, `30d`."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration such as 30s, 15m or 2h")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str) and value.strip():
+        text = value.strip()
+        parts = list(_DURATION_PART.finditer(text))
+        if not parts or "".join(p.group(0) for p in parts) != text:
+            raise ValueError(f"{value!r} is not a duration such as 30s, 15m or 2h")
+        seconds = sum(float(p.group(1)) * _DURATION_UNITS[p.group(2)] for p in parts)
+    else:
+        raise ValueError("expected a duration such as 30s, 15m or 2h")
+    if seconds < 0:
+        raise ValueError("a duration cannot be negative")
+    return seconds
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+def _resolve_path(value: Path, info: ValidationInfo) -> Path:
+    base = (info.context or {}).get("base_dir")
+    path = value.expanduser()
+    if not path.is_absolute() and base is not None:
+        path = Path(base) / path
+    return path
+
+
+ConfigPath = Annotated[Path, AfterValidator(_resolve_path)]
+
+
+class Secret:
+    """A secret read from a file. Its repr and its serialised form show the file, never the value."""
+
+    __slots__ = ("_value", "path")
+
+    def __init__(self, path: Path, value: str) -> None:
+        self.path = path
+        self._value = value
+
+    def get(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return f"Secret(file={str(self.path)!r})"
+
+
+def _load_secret(value: Any, info: ValidationInfo) -> Secret:
+    if isinstance(value, Secret):
+        return value
+    if not isinstance(value, str | Path) or not str(value).strip():
+        raise ValueError("expected the path of a file holding the secret")
+    path = _resolve_path(Path(value), info)
+    try:
+        content = path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read secret file {path}: {exc.strerror or exc}") from None
+    if not content:
+        raise ValueError(f"secret file {path} is empty")
+    return Secret(path, content)
+
+
+SecretFile = Annotated[Secret, PlainValidator(_load_secret), PlainSerializer(lambda s: str(s.path))]
+
+
+class StrictModel(BaseModel):
+    """Unknown keys are errors, so a typo in the file is reported instead of silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+# --- server -------------------------------------------------------------------------------------------
+class BasicAuthConfig(StrictModel):
+    username: str = Field(min_length=1)
+    password_file: SecretFile
+
+
+class WebhookAuthConfig(StrictModel):
+    bearer_token_file: SecretFile | None = None
+    basic: BasicAuthConfig | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.bearer_token_file is not None or self.basic is not None
+
+
+class ServerConfig(StrictModel):
+    listen: str = "127.0.0.1:9095"
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    auth: WebhookAuthConfig = WebhookAuthConfig()
+    ingest_timeout: Duration = 5.0
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        match = _LISTEN.match(value)
+        if match is None or not 0 < int(match.group("port")) < 65536:
+            raise ValueError("expected HOST:PORT, for example 127.0.0.1:9095 or 0.0.0.0:9095")
+        return value
+
+    @property
+    def host(self) -> str:
+        match = _LISTEN.match(self.listen)
+        assert match is not None
+        return match.group("host").strip("[]")
+
+    @property
+    def port(self) -> int:
+        match = _LISTEN.match(self.listen)
+        assert match is not None
+        return int(match.group("port"))
+
+
+# --- store, worker, outbox, logging --------------------------------------------------------------------
+class StoreConfig(StrictModel):
+    path: ConfigPath = Field(default=Path("gpu-alert-bot.db"), validate_default=True)
+    synchronous: Literal["full", "normal"] = "full"
+    dedup_window: Duration = 600.0
+    retention: Duration = 30 * 86400.0
+
+
+class WorkerConfig(StrictModel):
+    concurrency: int = Field(default=16, ge=1, le=1024)
+    event_lease: Duration = 60.0
+    max_event_attempts: int = Field(default=5, ge=1)
+    poll_interval: Duration = 1.0
+
+
+class OutboxConfig(StrictModel):
+    initial_backoff: Duration = 1.0
+    max_backoff: Duration = 300.0
+    give_up_after: Duration = 86400.0
+    attempt_timeout: Duration = 30.0
+
+
+class LoggingConfig(StrictModel):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+# --- enrichment ----------------------------------------------------------------------------------------
+class LokiConfig(StrictModel):
+    url: str
+    tenant_id: str | None = None
+    bearer_token_file: SecretFile | None = None
+    # LogQL stream selector; {host} is replaced by the alert's host, escaped for a LogQL string.
+    selector: str = '{job="syslog", host="{host}"}'
+    line_filter: str = "NVRM:"
+    # Alert labels that name the host, first present wins; the port of an `instance` is dropped.
+    host_labels: list[str] = Field(default_factory=lambda: ["Hostname", "hostname", "host", "node", "instance"])
+    host_map: dict[str, str] = Field(default_factory=dict)
+    before: Duration = 900.0
+    after: Duration = 120.0
+    limit: int = Field(default=1000, ge=1, le=5000)
+    timeout: Duration = 2.0
+
+    @field_validator("selector")
+    @classmethod
+    def _has_host(cls, value: str) -> str:
+        if "{host}" not in value:
+            raise ValueError('the selector must contain {host}, for example {job="syslog", host="{host}"}')
+        return value
+
+
+class PrometheusConfig(StrictModel):
+    url: str
+    bearer_token_file: SecretFile | None = None
+    history: Duration = 1800.0
+    timeout: Duration = 2.0
+
+
+class EnrichmentConfig(StrictModel):
+    budget: Duration = 3.0
+    recurrence_window: Duration = 30 * 86400.0
+    loki: LokiConfig | None = None
+    prometheus: PrometheusConfig | None = None
+
+
+class PlaybooksConfig(StrictModel):
+    dir: ConfigPath = BUNDLED_PLAYBOOKS
+    # Values for link templates in playbooks, for example grafana_url.
+    vars: dict[str, str] = Field(default_factory=dict)
+
+
+# --- receivers -----------------------------------------------------------------------------------------
+class ConsoleReceiver(StrictModel):
+    type: Literal["console"]
+    name: str = Field(min_length=1)
+
+
+class SlackReceiver(StrictModel):
+    type: Literal["slack"]
+    name: str = Field(min_length=1)
+    channel: str = Field(min_length=1)
+    token_file: SecretFile
+    api_url: str = "https://slack.com/api/"
+    timeout: Duration = 10.0
+    messages_per_second: float = Field(default=1.0, gt=0)
+    # More than storm_threshold new alerts in storm_window: one summary message, details in its thread.
+    storm_threshold: int = Field(default=10, ge=1)
+    storm_window: Duration = 60.0
+
+
+class EmailReceiver(StrictModel):
+    type: Literal["email"]
+    name: str = Field(min_length=1)
+    to: list[str] = Field(min_length=1)
+    sender: str = Field(alias="from", min_length=3)
+    smarthost: str
+    security: Literal["starttls", "tls", "none"] = "starttls"
+    # Sending without TLS is refused unless this is set, for a relay on the same host or network.
+    allow_plaintext: bool = False
+    username: str | None = None
+    password_file: SecretFile | None = None
+    ca_file: ConfigPath | None = None
+    timeout: Duration = 30.0
+
+    @model_validator(mode="after")
+    def _plaintext_is_explicit(self) -> EmailReceiver:
+        if self.security == "none" and not self.allow_plaintext:
+            raise ValueError("security: none sends mail in clear text; set allow_plaintext: true to accept that")
+        if (self.username is None) != (self.password_file is None):
+            raise ValueError("username and password_file go together")
+        return self
+
+    @field_validator("smarthost")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        if _LISTEN.match(value) is None:
+            raise ValueError("expected HOST:PORT, for example smtp.example.com:587")
+        return value
+
+
+PagerDutySeverity = Literal["critical", "error", "warning", "info"]
+
+
+def _default_severity_map() -> dict[str, PagerDutySeverity]:
+    return {"critical": "critical", "error": "error", "warning": "warning", "info": "info"}
+
+
+class PagerDutyReceiver(StrictModel):
+    type: Literal["pagerduty"]
+    name: str = Field(min_length=1)
+    routing_key_file: SecretFile
+    url: str = "https://events.pagerduty.com/v2/enqueue"
+    timeout: Duration = 10.0
+    client: str = "gpu-alert-bot"
+    client_url: str | None = None
+    severity_map: dict[str, PagerDutySeverity] = Field(default_factory=_default_severity_map)
+
+
+Receiver = Annotated[ConsoleReceiver | SlackReceiver | EmailReceiver | PagerDutyReceiver, Field(discriminator="type")]
+
+
+# --- routing -------------------------------------------------------------------------------------------
+def _check_matcher(value: str) -> str:
+    match = _MATCHER.match(value)
+    if match is None:
+        raise ValueError(f'{value!r} is not a matcher such as severity="critical" or alertname=~"GPU.*"')
+    if match.group("op") in ("=~", "!~"):
+        try:
+            re.compile(match.group("value"))
+        except re.error as exc:
+            raise ValueError(f"{value!r}: bad regular expression: {exc}") from None
+    return value
+
+
+Matcher = Annotated[str, AfterValidator(_check_matcher)]
+
+
+def parse_matcher(value: str) -> tuple[str, str, str]:
+    """(label, operator, value) of an Alertmanager-style matcher string already validated by the config."""
+    match = _MATCHER.match(value)
+    if match is None:
+        raise ValueError(f"bad matcher {value!r}")
+    raw = match.group("value")
+    return match.group("name"), match.group("op"), re.sub(r"\\(.)", r"\1", raw)
+
+
+class RouteRule(StrictModel):
+    matchers: list[Matcher] = Field(default_factory=list)
+    receivers: list[str] = Field(min_length=1)
+    continue_: bool = Field(default=False, alias="continue")
+
+
+class RoutingConfig(StrictModel):
+    rules: list[RouteRule] = Field(default_factory=list)
+    default: list[str] = Field(default_factory=lambda: ["console"])
+
+
+def _default_receivers() -> list[Receiver]:
+    return [ConsoleReceiver(type="console", name="console")]
+
+
+class BotConfig(StrictModel):
+    server: ServerConfig = ServerConfig()
+    store: StoreConfig = StoreConfig()
+    worker: WorkerConfig = WorkerConfig()
+    outbox: OutboxConfig = OutboxConfig()
+    logging: LoggingConfig = LoggingConfig()
+    enrichment: EnrichmentConfig = EnrichmentConfig()
+    playbooks: PlaybooksConfig = PlaybooksConfig()
+    receivers: list[Receiver] = Field(default_factory=_default_receivers)
+    routing: RoutingConfig = RoutingConfig()
+
+    @model_validator(mode="after")
+    def _receivers_exist(self) -> BotConfig:
+        names = [r.name for r in self.receivers]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"receiver names must be unique: {', '.join(duplicates)}")
+        referenced = list(self.routing.default) + [n for rule in self.routing.rules for n in rule.receivers]
+        unknown = sorted(set(referenced) - set(names))
+        if unknown:
+            raise ValueError(f"routing names receivers that are not configured: {', '.join(unknown)}")
+        return self
+
+    def secrets(self) -> Iterator[str]:
+        """Every secret value in the configuration, so the log filter can mask them wherever they appear."""
+        yield from _secrets_in(self)
+
+
+def _secrets_in(model: BaseModel) -> Iterator[str]:
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        items = value if isinstance(value, list) else [value]
+        for item in items:
+            if isinstance(item, Secret):
+                yield item.get()
+            elif isinstance(item, BaseModel):
+                yield from _secrets_in(item)
+
+
+def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> BotConfig:
+    """Read and validate the configuration; raise ConfigError with one line per problem."""
+    data: dict[str, Any] = {}
+    base_dir = Path.cwd()
+    if path is not None:
+        base_dir = path.resolve().parent
+        data = _read_yaml(path)
+    for dotted, value in (overrides or {}).items():
+        _set_dotted(data, dotted, value)
+    try:
+        return BotConfig.model_validate(data, context={"base_dir": base_dir})
+    except ValidationError as exc:
+        raise ConfigError([_describe(error) for error in exc.errors()]) from None
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        raise ConfigError([f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}"]) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError([f"{path}: the top level must be a mapping of sections (server, store, ...)"])
+    return data
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = data
+    for part in parents:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[leaf] = value
+
+
+def _describe(error: Any) -> str:
+    where = ".".join(str(part) for part in error["loc"]) or "(top level)"
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        message = "unknown key (check the spelling against config/bot.example.yaml)"
+    return f"{where}: {message}"

@@ -1,0 +1,46 @@
+"""Dedup: which alerts in a notification are news.
+
+Alertmanager re-sends the whole group each time (a member joined, repeat_interval elapsed, a retry, a second
+HA replica). Exact copies are already dropped at ingest by the notification's idempotency key within the dedup
+window; this stage compares each alert with what the store knows and names the events worth telling people.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from bot.models import AlertState, AmAlert, EventKind
+
+
+@dataclass(frozen=True)
+class AlertDecision:
+    alert: AmAlert
+    event: EventKind | None
+    stale: bool = False
+
+
+def plan_events(known: Mapping[str, AlertState], alerts: Sequence[AmAlert]) -> list[AlertDecision]:
+    """Decide, for each alert of one notification, the event it produces (or none).
+
+    A new episode fires; a known firing episode that arrives resolved resolves. A notification in which
+    nothing changed at all is Alertmanager's repeat, so its firing alerts become repeats; inside a
+    notification where something did change, unchanged alerts are only carried along with the group.
+    """
+    decisions = [_decide(known.get(alert.key), alert) for alert in alerts]
+    if any(d.event is not None for d in decisions):
+        return decisions
+    return [
+        AlertDecision(d.alert, EventKind.REPEAT) if d.alert.status == "firing" and not d.stale else d for d in decisions
+    ]
+
+
+def _decide(previous: AlertState | None, alert: AmAlert) -> AlertDecision:
+    if previous is None:
+        return AlertDecision(alert, EventKind.FIRING if alert.status == "firing" else EventKind.RESOLVED)
+    if previous.status == "firing" and alert.status == "resolved":
+        return AlertDecision(alert, EventKind.RESOLVED)
+    if previous.status == "resolved" and alert.status == "firing":
+        # A late copy from a slower replica: this episode already ended, never reopen it.
+        return AlertDecision(alert, None, stale=True)
+    return AlertDecision(alert, None)

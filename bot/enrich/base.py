@@ -1,0 +1,146 @@
+"""The Enricher interface and the runner that gives all enrichers one shared deadline.
+
+An enricher looks up one kind of evidence for an alert (kernel log lines in Loki, the metric's history in
+Prometheus, the decoded Xid, the GPU's identity, its past). Each returns a section; one that fails or runs out
+of time becomes "unavailable: <reason>" in the message instead of delaying delivery past the budget.
+Enrichers may read each other's results (`await request.section("loki")`), which the runner resolves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from bot.metrics import Metrics
+from bot.models import AlertState
+
+if TYPE_CHECKING:
+    from bot.playbooks import Playbook
+
+log = logging.getLogger(__name__)
+
+SectionStatus = Literal["ok", "unavailable", "skipped"]
+
+
+class EnrichmentSection(BaseModel):
+    """What one enricher found. `summary` is one line for compact sinks; `lines` are the detail shown under it;
+    `data` is structured (for judgements, PagerDuty custom_details and later enrichers)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    title: str
+    status: SectionStatus
+    reason: str = ""
+    summary: str = ""
+    lines: list[str] = Field(default_factory=list)
+    data: dict[str, Any] = Field(default_factory=dict)
+
+    @classmethod
+    def unavailable(cls, name: str, title: str, reason: str) -> EnrichmentSection:
+        return cls(name=name, title=title, status="unavailable", reason=reason)
+
+    @classmethod
+    def skipped(cls, name: str, title: str, reason: str) -> EnrichmentSection:
+        return cls(name=name, title=title, status="skipped", reason=reason)
+
+
+class Enrichment(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    sections: list[EnrichmentSection] = Field(default_factory=list)
+
+    def get(self, name: str) -> EnrichmentSection | None:
+        return next((s for s in self.sections if s.name == name), None)
+
+    def data(self, name: str) -> dict[str, Any]:
+        section = self.get(name)
+        return section.data if section is not None and section.status == "ok" else {}
+
+
+class EnrichmentRequest:
+    """The alert being enriched, its playbook, and access to the other enrichers' results."""
+
+    def __init__(
+        self, alert: AlertState, playbook: Playbook | None, results: dict[str, asyncio.Future[EnrichmentSection]]
+    ) -> None:
+        self.alert = alert
+        self.playbook = playbook
+        self._results = results
+
+    async def section(self, name: str) -> EnrichmentSection | None:
+        """Wait for another enricher's section; None when that enricher is not configured."""
+        future = self._results.get(name)
+        if future is None:
+            return None
+        return await asyncio.shield(future)
+
+
+class Enricher(Protocol):
+    name: str
+    title: str
+
+    async def enrich(self, request: EnrichmentRequest) -> EnrichmentSection: ...
+
+    async def close(self) -> None: ...
+
+
+class EnrichmentRunner:
+    def __init__(self, enrichers: Sequence[Enricher], budget: float, metrics: Metrics) -> None:
+        self._enrichers = list(enrichers)
+        self._budget = budget
+        self._metrics = metrics
+
+    async def run(self, alert: AlertState, playbook: Playbook | None) -> Enrichment:
+        if not self._enrichers:
+            return Enrichment()
+        loop = asyncio.get_running_loop()
+        results: dict[str, asyncio.Future[EnrichmentSection]] = {e.name: loop.create_future() for e in self._enrichers}
+        request = EnrichmentRequest(alert, playbook, results)
+        tasks = [asyncio.create_task(self._one(e, request, results[e.name])) for e in self._enrichers]
+        _, late = await asyncio.wait(tasks, timeout=self._budget)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
+        sections = []
+        for enricher in self._enrichers:
+            future = results[enricher.name]
+            if not future.done():
+                future.set_result(
+                    EnrichmentSection.unavailable(
+                        enricher.name, enricher.title, f"no answer within the {self._budget:g} s enrichment budget"
+                    )
+                )
+                self._metrics.enrichment_results.labels(enricher.name, "timeout").inc()
+            sections.append(future.result())
+        return Enrichment(sections=sections)
+
+    async def _one(
+        self, enricher: Enricher, request: EnrichmentRequest, result: asyncio.Future[EnrichmentSection]
+    ) -> None:
+        started = time.perf_counter()
+        try:
+            section = await enricher.enrich(request)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning(
+                "enricher failed",
+                exc_info=True,
+                extra={"enricher": enricher.name, "alert_key": request.alert.key},
+            )
+            section = EnrichmentSection.unavailable(enricher.name, enricher.title, f"{type(exc).__name__}: {exc}")
+        finally:
+            self._metrics.enrichment_duration.labels(enricher.name).observe(time.perf_counter() - started)
+        self._metrics.enrichment_results.labels(enricher.name, section.status).inc()
+        if not result.done():
+            result.set_result(section)
+
+    async def close(self) -> None:
+        for enricher in self._enrichers:
+            await enricher.close()

@@ -1,0 +1,136 @@
+"""POST /alertmanager: authenticate, bound, validate, write durably, then answer.
+
+Only what must happen before the 2xx happens here; everything slow is the worker's. The answers follow
+Alertmanager's retry rules: 2xx only once the notification is on disk; 503 when it cannot be written, so
+Alertmanager retries; 4xx only for input no retry could fix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+from pydantic import ValidationError
+
+from bot.auth import WebhookAuth
+from bot.config import ServerConfig
+from bot.metrics import Metrics
+from bot.models import SUPPORTED_PAYLOAD_VERSION, WebhookPayload
+from bot.store.base import IncomingNotification, Store, StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+_MAX_REPORTED_ERRORS = 20
+_RETRY_AFTER_SECONDS = "5"
+
+
+def json_error(status: int, error: str, message: str, **extra: Any) -> web.Response:
+    return web.json_response({"error": error, "message": message, **extra}, status=status)
+
+
+class WebhookHandler:
+    def __init__(
+        self,
+        store: Store,
+        auth: WebhookAuth,
+        config: ServerConfig,
+        metrics: Metrics,
+        on_accepted: Callable[[], None],
+    ) -> None:
+        self._store = store
+        self._auth = auth
+        self._config = config
+        self._metrics = metrics
+        self._on_accepted = on_accepted
+
+    async def __call__(self, request: web.Request) -> web.Response:
+        started = time.perf_counter()
+        try:
+            return await self._handle(request)
+        finally:
+            self._metrics.ingest_latency.observe(time.perf_counter() - started)
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        if not self._auth.allows(request.headers.get("Authorization")):
+            self._metrics.errors.labels("unauthorized").inc()
+            response = json_error(401, "unauthorized", "missing or wrong credentials")
+            response.headers["WWW-Authenticate"] = self._auth.challenge
+            return response
+        if request.content_type != "application/json":
+            self._metrics.errors.labels("unsupported_media_type").inc()
+            return json_error(
+                415, "unsupported_media_type", f"expected Content-Type application/json, got {request.content_type!r}"
+            )
+        if request.content_length is not None and request.content_length > self._config.max_body_bytes:
+            return self._too_large()
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return self._too_large()
+        payload = self._validate(body)
+        if isinstance(payload, web.Response):
+            return payload
+        return await self._store_notification(payload, body)
+
+    def _too_large(self) -> web.Response:
+        self._metrics.errors.labels("too_large").inc()
+        return json_error(
+            413,
+            "too_large",
+            f"body exceeds server.max_body_bytes ({self._config.max_body_bytes} bytes); "
+            "raise it or set max_alerts in Alertmanager's webhook_config",
+        )
+
+    def _validate(self, body: bytes) -> WebhookPayload | web.Response:
+        try:
+            payload = WebhookPayload.model_validate_json(body)
+        except ValidationError as exc:
+            errors = exc.errors(include_url=False, include_input=False)
+            if any(e["type"] == "json_invalid" for e in errors):
+                self._metrics.errors.labels("invalid_json").inc()
+                return json_error(400, "invalid_json", f"body is not valid JSON: {errors[0]['msg']}")
+            self._metrics.errors.labels("invalid_payload").inc()
+            details = [
+                {"field": ".".join(str(p) for p in e["loc"]), "problem": e["msg"]}
+                for e in errors[:_MAX_REPORTED_ERRORS]
+            ]
+            return json_error(400, "invalid_payload", "body is not an Alertmanager webhook payload", details=details)
+        if payload.version != SUPPORTED_PAYLOAD_VERSION:
+            # An Alertmanager upgrade must never silence alerting: accept what still validates, and say so.
+            self._metrics.unknown_payload_versions.labels(payload.version[:32]).inc()
+            log.warning(
+                "accepted a webhook with an unknown payload version",
+                extra={"version": payload.version[:32], "expected": SUPPORTED_PAYLOAD_VERSION},
+            )
+        return payload
+
+    async def _store_notification(self, payload: WebhookPayload, body: bytes) -> web.Response:
+        if not payload.alerts:
+            return web.json_response({"status": "ignored", "reason": "no alerts in the notification"})
+        notification = IncomingNotification(
+            idempotency_key=payload.idempotency_key(),
+            group_key=payload.group_key,
+            receiver=payload.receiver_name,
+            body=body,
+            alert_count=len(payload.alerts),
+        )
+        try:
+            result = await asyncio.wait_for(self._store.ingest(notification), self._config.ingest_timeout)
+        except (StoreUnavailable, TimeoutError) as exc:
+            self._metrics.errors.labels("store_unavailable").inc()
+            log.error("cannot store the notification; asking Alertmanager to retry", extra={"reason": str(exc)})
+            response = json_error(503, "store_unavailable", "the notification could not be stored; retry later")
+            response.headers["Retry-After"] = _RETRY_AFTER_SECONDS
+            return response
+        if result.duplicate:
+            self._metrics.duplicates_dropped.inc()
+            return web.json_response({"status": "duplicate", "alerts": len(payload.alerts)})
+        self._metrics.notifications_received.inc()
+        for alert in payload.alerts:
+            self._metrics.alerts_received.labels(alert.status).inc()
+        self._on_accepted()
+        return web.json_response({"status": "accepted", "alerts": len(payload.alerts)})

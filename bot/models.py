@@ -1,0 +1,205 @@
+"""Data shapes shared by every stage: Alertmanager's webhook payload and the bot's own alert and event records."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, Strict, field_validator
+
+from bot.message import Message
+
+SUPPORTED_PAYLOAD_VERSION = "4"
+
+AlertStatus = Literal["firing", "resolved"]
+Timestamp = Annotated[AwareDatetime, Strict()]
+
+_GO_ZERO_YEAR = 1
+_QUOTE_META_ESCAPE = re.compile(r"\\(.)")
+
+
+class AmAlert(BaseModel):
+    """One alert as Alertmanager (0.25 to 0.28+) sends it in a webhook."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+
+    status: AlertStatus
+    labels: dict[str, str]
+    annotations: dict[str, str] = Field(default_factory=dict)
+    starts_at: Timestamp = Field(alias="startsAt")
+    ends_at: Timestamp | None = Field(default=None, alias="endsAt")
+    generator_url: str = Field(default="", alias="generatorURL")
+    fingerprint: str = Field(min_length=1, max_length=64)
+
+    @field_validator("ends_at")
+    @classmethod
+    def _go_zero_time_means_no_end(cls, value: datetime | None) -> datetime | None:
+        # Alertmanager blanks the end of a firing alert to Go's zero time, 0001-01-01T00:00:00Z.
+        if value is not None and value.year == _GO_ZERO_YEAR:
+            return None
+        return value
+
+    @property
+    def key(self) -> str:
+        return alert_key(self.fingerprint, self.starts_at)
+
+
+class WebhookPayload(BaseModel):
+    """Alertmanager's webhook body, payload version 4; unknown extra fields are ignored."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+
+    version: str
+    group_key: str = Field(alias="groupKey")
+    truncated_alerts: int = Field(default=0, ge=0, alias="truncatedAlerts")
+    status: AlertStatus
+    receiver: str
+    group_labels: dict[str, str] = Field(default_factory=dict, alias="groupLabels")
+    common_labels: dict[str, str] = Field(default_factory=dict, alias="commonLabels")
+    common_annotations: dict[str, str] = Field(default_factory=dict, alias="commonAnnotations")
+    external_url: str = Field(default="", alias="externalURL")
+    alerts: list[AmAlert]
+
+    @property
+    def receiver_name(self) -> str:
+        """The receiver's real name: Alertmanager sends it through regexp.QuoteMeta (web.hook -> web\\.hook)."""
+        return _QUOTE_META_ESCAPE.sub(r"\1", self.receiver)
+
+    def idempotency_key(self) -> str:
+        """Same key for a retry, a repeat or an HA replica's copy; externalURL is left out on purpose."""
+        digest = hashlib.sha256(self.group_key.encode())
+        for fingerprint, status, starts_at in sorted(
+            (a.fingerprint, a.status, a.starts_at.astimezone(UTC).isoformat()) for a in self.alerts
+        ):
+            digest.update(f"\x00{fingerprint}\x00{status}\x00{starts_at}".encode())
+        return digest.hexdigest()
+
+
+DEFAULT_HOST_LABELS = ("Hostname", "hostname", "host", "node", "instance")
+
+
+def host_from_labels(labels: dict[str, str], candidates: tuple[str, ...] | list[str] = DEFAULT_HOST_LABELS) -> str:
+    """The host an alert is about: the first candidate label present, without the port of an `instance`."""
+    for name in candidates:
+        value = labels.get(name, "").strip()
+        if value:
+            return _strip_port(value) if name == "instance" else value
+    return ""
+
+
+def _strip_port(instance: str) -> str:
+    if instance.startswith("["):  # [::1]:9400
+        return instance[1:].split("]", 1)[0]
+    host, sep, port = instance.rpartition(":")
+    return host if sep and port.isdigit() and ":" not in host else instance
+
+
+def alert_key(fingerprint: str, starts_at: datetime) -> str:
+    """Identity of one firing episode: the label-set fingerprint plus when it started."""
+    return f"{fingerprint}@{starts_at.astimezone(UTC).isoformat()}"
+
+
+class EventKind(StrEnum):
+    FIRING = "firing"
+    REPEAT = "repeat"
+    RESOLVED = "resolved"
+    ACK = "ack"
+
+
+class AlertState(BaseModel):
+    """What the store knows of one alert episode."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    fingerprint: str
+    status: AlertStatus
+    labels: dict[str, str]
+    annotations: dict[str, str] = Field(default_factory=dict)
+    starts_at: datetime
+    ends_at: datetime | None = None
+    generator_url: str = ""
+    group_key: str = ""
+    receiver: str = ""
+    external_url: str = ""
+    first_seen: datetime
+    last_seen: datetime
+    times_seen: int = 1
+    resolved_at: datetime | None = None
+    acked_by: str | None = None
+    acked_at: datetime | None = None
+    enrichment: dict[str, Any] | None = None
+
+    @property
+    def alertname(self) -> str:
+        return self.labels.get("alertname", "")
+
+    @property
+    def severity(self) -> str:
+        return self.labels.get("severity", "")
+
+
+class Event(BaseModel):
+    """Something that happened to an alert and is worth telling people: it goes through the pipeline once."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: int
+    kind: EventKind
+    created_at: datetime
+    alert: AlertState
+    attempts: int = 1
+
+
+class StoredNotification(BaseModel):
+    """A webhook body that was durably accepted and waits for the worker."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: int
+    received_at: datetime
+    body: bytes
+
+    def payload(self) -> WebhookPayload:
+        return WebhookPayload.model_validate_json(self.body)
+
+
+class NewDelivery(BaseModel):
+    """A message to hand to one receiver, written to the outbox together with the event's routing."""
+
+    model_config = ConfigDict(frozen=True)
+
+    receiver: str
+    message: Message
+
+
+class Delivery(BaseModel):
+    """One outbox row: a message on its way to one receiver."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: int
+    event_id: int
+    alert_key: str
+    receiver: str
+    message: Message
+    attempts: int
+    created_at: datetime
+
+
+class GpuEvent(BaseModel):
+    """One thing that happened to one physical GPU (an Xid, an alert), kept for recurrence counts."""
+
+    model_config = ConfigDict(frozen=True)
+
+    gpu_key: str
+    host: str = ""
+    pci_bus_id: str = ""
+    uuid: str = ""
+    kind: Literal["xid", "alert"]
+    code: str
+    at: datetime
+    alert_key: str = ""

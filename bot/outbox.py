@@ -1,0 +1,145 @@
+"""The outbox: persisted deliveries, one dispatcher per receiver, retries with tenacity.
+
+Each receiver drains its own queue in order, so one sink's outage never delays another, and an update of a
+message never overtakes the post that created it. While a delivery is retried the receiver's queue waits
+behind it: when Slack is down, hammering it with the next message would not help. Every attempt is written
+to the store first, so a restart resumes where the last process stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime, timedelta
+
+from tenacity import AsyncRetrying, RetryCallState, retry_if_result, wait_exponential_jitter
+
+from bot.config import OutboxConfig
+from bot.metrics import Metrics
+from bot.models import Delivery
+from bot.sinks.base import DeliveryResult, Sink
+from bot.store.base import Store, StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+_BATCH = 50
+_IDLE_RECHECK = 30.0
+
+
+class Outbox:
+    def __init__(self, store: Store, sinks: Mapping[str, Sink], config: OutboxConfig, metrics: Metrics) -> None:
+        self._store = store
+        self._sinks = dict(sinks)
+        self._config = config
+        self._metrics = metrics
+        self._wakeups = {name: asyncio.Event() for name in self._sinks}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def receivers(self) -> list[str]:
+        return list(self._sinks)
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._dispatch(sink), name=f"outbox-{name}") for name, sink in self._sinks.items()
+        ]
+
+    @property
+    def running(self) -> bool:
+        return bool(self._tasks) and not any(task.done() for task in self._tasks)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        for sink in self._sinks.values():
+            await sink.close()
+
+    def wake(self, receivers: Iterable[str]) -> None:
+        for name in receivers:
+            if name in self._wakeups:
+                self._wakeups[name].set()
+
+    async def _dispatch(self, sink: Sink) -> None:
+        wakeup = self._wakeups[sink.name]
+        while True:
+            wakeup.clear()
+            try:
+                batch = await self._store.due_deliveries(sink.name, _BATCH)
+                for delivery in batch:
+                    await self._deliver(sink, delivery)
+                if batch:
+                    continue
+                timeout = await self._idle_timeout(sink.name)
+            except StoreUnavailable as exc:
+                self._metrics.errors.labels("store_unavailable").inc()
+                log.warning("outbox cannot read the store", extra={"receiver": sink.name, "reason": str(exc)})
+                timeout = self._config.initial_backoff
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wakeup.wait(), timeout)
+
+    async def _idle_timeout(self, receiver: str) -> float:
+        due = await self._store.next_delivery_due(receiver)
+        if due is None:
+            return _IDLE_RECHECK
+        return min(_IDLE_RECHECK, max(0.0, (due - datetime.now(UTC)).total_seconds()))
+
+    async def _deliver(self, sink: Sink, delivery: Delivery) -> None:
+        backoff = wait_exponential_jitter(initial=self._config.initial_backoff, max=self._config.max_backoff)
+        deadline = delivery.created_at + timedelta(seconds=self._config.give_up_after)
+
+        def wait(state: RetryCallState) -> float:
+            result: DeliveryResult = state.outcome.result()  # type: ignore[union-attr]
+            return result.delay if result.delay is not None else backoff(state)
+
+        async def persist_retry(state: RetryCallState) -> None:
+            result: DeliveryResult = state.outcome.result()  # type: ignore[union-attr]
+            sleep = state.next_action.sleep if state.next_action else 0.0
+            next_at = datetime.now(UTC) + timedelta(seconds=sleep)
+            log.warning(
+                "delivery will be retried",
+                extra={
+                    "receiver": sink.name,
+                    "delivery_id": delivery.id,
+                    "reason": result.reason,
+                    "detail": result.detail,
+                    "retry_in_s": round(sleep, 3),
+                },
+            )
+            await self._store.delivery_retry(delivery.id, f"{result.reason}: {result.detail}", next_at)
+
+        retrying = AsyncRetrying(
+            retry=retry_if_result(lambda result: result.retry),
+            wait=wait,
+            stop=lambda _state: datetime.now(UTC) >= deadline,
+            before_sleep=persist_retry,
+            retry_error_callback=lambda state: state.outcome.result(),  # type: ignore[union-attr]
+        )
+        result: DeliveryResult = await retrying(self._attempt, sink, delivery)
+        if result.delivered:
+            await self._store.delivery_succeeded(delivery.id)
+            return
+        reason = result.reason if not result.retry else f"gave_up_{result.reason}"
+        self._metrics.delivery_failures.labels(sink.name, reason).inc()
+        self._metrics.errors.labels("delivery_failed").inc()
+        log.error(
+            "delivery failed for good",
+            extra={"receiver": sink.name, "delivery_id": delivery.id, "reason": reason, "detail": result.detail},
+        )
+        await self._store.delivery_failed(delivery.id, f"{reason}: {result.detail}")
+
+    async def _attempt(self, sink: Sink, delivery: Delivery) -> DeliveryResult:
+        try:
+            async with asyncio.timeout(self._config.attempt_timeout):
+                result = await sink.deliver(delivery)
+        except TimeoutError:
+            result = DeliveryResult.retry_later("timeout", f"no answer within {self._config.attempt_timeout:g} s")
+        except Exception as exc:  # a sink bug or an unexpected transport error must not kill the dispatcher
+            log.exception("sink raised", extra={"receiver": sink.name, "delivery_id": delivery.id})
+            result = DeliveryResult.retry_later("exception", f"{type(exc).__name__}: {exc}")
+        outcome = "delivered" if result.delivered else ("retry" if result.retry else "failed")
+        self._metrics.deliveries.labels(sink.name, outcome).inc()
+        return result

@@ -1,0 +1,47 @@
+"""The Sink interface: every integration (console, Slack, email, PagerDuty) delivers one outbox row at a time.
+
+Like Alertmanager's notifiers, a sink never retries by itself: it tells the outbox whether the attempt
+delivered, should be retried later (with an optional delay hint, e.g. from Retry-After), or failed for good
+(a 4xx a retry cannot fix). The outbox owns retries, backoff and persistence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from bot.models import Delivery
+
+
+@dataclass(frozen=True)
+class DeliveryResult:
+    """`reason` is a short, stable code (`http_503`, `channel_not_found`, `timeout`) fit for a metric label;
+    `detail` is the human-readable text for logs."""
+
+    delivered: bool
+    retry: bool = False
+    delay: float | None = None
+    reason: str = ""
+    detail: str = ""
+
+    @classmethod
+    def ok(cls) -> DeliveryResult:
+        return cls(delivered=True)
+
+    @classmethod
+    def retry_later(cls, reason: str, detail: str = "", delay: float | None = None) -> DeliveryResult:
+        return cls(delivered=False, retry=True, delay=delay, reason=reason, detail=detail)
+
+    @classmethod
+    def failed(cls, reason: str, detail: str = "") -> DeliveryResult:
+        return cls(delivered=False, retry=False, reason=reason, detail=detail)
+
+
+class Sink(Protocol):
+    """One configured receiver. `name` is the receiver's name from the configuration."""
+
+    name: str
+
+    async def deliver(self, delivery: Delivery) -> DeliveryResult: ...
+
+    async def close(self) -> None: ...

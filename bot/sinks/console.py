@@ -1,0 +1,51 @@
+"""Console sink: one JSON line per event on stdout, so the bot works with no accounts at all."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import TextIO
+
+from bot.models import Delivery
+from bot.sinks.base import DeliveryResult
+
+
+class ConsoleSink:
+    def __init__(self, name: str, stream: TextIO | None = None) -> None:
+        self.name = name
+        self._stream = stream
+
+    async def deliver(self, delivery: Delivery) -> DeliveryResult:
+        message = delivery.message
+        line = {
+            "event": message.event,
+            "status": message.status,
+            "alertname": message.alertname,
+            "severity": message.severity,
+            "title": message.title,
+            "summary": message.summary,
+            "host": message.host,
+            "gpu": message.gpu,
+            "fingerprint": message.fingerprint,
+            "alert_key": message.alert_key,
+            "group_key": message.group_key,
+            "starts_at": message.starts_at.isoformat(),
+            "resolved_at": message.resolved_at.isoformat() if message.resolved_at else None,
+            "times_seen": message.times_seen,
+            "labels": message.labels,
+            "facts": {fact.label: fact.value for fact in message.facts},
+            "sections": {section.title: section.lines for section in message.sections},
+            "links": {link.text: link.url for link in message.links},
+            "event_id": delivery.event_id,
+            "delivery_id": delivery.id,
+        }
+        stream = self._stream or sys.stdout
+        try:
+            stream.write(json.dumps(line, ensure_ascii=False) + "\n")
+            stream.flush()
+        except OSError as exc:
+            return DeliveryResult.retry_later("stdout_error", str(exc))
+        return DeliveryResult.ok()
+
+    async def close(self) -> None:
+        return None

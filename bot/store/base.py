@@ -1,0 +1,136 @@
+"""The Store interface: everything the bot persists, behind one small async API.
+
+SQLite (sqlite.py) is the default; a PostgreSQL backend for several replicas implements the same methods.
+Methods that change several things do so in one transaction, which is what makes a crash at any point safe.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from bot.dedup import AlertDecision
+from bot.models import AlertState, AmAlert, Delivery, Event, GpuEvent, NewDelivery
+
+
+class StoreUnavailable(Exception):
+    """The store cannot take a write now (read-only, disk full, locked, closed): the caller should retry."""
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    accepted: bool
+    duplicate: bool
+    notification_id: int | None = None
+
+
+@dataclass(frozen=True)
+class IncomingNotification:
+    idempotency_key: str
+    group_key: str
+    receiver: str
+    body: bytes
+    alert_count: int
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    notifications_pending: int
+    events_pending: int
+    deliveries_pending: int
+    deliveries_failed: int
+    alerts_firing: int
+    alerts_resolved: int
+
+
+Planner = Callable[[Mapping[str, AlertState], Sequence[AmAlert]], list[AlertDecision]]
+
+
+class Store(abc.ABC):
+    # --- ingest: the only call on the webhook's hot path -------------------------------------------
+    @abc.abstractmethod
+    async def ingest(self, notification: IncomingNotification) -> IngestResult:
+        """Durably record a notification unless it is a copy seen within the dedup window.
+
+        Returns only after the write is on disk; raises StoreUnavailable when it cannot write.
+        """
+
+    # --- worker: notifications -> events ------------------------------------------------------------
+    @abc.abstractmethod
+    async def dedup_pending(self, planner: Planner, limit: int) -> int:
+        """Apply up to `limit` pending notifications to the alert records, each in one transaction that
+        also writes the events the planner decides and marks the notification done. Returns how many."""
+
+    @abc.abstractmethod
+    async def claim_events(self, limit: int, lease_seconds: float) -> list[Event]:
+        """Lease pending events whose previous lease (if any) has expired, oldest first."""
+
+    @abc.abstractmethod
+    async def route_event(
+        self, event_id: int, enrichment: dict[str, Any] | None, deliveries: Sequence[NewDelivery]
+    ) -> None:
+        """In one transaction: keep the enrichment with the alert, queue the deliveries, mark the event done."""
+
+    @abc.abstractmethod
+    async def fail_event(self, event_id: int, error: str, retry_in: float | None) -> None:
+        """Record a processing error; retry after `retry_in` seconds, or give up when it is None."""
+
+    # --- outbox --------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def due_deliveries(self, receiver: str, limit: int) -> list[Delivery]:
+        """Pending deliveries for one receiver whose next attempt is due, in the order they were queued."""
+
+    @abc.abstractmethod
+    async def delivery_succeeded(self, delivery_id: int) -> None: ...
+
+    @abc.abstractmethod
+    async def delivery_retry(self, delivery_id: int, error: str, next_attempt_at: datetime) -> None: ...
+
+    @abc.abstractmethod
+    async def delivery_failed(self, delivery_id: int, error: str) -> None: ...
+
+    @abc.abstractmethod
+    async def next_delivery_due(self, receiver: str) -> datetime | None:
+        """When the earliest pending delivery of this receiver is due, or None when there is none."""
+
+    # --- what sinks remember about a conversation (Slack ts, email Message-ID, storm summaries) ------
+    @abc.abstractmethod
+    async def get_sink_state(self, receiver: str, key: str) -> dict[str, Any] | None: ...
+
+    @abc.abstractmethod
+    async def put_sink_state(self, receiver: str, key: str, value: dict[str, Any]) -> None: ...
+
+    # --- alerts --------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def get_alert(self, key: str) -> AlertState | None: ...
+
+    @abc.abstractmethod
+    async def list_alerts(self, status: str | None = None, limit: int = 100) -> list[AlertState]: ...
+
+    # --- GPU history, for recurrence ---------------------------------------------------------------
+    @abc.abstractmethod
+    async def record_gpu_events(self, events: Sequence[GpuEvent]) -> None:
+        """Remember what happened to which GPU; recording the same event twice keeps one."""
+
+    @abc.abstractmethod
+    async def gpu_events(
+        self, since: datetime, gpu_key: str | None = None, kind: str | None = None, code: str | None = None
+    ) -> list[GpuEvent]: ...
+
+    # --- health and housekeeping ---------------------------------------------------------------------
+    @abc.abstractmethod
+    async def check_writable(self) -> None:
+        """Raise StoreUnavailable unless a small write succeeds now."""
+
+    @abc.abstractmethod
+    async def stats(self) -> StoreStats: ...
+
+    @abc.abstractmethod
+    async def prune(self, older_than: datetime) -> int:
+        """Delete finished notifications, events and deliveries older than the given time."""
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...

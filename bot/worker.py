@@ -1,0 +1,121 @@
+"""The worker loop: drains stored notifications and events through the pipeline, and resumes after a crash.
+
+Work lives in the store, not in memory: a notification stays pending until its events are written, an event
+stays pending (under a lease) until its deliveries are queued. A killed process leaves both where they were,
+and the next one picks them up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from datetime import UTC, datetime, timedelta
+
+from bot.config import StoreConfig, WorkerConfig
+from bot.metrics import Metrics
+from bot.models import Event
+from bot.pipeline import Pipeline
+from bot.store.base import Store, StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+_DEDUP_BATCH = 100
+_STATS_EVERY = 5.0
+_PRUNE_EVERY = 3600.0
+
+
+class Worker:
+    def __init__(
+        self, pipeline: Pipeline, store: Store, config: WorkerConfig, store_config: StoreConfig, metrics: Metrics
+    ) -> None:
+        self._pipeline = pipeline
+        self._store = store
+        self._config = config
+        self._retention = store_config.retention
+        self._metrics = metrics
+        self._wakeup = asyncio.Event()
+        self._in_flight: set[asyncio.Task[None]] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._next_stats = 0.0
+        self._next_prune = 0.0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="worker")
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def notify(self) -> None:
+        """Something new is in the store: look now rather than at the next poll."""
+        self._wakeup.set()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        for task in list(self._in_flight):
+            task.cancel()
+        await asyncio.gather(*self._in_flight, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            self._wakeup.clear()
+            try:
+                busy = await self._cycle()
+                await self._housekeeping()
+            except StoreUnavailable as exc:
+                self._metrics.errors.labels("store_unavailable").inc()
+                log.warning("worker cannot use the store", extra={"reason": str(exc)})
+                busy = False
+            if not busy:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wakeup.wait(), self._config.poll_interval)
+
+    async def _cycle(self) -> bool:
+        deduped = await self._pipeline.dedup(_DEDUP_BATCH)
+        free = self._config.concurrency - len(self._in_flight)
+        events = await self._store.claim_events(free, self._config.event_lease) if free > 0 else []
+        for event in events:
+            task = asyncio.create_task(self._handle(event), name=f"event-{event.id}")
+            self._in_flight.add(task)
+            task.add_done_callback(self._finished)
+        return bool(deduped or events)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._in_flight.discard(task)
+        self._wakeup.set()
+
+    async def _handle(self, event: Event) -> None:
+        try:
+            await self._pipeline.handle(event)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._metrics.errors.labels("pipeline").inc()
+            give_up = event.attempts >= self._config.max_event_attempts
+            log.exception(
+                "event processing failed",
+                extra={"event_id": event.id, "alert_key": event.alert.key, "attempt": event.attempts, "final": give_up},
+            )
+            retry_in = None if give_up else min(300.0, 2.0**event.attempts)
+            with contextlib.suppress(StoreUnavailable):
+                await self._store.fail_event(event.id, f"{type(exc).__name__}: {exc}", retry_in)
+
+    async def _housekeeping(self) -> None:
+        now = time.monotonic()
+        if now >= self._next_stats:
+            self._next_stats = now + _STATS_EVERY
+            stats = await self._store.stats()
+            self._metrics.queue_depth.labels("notifications").set(stats.notifications_pending)
+            self._metrics.queue_depth.labels("events").set(stats.events_pending)
+            self._metrics.queue_depth.labels("deliveries").set(stats.deliveries_pending)
+            self._metrics.alerts_current.labels("firing").set(stats.alerts_firing)
+            self._metrics.alerts_current.labels("resolved").set(stats.alerts_resolved)
+        if now >= self._next_prune:
+            self._next_prune = now + _PRUNE_EVERY
+            removed = await self._store.prune(datetime.now(UTC) - timedelta(seconds=self._retention))
+            if removed:
+                log.info("pruned finished work past retention", extra={"rows": removed})
