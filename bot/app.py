@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import TextIO
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -46,9 +47,11 @@ class Runtime:
         await self.store.close()
 
 
-async def start_runtime(config: BotConfig, metrics: Metrics, playbooks: PlaybookSet) -> Runtime:
+async def start_runtime(
+    config: BotConfig, metrics: Metrics, playbooks: PlaybookSet, console: TextIO | None = None
+) -> Runtime:
     store = await open_store(config.store)
-    sinks = build_sinks(config.receivers, store, metrics)
+    sinks = build_sinks(config.receivers, store, metrics, console)
     outbox = Outbox(store, sinks, config.outbox, metrics)
     enrichers = build_enrichers(config.enrichment, store, metrics)
     pipeline = Pipeline(store, enrichers, playbooks, Router(config.routing), outbox, metrics)
@@ -63,14 +66,17 @@ METRICS_KEY = web.AppKey("metrics", Metrics)
 WEBHOOK_KEY = web.AppKey("webhook", WebhookHandler)
 
 
-def build_app(config: BotConfig, playbooks: PlaybookSet, metrics: Metrics | None = None) -> web.Application:
+def build_app(
+    config: BotConfig, playbooks: PlaybookSet, metrics: Metrics | None = None, console: TextIO | None = None
+) -> web.Application:
+    """The bot as an aiohttp application. `console` is where console sinks write (default: stdout)."""
     metrics = metrics or Metrics()
     app = web.Application(client_max_size=config.server.max_body_bytes, middlewares=[_json_errors])
     app[METRICS_KEY] = metrics
     auth = WebhookAuth(config.server.auth)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
-        runtime = await start_runtime(config, metrics, playbooks)
+        runtime = await start_runtime(config, metrics, playbooks, console)
         app[RUNTIME_KEY] = runtime
         app[WEBHOOK_KEY] = WebhookHandler(runtime.store, auth, config.server, metrics, runtime.worker.notify)
         yield

@@ -113,6 +113,12 @@ class StrictModel(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_section_is_defaults(cls, value: Any) -> Any:
+        # `auth:` followed only by comments is None in YAML: it means "all defaults".
+        return {} if value is None else value
+
 
 # --- server -------------------------------------------------------------------------------------------
 class BasicAuthConfig(StrictModel):

@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 _PREFIX = "gpu_alert_bot"
 
 # The *_created series double the output and nobody alerts on them.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
 class Metrics:

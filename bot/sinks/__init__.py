@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TextIO
 
 from bot.config import ConsoleReceiver, Receiver
 from bot.metrics import Metrics
@@ -13,11 +14,13 @@ from bot.store.base import Store
 __all__ = ["DeliveryResult", "Sink", "build_sinks"]
 
 
-def build_sinks(receivers: Sequence[Receiver], store: Store, metrics: Metrics) -> dict[str, Sink]:
+def build_sinks(
+    receivers: Sequence[Receiver], store: Store, metrics: Metrics, console: TextIO | None = None
+) -> dict[str, Sink]:
     sinks: dict[str, Sink] = {}
     for receiver in receivers:
         if isinstance(receiver, ConsoleReceiver):
-            sinks[receiver.name] = ConsoleSink(receiver.name)
+            sinks[receiver.name] = ConsoleSink(receiver.name, console)
         else:
             raise NotImplementedError(f"receiver type {receiver.type!r} is not available yet")
     return sinks

@@ -1,0 +1,97 @@
+"""The bot in the test's own event loop, on a real TCP port and a real SQLite file."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from aiohttp import web
+
+from bot.app import RUNTIME_KEY, Runtime, build_app
+from bot.config import BotConfig, load_config
+from bot.metrics import Metrics
+from bot.playbooks import PlaybookSet
+
+
+@dataclass
+class RunningBot:
+    url: str
+    config: BotConfig
+    metrics: Metrics
+    app: web.Application
+    console: io.StringIO
+
+    @property
+    def runtime(self) -> Runtime:
+        return self.app[RUNTIME_KEY]
+
+    @property
+    def webhook_url(self) -> str:
+        return f"{self.url}/alertmanager"
+
+    def console_events(self) -> list[dict[str, Any]]:
+        """Every JSON line the console sink wrote so far."""
+        return [json.loads(line) for line in self.console.getvalue().splitlines() if line.strip()]
+
+    def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
+        value = self.metrics.registry.get_sample_value(name, labels or {})
+        return 0.0 if value is None else value
+
+
+def write_config(tmp_path: Path, config: dict[str, Any]) -> Path:
+    data = dict(config)
+    data.setdefault("store", {}).setdefault("path", str(tmp_path / "bot.db"))
+    path = tmp_path / "bot.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@asynccontextmanager
+async def running_bot(tmp_path: Path, config: dict[str, Any] | None = None) -> AsyncIterator[RunningBot]:
+    """Start the bot from a config dict (written to a real file and loaded like `serve --config` does)."""
+    loaded = load_config(write_config(tmp_path, config or {}))
+    playbooks = PlaybookSet.load(loaded.playbooks.dir, loaded.playbooks.vars)
+    metrics = Metrics()
+    console = io.StringIO()
+    app = build_app(loaded, playbooks, metrics, console)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield RunningBot(f"http://127.0.0.1:{port}", loaded, metrics, app, console)
+    finally:
+        await runner.cleanup()
+
+
+async def eventually(
+    check: Callable[[], Any] | Callable[[], Awaitable[Any]], timeout: float = 10.0, interval: float = 0.05
+) -> Any:
+    """Poll until `check` returns something truthy (or stops raising AssertionError); return that value."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            result = check()
+            if asyncio.iscoroutine(result):
+                result = await result
+            if result:
+                return result
+            failure: BaseException | None = None
+        except AssertionError as exc:
+            failure = exc
+        if asyncio.get_running_loop().time() >= deadline:
+            if failure is not None:
+                raise failure
+            raise AssertionError(f"condition not met within {timeout} s")
+        await asyncio.sleep(interval)
+
+
+CAPTURES = Path(__file__).resolve().parents[3] / "shared" / "reference" / "alertmanager-captures"

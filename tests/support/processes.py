@@ -1,0 +1,209 @@
+"""Real Prometheus and Alertmanager (Debian packages), and the bot itself, as processes on loopback."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+ALERTMANAGER_BINARIES = ("prometheus-alertmanager", "alertmanager")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def find_binary(*names: str) -> str:
+    for name in names:
+        path = shutil.which(name)
+        if path:
+            return path
+    raise RuntimeError(f"none of {names} is installed; the README's test command installs them")
+
+
+def wait_http(url: str, timeout: float = 20.0, process: subprocess.Popen[Any] | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"process exited with {process.returncode} before {url} answered")
+        try:
+            if httpx.get(url, timeout=1.0).status_code < 500:
+                return
+        except httpx.HTTPError as exc:
+            last = exc
+        time.sleep(0.05)
+    raise TimeoutError(f"{url} did not answer within {timeout} s: {last}")
+
+
+class OutputCollector:
+    """Reads a process's stdout or stderr line by line in a thread, so the pipe never fills up."""
+
+    def __init__(self, stream: Any) -> None:
+        self.lines: list[str] = []
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: Any) -> None:
+        for line in iter(stream.readline, ""):
+            with self._lock:
+                self.lines.append(line.rstrip("\n"))
+
+    def snapshot(self) -> list[str]:
+        with self._lock:
+            return list(self.lines)
+
+    def join(self, timeout: float = 5.0) -> None:
+        self._thread.join(timeout)
+
+
+class ManagedProcess:
+    def __init__(self, args: Sequence[str], cwd: Path, env: dict[str, str] | None = None) -> None:
+        self.args = list(args)
+        self.process = subprocess.Popen(
+            self.args,
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert self.process.stdout is not None and self.process.stderr is not None
+        self.stdout = OutputCollector(self.process.stdout)
+        self.stderr = OutputCollector(self.process.stderr)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout)
+        self.stdout.join()
+        self.stderr.join()
+        return self.process.returncode
+
+    def kill(self) -> int:
+        return self.stop(signal.SIGKILL)
+
+
+class Alertmanager(ManagedProcess):
+    """A real Alertmanager on loopback, clustering off, with `amtool` pointed at it."""
+
+    def __init__(self, workdir: Path, config: dict[str, Any]) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.config_path = workdir / "alertmanager.yml"
+        self.config_path.write_text(yaml.safe_dump(config))
+        super().__init__(
+            [
+                find_binary(*ALERTMANAGER_BINARIES),
+                f"--config.file={self.config_path}",
+                f"--storage.path={workdir / 'am-data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--cluster.listen-address=",
+                "--log.level=warn",
+            ],
+            cwd=workdir,
+        )
+        wait_http(f"{self.url}/-/ready", process=self.process)
+
+    def amtool(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [find_binary("amtool"), f"--alertmanager.url={self.url}", *args],
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=30,
+        )
+
+
+def webhook_alertmanager_config(
+    bot_url: str,
+    *,
+    bearer_token: str | None = None,
+    group_by: Sequence[str] = ("alertname", "host"),
+    group_wait: str = "1s",
+    group_interval: str = "2s",
+    repeat_interval: str = "1h",
+) -> dict[str, Any]:
+    webhook: dict[str, Any] = {"url": f"{bot_url}/alertmanager", "send_resolved": True}
+    if bearer_token is not None:
+        webhook["http_config"] = {"authorization": {"type": "Bearer", "credentials": bearer_token}}
+    return {
+        "route": {
+            "receiver": "bot",
+            "group_by": list(group_by),
+            "group_wait": group_wait,
+            "group_interval": group_interval,
+            "repeat_interval": repeat_interval,
+        },
+        "receivers": [{"name": "bot", "webhook_configs": [webhook]}],
+    }
+
+
+class Prometheus(ManagedProcess):
+    """A real Prometheus on loopback with the given scrape config and rule files."""
+
+    def __init__(self, workdir: Path, config: dict[str, Any], rule_files: Sequence[Path] = ()) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = dict(config)
+        if rule_files:
+            config["rule_files"] = [str(p) for p in rule_files]
+        self.config_path = workdir / "prometheus.yml"
+        self.config_path.write_text(yaml.safe_dump(config))
+        super().__init__(
+            [
+                find_binary("prometheus"),
+                f"--config.file={self.config_path}",
+                f"--storage.tsdb.path={workdir / 'prom-data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--web.enable-lifecycle",
+                "--log.level=warn",
+            ],
+            cwd=workdir,
+        )
+        wait_http(f"{self.url}/-/ready", timeout=30, process=self.process)
+
+
+class BotProcess(ManagedProcess):
+    """`python -m bot serve` as a real process: for crash (SIGKILL) and restart tests."""
+
+    def __init__(self, config_path: Path, *, listen_port: int | None = None, store: Path | None = None) -> None:
+        self.port = listen_port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        args = [
+            sys.executable,
+            "-m",
+            "bot",
+            "serve",
+            "--config",
+            str(config_path),
+            "--listen",
+            f"127.0.0.1:{self.port}",
+        ]
+        if store is not None:
+            args += ["--store", str(store)]
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        super().__init__(args, cwd=config_path.parent, env=env)
+        wait_http(f"{self.url}/healthz", process=self.process)
