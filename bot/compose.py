@@ -35,6 +35,7 @@ def compose_message(event: Event, enrichment: Enrichment, advice: Advice) -> Mes
         resolved_at=alert.resolved_at if alert.status == "resolved" else None,
         times_seen=alert.times_seen,
         acked_by=alert.acked_by,
+        related_to=enrichment.data("related").get("root"),
         facts=_facts(event, host, gpu, enrichment),
         sections=_sections(event, enrichment, advice),
         links=_links(alert.annotations, alert.generator_url, advice),

@@ -67,6 +67,8 @@ class Message(BaseModel):
     resolved_at: datetime | None = None
     times_seen: int = 1
     acked_by: str | None = None
+    # The alert_key of an earlier alert this one belongs with (same incident): sinks thread it there.
+    related_to: str | None = None
     facts: list[Fact] = Field(default_factory=list)
     sections: list[Section] = Field(default_factory=list)
     links: list[Link] = Field(default_factory=list)

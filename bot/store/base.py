@@ -110,6 +110,10 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def list_alerts(self, status: str | None = None, limit: int = 100) -> list[AlertState]: ...
 
+    @abc.abstractmethod
+    async def recent_alerts(self, alertnames: Sequence[str], since: datetime) -> list[AlertState]:
+        """Alerts with one of these names seen (first or last) since the given time, newest first."""
+
     # --- GPU history, for recurrence ---------------------------------------------------------------
     @abc.abstractmethod
     async def record_gpu_events(self, events: Sequence[GpuEvent]) -> None:

@@ -75,6 +75,7 @@ CREATE TABLE IF NOT EXISTS alerts (
     enrichment TEXT
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS alerts_status ON alerts(status, last_seen);
+CREATE INDEX IF NOT EXISTS alerts_name ON alerts(alertname, last_seen);
 
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY,
@@ -147,8 +148,12 @@ def _now() -> float:
 
 
 class SqliteStore(Store):
-    def __init__(self, path: Path, *, synchronous: Synchronous = "full", dedup_window: float = 600.0) -> None:
+    def __init__(
+        self, path: Path, *, synchronous: Synchronous = "full", dedup_window: float = 600.0, read_only: bool = False
+    ) -> None:
+        """`read_only` opens an existing store for inspection (CLI commands) beside a running bot."""
         self._path = path
+        self._read_only = read_only
         self._synchronous = synchronous
         self._dedup_window = dedup_window
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store")
@@ -158,8 +163,17 @@ class SqliteStore(Store):
 
     # --- lifecycle -----------------------------------------------------------------------------------
     async def open(self) -> None:
-        await self._run(self._open_sync)
-        self._batcher = asyncio.create_task(self._group_commit_loop(), name="sqlite-group-commit")
+        await self._run(self._open_read_only if self._read_only else self._open_sync)
+        if not self._read_only:
+            self._batcher = asyncio.create_task(self._group_commit_loop(), name="sqlite-group-commit")
+
+    def _open_read_only(self) -> None:
+        if not self._path.exists():
+            raise sqlite3.OperationalError(f"no store at {self._path}")
+        conn = sqlite3.connect(f"file:{self._path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False)
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA busy_timeout=5000")
+        self._conn = conn
 
     def _open_sync(self) -> None:
         self._path.parent.mkdir(parents=True, exist_ok=True)
@@ -528,6 +542,17 @@ class SqliteStore(Store):
                 "SELECT * FROM alerts WHERE status = ? ORDER BY last_seen DESC LIMIT ?",
                 (status, limit),
             )
+        return [_alert_from_row(row) for row in rows]
+
+    async def recent_alerts(self, alertnames: Sequence[str], since: datetime) -> list[AlertState]:
+        if not alertnames:
+            return []
+        marks = ",".join("?" * len(alertnames))
+        rows = await self._run(
+            self._fetchall,
+            f"SELECT * FROM alerts WHERE alertname IN ({marks}) AND last_seen >= ? ORDER BY last_seen DESC",  # noqa: S608
+            [*alertnames, since.timestamp()],
+        )
         return [_alert_from_row(row) for row in rows]
 
     # --- GPU history -----------------------------------------------------------------------------------
