@@ -102,7 +102,8 @@ async def _readyz(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME_KEY]
     checks: dict[str, str] = {}
     try:
-        await asyncio.wait_for(runtime.store.check_writable(), _READY_CHECK_TIMEOUT)
+        async with asyncio.timeout(_READY_CHECK_TIMEOUT):
+            await runtime.store.check_writable()
         checks["store"] = "writable"
     except (StoreUnavailable, TimeoutError) as exc:
         checks["store"] = f"not writable: {exc}" if str(exc) else "not writable: timed out"

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import hmac
 
 from bot.config import WebhookAuthConfig
 
 
+def _digest(text: str) -> bytes:
+    # aiohttp decodes header bytes that are not UTF-8 with surrogateescape; keep them comparable, never raise.
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).digest()
+
+
 def _same(presented: str, expected: str) -> bool:
-    return hmac.compare_digest(presented.encode("utf-8"), expected.encode("utf-8"))
+    """Constant time, and comparing digests hides the expected length as well as its content."""
+    return hmac.compare_digest(_digest(presented), _digest(expected))
 
 
 class WebhookAuth:
@@ -42,7 +49,7 @@ class WebhookAuth:
         assert self._basic is not None
         try:
             decoded = base64.b64decode(credentials, validate=True).decode("utf-8")
-        except (binascii.Error, UnicodeDecodeError):
+        except (binascii.Error, UnicodeError, ValueError):
             return False
         username, sep, password = decoded.partition(":")
         # Both comparisons always run, so the time taken does not tell which part was wrong.

@@ -1,9 +1,10 @@
-"""Command line: `gpu-alert-bot serve | check-config` (and `python -m bot`)."""
+"""Command line: `gpu-alert-bot serve | check-config | explain | xid | gpus` (and `python -m bot`)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import ipaddress
 import logging
 import signal
@@ -15,13 +16,18 @@ from typing import Any
 from aiohttp import web
 
 from bot.app import WEBHOOK_PATH, build_app
-from bot.config import BotConfig, ConfigError, load_config
+from bot.config import BotConfig, ConfigError, load_config, parse_duration
+from bot.enrich.recurrence import gpus_command
+from bot.explain import run as run_explain
 from bot.logs import configure_logging
 from bot.playbooks import PlaybookError, PlaybookSet
+from bot.store import StoreUnavailable
+from bot.xid import xid_command
 
 log = logging.getLogger("bot")
 
 EXIT_OK = 0
+EXIT_START = 1
 EXIT_CONFIG = 2
 
 
@@ -48,7 +54,38 @@ def _parser() -> argparse.ArgumentParser:
     check = commands.add_parser("check-config", help="validate a configuration file and its playbooks")
     check.add_argument("config", type=Path)
     check.set_defaults(run=_check_config)
+
+    explain = commands.add_parser(
+        "explain", help="show how a webhook payload would be routed and rendered, sending nothing"
+    )
+    explain.add_argument("payload", type=Path, help="Alertmanager webhook body (JSON file; - reads stdin)")
+    explain.add_argument("--config", type=Path, help="YAML configuration file (default: built-in defaults)")
+    explain.add_argument("--enrich", action="store_true", help="run the configured enrichers (read-only)")
+    explain.add_argument("--format", choices=("text", "json"), default="text", help="output format")
+    explain.set_defaults(run=_explain)
+
+    xid = commands.add_parser(
+        "xid", help="decode NVIDIA Xid errors in kernel log text, e.g. journalctl -k | gpu-alert-bot xid"
+    )
+    xid.add_argument("file", nargs="?", type=Path, help="kernel log file (default: standard input)")
+    xid.add_argument("--format", choices=("json", "table"), help="events: JSON lines (default) or a table")
+    xid.add_argument("--explain", metavar="CODE", type=int, help="print the catalog entry of one Xid code")
+    xid.add_argument("--catalog", type=Path, help="Xid catalog file (default: the bundled playbooks/xid_catalog.yaml)")
+    xid.set_defaults(run=_xid)
+
+    gpus = commands.add_parser("gpus", help="list each GPU's Xid and alert history from the bot's store")
+    gpus.add_argument("--config", type=Path, help="YAML configuration file (default: built-in defaults)")
+    gpus.add_argument("--since", type=_duration, default="30d", help="how far back, e.g. 24h or 30d (default 30d)")
+    gpus.add_argument("--format", choices=("table", "json"), default="table", help="a table (default) or JSON lines")
+    gpus.set_defaults(run=_gpus)
     return parser
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _load(path: Path | None, overrides: dict[str, Any] | None = None) -> tuple[BotConfig, PlaybookSet]:
@@ -73,6 +110,28 @@ def _check_config(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _explain(args: argparse.Namespace) -> int:
+    try:
+        config, playbooks = _load(args.config)
+    except (ConfigError, PlaybookError) as exc:
+        _print_problems(exc.problems)
+        return EXIT_CONFIG
+    return run_explain(args.payload, config, playbooks, enrich=args.enrich, output=args.format)
+
+
+def _xid(args: argparse.Namespace) -> int:
+    return xid_command(args.file, args.format, args.explain, args.catalog)
+
+
+def _gpus(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        _print_problems(exc.problems)
+        return EXIT_CONFIG
+    return asyncio.run(gpus_command(config, args.since, args.format))
+
+
 def _serve(args: argparse.Namespace) -> int:
     overrides: dict[str, Any] = {}
     if args.listen:
@@ -87,9 +146,9 @@ def _serve(args: argparse.Namespace) -> int:
     configure_logging(config.logging.level, config.secrets())
     try:
         asyncio.run(_run_server(config, playbooks))
-    except OSError as exc:
+    except (OSError, StoreUnavailable) as exc:
         log.error("cannot start", extra={"reason": str(exc)})
-        return 1
+        return EXIT_START
     return EXIT_OK
 
 
@@ -122,6 +181,10 @@ async def _run_server(config: BotConfig, playbooks: PlaybookSet) -> None:
     await runner.setup()
     site = web.TCPSite(runner, host, config.server.port, shutdown_timeout=5)
     await site.start()
+    # Everything loaded so far (modules, config, playbooks) lives as long as the process: keep it out of the
+    # garbage collector's full passes, which would otherwise stop the bot for tens of milliseconds each.
+    gc.collect()
+    gc.freeze()
     log.info(
         "gpu-alert-bot ready",
         extra={

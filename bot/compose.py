@@ -74,9 +74,9 @@ def _facts(event: Event, host: str, gpu: str, enrichment: Enrichment) -> list[Fa
     if gpu or identity:
         parts = [p for p in (gpu, identity.get("model"), identity.get("uuid"), identity.get("pci_bus_id")) if p]
         facts.append(Fact(label="GPU", value=" · ".join(str(p) for p in parts)))
-    history = enrichment.data("prometheus")
-    if "current" in history:
-        facts.append(Fact(label="Value", value=str(history["current"])))
+    history = enrichment.data("prometheus").get("history") or {}
+    if history.get("current_text"):
+        facts.append(Fact(label="Value", value=str(history["current_text"])))
     if alert.severity:
         facts.append(Fact(label="Severity", value=alert.severity))
     facts.append(Fact(label="Started", value=alert.starts_at.strftime("%Y-%m-%d %H:%M:%S UTC")))
@@ -105,6 +105,8 @@ def _sections(event: Event, enrichment: Enrichment, advice: Advice) -> list[Sect
                 Section(title=found.title, kind="warning", lines=[f"{found.title} unavailable: {found.reason}"])
             )
     if event.alert.status == "firing":
+        if advice.thresholds:
+            sections.append(Section(title="Thresholds", lines=advice.thresholds))
         if advice.causes:
             sections.append(Section(title="Likely causes", lines=advice.causes))
         if advice.steps:

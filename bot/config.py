@@ -7,6 +7,8 @@ are resolved against the directory of the configuration file, so the bot runs fr
 
 from __future__ import annotations
 
+import email.utils
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,7 +34,9 @@ BUNDLED_PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _LISTEN = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[^:\s]+):(?P<port>\d{1,5})$")
-_MATCHER = re.compile(r'^\s*(?P<name>[a-zA-Z_][a-zA-Z0-9_]*)\s*(?P<op>=~|!~|!=|=)\s*"(?P<value>(?:[^"\\]|\\.)*)"\s*$')
+_DOUBLE_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
+# Alertmanager's matcher syntax (pkg/labels/parse.go): the value may be double-quoted or bare.
+_MATCHER = re.compile(r"^\s*(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)\s*(?P<op>=~|!~|!=|=)\s*(?P<value>.*?)\s*\Z", re.DOTALL)
 
 
 class ConfigError(Exception):
@@ -68,7 +72,8 @@ def _resolve_path(value: Path, info: ValidationInfo) -> Path:
     path = value.expanduser()
     if not path.is_absolute() and base is not None:
         path = Path(base) / path
-    return path
+    # config/../var/bot.db -> var/bot.db, without resolving symlinks the operator chose.
+    return Path(os.path.normpath(path))
 
 
 ConfigPath = Annotated[Path, AfterValidator(_resolve_path)]
@@ -174,6 +179,8 @@ class WorkerConfig(StrictModel):
     concurrency: int = Field(default=16, ge=1, le=1024)
     event_lease: Duration = 60.0
     max_event_attempts: int = Field(default=5, ge=1)
+    # Wait before retrying an event after a pipeline error; doubles with each attempt, at most 5 minutes.
+    retry_backoff: Duration = 2.0
     poll_interval: Duration = 1.0
 
 
@@ -203,12 +210,19 @@ class LokiConfig(StrictModel):
     after: Duration = 120.0
     limit: int = Field(default=1000, ge=1, le=5000)
     timeout: Duration = 2.0
+    # Alerts for one host whose windows fit in a query sent after they started share it for this long.
+    cache_ttl: Duration = 60.0
+    # Newest lines shown in the message (all fetched lines stay in the stored enrichment).
+    show_lines: int = Field(default=20, ge=0, le=200)
 
     @field_validator("selector")
     @classmethod
     def _has_host(cls, value: str) -> str:
-        if "{host}" not in value:
-            raise ValueError('the selector must contain {host}, for example {job="syslog", host="{host}"}')
+        strings = _DOUBLE_QUOTED.findall(value)
+        if "{host}" in _DOUBLE_QUOTED.sub('""', value) or not any("{host}" in s for s in strings):
+            raise ValueError(
+                'the selector must contain {host} inside a double-quoted value: {job="syslog", host="{host}"}'
+            )
         return value
 
 
@@ -247,7 +261,7 @@ class SlackReceiver(StrictModel):
     timeout: Duration = 10.0
     messages_per_second: float = Field(default=1.0, gt=0)
     # More than storm_threshold new alerts in storm_window: one summary message, details in its thread.
-    storm_threshold: int = Field(default=10, ge=1)
+    storm_threshold: int = Field(default=5, ge=1)
     storm_window: Duration = 60.0
 
 
@@ -269,9 +283,35 @@ class EmailReceiver(StrictModel):
     def _plaintext_is_explicit(self) -> EmailReceiver:
         if self.security == "none" and not self.allow_plaintext:
             raise ValueError("security: none sends mail in clear text; set allow_plaintext: true to accept that")
+        if self.security != "none" and self.allow_plaintext:
+            raise ValueError(
+                f"allow_plaintext only applies to security: none; with {self.security} a server without TLS is refused"
+            )
         if (self.username is None) != (self.password_file is None):
             raise ValueError("username and password_file go together")
+        if self.security == "none" and self.username is not None:
+            raise ValueError("SMTP AUTH without TLS would send the password in clear text; use starttls or tls")
         return self
+
+    @field_validator("to")
+    @classmethod
+    def _addresses(cls, value: list[str]) -> list[str]:
+        for address in value:
+            _check_address(address)
+        return value
+
+    @field_validator("sender")
+    @classmethod
+    def _sender_address(cls, value: str) -> str:
+        _check_address(value)
+        return value
+
+    @field_validator("ca_file")
+    @classmethod
+    def _ca_file_exists(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError(f"CA file {value} not found")
+        return value
 
     @field_validator("smarthost")
     @classmethod
@@ -279,6 +319,14 @@ class EmailReceiver(StrictModel):
         if _LISTEN.match(value) is None:
             raise ValueError("expected HOST:PORT, for example smtp.example.com:587")
         return value
+
+
+def _check_address(value: str) -> None:
+    """An address such as `oncall@example.com` or `GPU alerts <oncall@example.com>`."""
+    _display, address = email.utils.parseaddr(value)
+    local, at, domain = address.rpartition("@")
+    if not (local and at and domain) or any(c.isspace() for c in address):
+        raise ValueError(f"{value!r} is not an email address such as oncall@example.com")
 
 
 PagerDutySeverity = Literal["critical", "error", "warning", "info"]
@@ -296,7 +344,23 @@ class PagerDutyReceiver(StrictModel):
     timeout: Duration = 10.0
     client: str = "gpu-alert-bot"
     client_url: str | None = None
+    # Alert `severity` label (any case) -> PagerDuty severity; labels missing from the map get default_severity.
     severity_map: dict[str, PagerDutySeverity] = Field(default_factory=_default_severity_map)
+    default_severity: PagerDutySeverity = "error"
+    # Wait after a 429 before the next attempt; PagerDuty asks for a backoff of minutes rather than seconds.
+    rate_limit_delay: Duration = 60.0
+
+    @field_validator("routing_key_file")
+    @classmethod
+    def _integration_key(cls, value: Secret) -> Secret:
+        if len(value.get()) != 32:
+            raise ValueError(f"{value.path} must hold a 32-character Events API v2 integration key")
+        return value
+
+    @field_validator("severity_map")
+    @classmethod
+    def _case_insensitive(cls, value: dict[str, PagerDutySeverity]) -> dict[str, PagerDutySeverity]:
+        return {label.lower(): severity for label, severity in value.items()}
 
 
 Receiver = Annotated[ConsoleReceiver | SlackReceiver | EmailReceiver | PagerDutyReceiver, Field(discriminator="type")]
@@ -304,12 +368,10 @@ Receiver = Annotated[ConsoleReceiver | SlackReceiver | EmailReceiver | PagerDuty
 
 # --- routing -------------------------------------------------------------------------------------------
 def _check_matcher(value: str) -> str:
-    match = _MATCHER.match(value)
-    if match is None:
-        raise ValueError(f'{value!r} is not a matcher such as severity="critical" or alertname=~"GPU.*"')
-    if match.group("op") in ("=~", "!~"):
+    _name, op, pattern = parse_matcher(value)
+    if op in ("=~", "!~"):
         try:
-            re.compile(match.group("value"))
+            re.compile(pattern)
         except re.error as exc:
             raise ValueError(f"{value!r}: bad regular expression: {exc}") from None
     return value
@@ -319,12 +381,38 @@ Matcher = Annotated[str, AfterValidator(_check_matcher)]
 
 
 def parse_matcher(value: str) -> tuple[str, str, str]:
-    """(label, operator, value) of an Alertmanager-style matcher string already validated by the config."""
+    """(label, operator, value) of an Alertmanager-style matcher such as `severity="critical"`.
+
+    Like Alertmanager, the value may be bare or double-quoted; inside it `\\"`, `\\\\` and `\\n` are escapes and any
+    other backslash stays literal, so `host=~"gpu\\d+"` keeps its regex escape.
+    """
     match = _MATCHER.match(value)
     if match is None:
-        raise ValueError(f"bad matcher {value!r}")
-    raw = match.group("value")
-    return match.group("name"), match.group("op"), re.sub(r"\\(.)", r"\1", raw)
+        raise ValueError(f'{value!r} is not a matcher such as severity="critical" or alertname=~"GPU.*"')
+    return match.group("name"), match.group("op"), _unescape_matcher_value(value, match.group("value"))
+
+
+def _unescape_matcher_value(matcher: str, raw: str) -> str:
+    if raw.startswith('"'):
+        if len(raw) < 2 or not raw.endswith('"') or _ends_with_escape(raw[1:-1]):
+            raise ValueError(f"{matcher!r}: the value's closing double quote is missing")
+        raw = raw[1:-1]
+    value: list[str] = []
+    chars = iter(raw)
+    for char in chars:
+        if char == '"':
+            raise ValueError(f'{matcher!r}: a double quote inside the value must be escaped as \\"')
+        if char != "\\":
+            value.append(char)
+            continue
+        following = next(chars, "")
+        value.append({"n": "\n", '"': '"', "\\": "\\"}.get(following, "\\" + following))
+    return "".join(value)
+
+
+def _ends_with_escape(text: str) -> bool:
+    """True when the text ends with an odd number of backslashes, so a quote after it would be escaped."""
+    return (len(text) - len(text.rstrip("\\"))) % 2 == 1
 
 
 class RouteRule(StrictModel):
@@ -355,14 +443,26 @@ class BotConfig(StrictModel):
 
     @model_validator(mode="after")
     def _receivers_exist(self) -> BotConfig:
+        # One line per problem, each starting with its key path (see _describe).
         names = [r.name for r in self.receivers]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise ValueError(f"receiver names must be unique: {', '.join(duplicates)}")
-        referenced = list(self.routing.default) + [n for rule in self.routing.rules for n in rule.receivers]
-        unknown = sorted(set(referenced) - set(names))
-        if unknown:
-            raise ValueError(f"routing names receivers that are not configured: {', '.join(unknown)}")
+        problems = [
+            f"receivers.{i}.name: {name!r} is used by more than one receiver; names must be unique"
+            for i, name in enumerate(names)
+            if names.index(name) != i
+        ]
+        referenced = [(f"routing.default.{i}", name) for i, name in enumerate(self.routing.default)] + [
+            (f"routing.rules.{r}.receivers.{i}", name)
+            for r, rule in enumerate(self.routing.rules)
+            for i, name in enumerate(rule.receivers)
+        ]
+        configured = ", ".join(dict.fromkeys(names)) or "none"
+        problems += [
+            f"{where}: {name!r} is not a configured receiver (configured: {configured})"
+            for where, name in referenced
+            if name not in names
+        ]
+        if problems:
+            raise ValueError("\n".join(problems))
         return self
 
     def secrets(self) -> Iterator[str]:
@@ -393,7 +493,7 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> B
     try:
         return BotConfig.model_validate(data, context={"base_dir": base_dir})
     except ValidationError as exc:
-        raise ConfigError([_describe(error) for error in exc.errors()]) from None
+        raise ConfigError([line for error in exc.errors() for line in _describe(error)]) from None
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -426,9 +526,12 @@ def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     node[leaf] = value
 
 
-def _describe(error: Any) -> str:
-    where = ".".join(str(part) for part in error["loc"]) or "(top level)"
+def _describe(error: Any) -> list[str]:
+    """`key.path: problem` lines for one pydantic error; checks across sections already name their keys."""
     message = str(error["msg"]).removeprefix("Value error, ")
+    if not error["loc"]:
+        return message.splitlines()
+    where = ".".join(str(part) for part in error["loc"])
     if error["type"] == "extra_forbidden":
         message = "unknown key (check the spelling against config/bot.example.yaml)"
-    return f"{where}: {message}"
+    return [f"{where}: {message}"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +27,9 @@ log = logging.getLogger(__name__)
 
 _MAX_REPORTED_ERRORS = 20
 _RETRY_AFTER_SECONDS = "5"
+_KNOWN_SCHEMES = frozenset({"bearer", "basic"})
+# A version label is client-chosen text: keep it short and plain so it cannot blow up the metric.
+_VERSION_LABEL = re.compile(r"[^0-9A-Za-z._-]")
 
 
 def json_error(status: int, error: str, message: str, **extra: Any) -> web.Response:
@@ -57,6 +61,11 @@ class WebhookHandler:
     async def _handle(self, request: web.Request) -> web.Response:
         if not self._auth.allows(request.headers.get("Authorization")):
             self._metrics.errors.labels("unauthorized").inc()
+            # Never the header itself: a wrong credential is often a right one sent to the wrong place.
+            log.warning(
+                "rejected a webhook: missing or wrong credentials",
+                extra={"peer": request.remote, "scheme": _scheme(request.headers.get("Authorization"))},
+            )
             response = json_error(401, "unauthorized", "missing or wrong credentials")
             response.headers["WWW-Authenticate"] = self._auth.challenge
             return response
@@ -101,10 +110,11 @@ class WebhookHandler:
             return json_error(400, "invalid_payload", "body is not an Alertmanager webhook payload", details=details)
         if payload.version != SUPPORTED_PAYLOAD_VERSION:
             # An Alertmanager upgrade must never silence alerting: accept what still validates, and say so.
-            self._metrics.unknown_payload_versions.labels(payload.version[:32]).inc()
+            version = _VERSION_LABEL.sub("_", payload.version[:16])
+            self._metrics.unknown_payload_versions.labels(version).inc()
             log.warning(
                 "accepted a webhook with an unknown payload version",
-                extra={"version": payload.version[:32], "expected": SUPPORTED_PAYLOAD_VERSION},
+                extra={"version": version, "expected": SUPPORTED_PAYLOAD_VERSION},
             )
         return payload
 
@@ -119,7 +129,8 @@ class WebhookHandler:
             alert_count=len(payload.alerts),
         )
         try:
-            result = await asyncio.wait_for(self._store.ingest(notification), self._config.ingest_timeout)
+            async with asyncio.timeout(self._config.ingest_timeout):
+                result = await self._store.ingest(notification)
         except (StoreUnavailable, TimeoutError) as exc:
             self._metrics.errors.labels("store_unavailable").inc()
             log.error("cannot store the notification; asking Alertmanager to retry", extra={"reason": str(exc)})
@@ -130,7 +141,18 @@ class WebhookHandler:
             self._metrics.duplicates_dropped.inc()
             return web.json_response({"status": "duplicate", "alerts": len(payload.alerts)})
         self._metrics.notifications_received.inc()
-        for alert in payload.alerts:
-            self._metrics.alerts_received.labels(alert.status).inc()
+        firing = sum(1 for alert in payload.alerts if alert.status == "firing")
+        if firing:
+            self._metrics.alerts_received.labels("firing").inc(firing)
+        if firing < len(payload.alerts):
+            self._metrics.alerts_received.labels("resolved").inc(len(payload.alerts) - firing)
         self._on_accepted()
         return web.json_response({"status": "accepted", "alerts": len(payload.alerts)})
+
+
+def _scheme(authorization: str | None) -> str:
+    """The authentication scheme a request used, for the log: never the credentials."""
+    if not authorization:
+        return "none"
+    scheme = authorization.strip().partition(" ")[0].lower()
+    return scheme if scheme in _KNOWN_SCHEMES else "other"

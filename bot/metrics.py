@@ -35,6 +35,12 @@ class Metrics:
         self.queue_depth = Gauge(
             f"{_PREFIX}_queue_depth", "Work waiting in the store, by queue.", ["queue"], registry=r
         )
+        self.failed_work = Gauge(
+            f"{_PREFIX}_failed_work",
+            "Work set aside after it kept failing (notifications, events, deliveries), by queue; see the log.",
+            ["queue"],
+            registry=r,
+        )
         self.errors = Counter(f"{_PREFIX}_errors", "Errors, by kind.", ["kind"], registry=r)
         self.unknown_payload_versions = Counter(
             f"{_PREFIX}_unknown_payload_version",

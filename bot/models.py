@@ -34,17 +34,30 @@ class AmAlert(BaseModel):
     generator_url: str = Field(default="", alias="generatorURL")
     fingerprint: str = Field(min_length=1, max_length=64)
 
+    @field_validator("starts_at")
+    @classmethod
+    def _starts_in_utc(cls, value: datetime) -> datetime:
+        return _in_utc(value)
+
     @field_validator("ends_at")
     @classmethod
     def _go_zero_time_means_no_end(cls, value: datetime | None) -> datetime | None:
         # Alertmanager blanks the end of a firing alert to Go's zero time, 0001-01-01T00:00:00Z.
-        if value is not None and value.year == _GO_ZERO_YEAR:
+        if value is None or value.year == _GO_ZERO_YEAR:
             return None
-        return value
+        return _in_utc(value)
 
     @property
     def key(self) -> str:
         return alert_key(self.fingerprint, self.starts_at)
+
+
+def _in_utc(value: datetime) -> datetime:
+    """The same instant in UTC, so keys and comparisons never depend on the sender's offset."""
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:  # 0001-01-01T00:00:00+01:00 is before year 1 in UTC
+        raise ValueError("timestamp out of range") from None
 
 
 class WebhookPayload(BaseModel):
@@ -70,12 +83,9 @@ class WebhookPayload(BaseModel):
 
     def idempotency_key(self) -> str:
         """Same key for a retry, a repeat or an HA replica's copy; externalURL is left out on purpose."""
-        digest = hashlib.sha256(self.group_key.encode())
-        for fingerprint, status, starts_at in sorted(
-            (a.fingerprint, a.status, a.starts_at.astimezone(UTC).isoformat()) for a in self.alerts
-        ):
-            digest.update(f"\x00{fingerprint}\x00{status}\x00{starts_at}".encode())
-        return digest.hexdigest()
+        # starts_at is already in UTC (see AmAlert), so one instant always gives one text.
+        members = sorted(f"{a.fingerprint}\x00{a.status}\x00{a.starts_at.isoformat()}" for a in self.alerts)
+        return hashlib.sha256("\x00".join([self.group_key, *members]).encode()).hexdigest()
 
 
 DEFAULT_HOST_LABELS = ("Hostname", "hostname", "host", "node", "instance")

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 
-from tenacity import AsyncRetrying, RetryCallState, retry_if_result, wait_exponential_jitter
+from tenacity import AsyncRetrying, RetryCallState, retry_if_result, wait_exponential, wait_random
 
 from bot.config import OutboxConfig
 from bot.metrics import Metrics
@@ -78,8 +78,10 @@ class Outbox:
                 self._metrics.errors.labels("store_unavailable").inc()
                 log.warning("outbox cannot read the store", extra={"receiver": sink.name, "reason": str(exc)})
                 timeout = self._config.initial_backoff
+            # asyncio.timeout, not wait_for, which on Python 3.11 can swallow the cancellation of stop().
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wakeup.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await wakeup.wait()
 
     async def _idle_timeout(self, receiver: str) -> float:
         due = await self._store.next_delivery_due(receiver)
@@ -88,7 +90,9 @@ class Outbox:
         return min(_IDLE_RECHECK, max(0.0, (due - datetime.now(UTC)).total_seconds()))
 
     async def _deliver(self, sink: Sink, delivery: Delivery) -> None:
-        backoff = wait_exponential_jitter(initial=self._config.initial_backoff, max=self._config.max_backoff)
+        backoff = wait_exponential(multiplier=self._config.initial_backoff, max=self._config.max_backoff) + wait_random(
+            0, self._config.initial_backoff
+        )
         deadline = delivery.created_at + timedelta(seconds=self._config.give_up_after)
 
         def wait(state: RetryCallState) -> float:

@@ -1,29 +1,66 @@
 """Playbooks: what to do about an alert, as data in playbooks/*.yaml that operators read and edit.
 
-A playbook matches an alert by name (and optional label matchers) and gives the meaning, likely causes,
-ordered runbook steps, when to escalate, related Prometheus queries for enrichment, suggested actions and
-links. An alert nobody wrote a playbook for gets the generic one, so no message renders empty.
+A playbook matches an alert by name (and optional label matchers) and gives its meaning, likely causes, the
+thresholds behind it and why, ordered runbook steps with commands, when to escalate, related Prometheus
+queries for enrichment, related alerts for correlation, judgements (conditions over the enrichment, written as
+data) and suggested actions by name. An alert nobody wrote a playbook for gets the generic one, so no message
+renders empty. playbooks/README.md documents the format.
+
+Everything is checked at start-up (and by `check-config`); each problem names its file and line.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
+from typing import Annotated, Any, Literal, TypeGuard
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import ErrorDetails
 
-from bot.config import Matcher
+from bot.config import Duration, Matcher
 from bot.enrich.base import Enrichment
-from bot.message import ActionRef, Link
+from bot.message import ActionRef, Link, Safety
 from bot.models import AlertState, host_from_labels
 from bot.routing import LabelMatcher
 
 GENERIC = "generic"
-_PLACEHOLDER = re.compile(r"\{([a-zA-Z_][a-zA-Z0-9_]*)\}")
+NOT_PLAYBOOKS = frozenset({"xid_catalog.yaml"})
+DEFAULT_RELATED_WINDOW = 1800.0
+# Grafana UIDs of the community dashboards the seed imports: 12239 (NVIDIA DCGM Exporter) and 1860 (Node
+# Exporter Full). `playbooks.vars` overrides them when a site re-imported the dashboards under other UIDs.
+DEFAULT_VARS: Mapping[str, str] = {"dcgm_dashboard_uid": "Oxed_c6Wz", "node_dashboard_uid": "rYdddlPWk"}
+
+_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+_TEXT_TOKEN = re.compile(r"\{\{|\}\}|\{(" + _IDENTIFIER + r")\}|[{}]")
+_QUERY_PLACEHOLDER = re.compile(r"\{(" + _IDENTIFIER + r")\}")
+# Inside a query string `{` followed by a name must be a placeholder; `{2,3}` (a regex repeat) stays literal.
+_QUERY_BAD_PLACEHOLDER = re.compile(r"\{\s*[A-Za-z_][^}]*\}?")
+_DURATION = r"(?:\d+(?:ms|[smhdwy]))+"
+_RANGE = re.compile(rf"\s*{_DURATION}\s*(?::\s*(?:{_DURATION})?\s*)?")
+_LABEL_MATCHER = rf'{_IDENTIFIER}\s*(?:=~|!~|!=|=)\s*""'
+_MATCHER_LIST = re.compile(rf"\s*(?:{_LABEL_MATCHER}(?:\s*,\s*{_LABEL_MATCHER})*\s*,?)?\s*")
+_QUERY_NAME = re.compile(r"[a-z_][a-z0-9_]*")
+_PAIRS = {"(": ")", "[": "]", "{": "}"}
+_RE2_SPECIAL = frozenset("\\.+*?()|[]{}^$")
+_SHELL_WORD = re.compile(r"[A-Za-z0-9_.:@%+=,/-]+")
+_SAFETY_ORDER: dict[str, int] = {"safe": 0, "guarded": 1, "dangerous": 2}
 
 
 class PlaybookError(Exception):
@@ -32,37 +69,306 @@ class PlaybookError(Exception):
         self.problems = problems
 
 
+# --- actions ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ActionSpec:
+    """An action a person may trigger from a message. Playbooks name them; a later stage executes them."""
+
+    name: str
+    label: str
+    safety: Safety
+    description: str
+
+
+ACTIONS: Mapping[str, ActionSpec] = {
+    spec.name: spec
+    for spec in (
+        ActionSpec("ack", "Acknowledge", "safe", "Mark the alert as being handled; repeats stop notifying."),
+        ActionSpec("silence-1h", "Silence 1 h", "safe", "Alertmanager silence on this alert's labels for 1 h."),
+        ActionSpec("silence-4h", "Silence 4 h", "safe", "Alertmanager silence on this alert's labels for 4 h."),
+        ActionSpec(
+            "silence-24h", "Silence 24 h", "guarded", "A day-long silence can hide a recurrence: asks for confirmation."
+        ),
+        ActionSpec(
+            "collect-diagnostics",
+            "Collect diagnostics",
+            "safe",
+            "Read-only: nvidia-smi -q, dcgmi health and the kernel's NVRM lines from the host, posted in the thread.",
+        ),
+        ActionSpec(
+            "run-dcgm-diag",
+            "Run DCGM diagnostic",
+            "guarded",
+            "dcgmi diag -r 2 loads the GPU for minutes and fails running jobs' performance: only on a drained GPU.",
+        ),
+        ActionSpec(
+            "restart-dcgm-exporter",
+            "Restart dcgm-exporter",
+            "guarded",
+            "Restarts the exporter container on the host; GPU metrics have a gap of about a minute.",
+        ),
+        ActionSpec(
+            "restart-inference-server",
+            "Restart the inference server",
+            "guarded",
+            "Restarts the vLLM/NIM container: in-flight requests fail and the model reloads (minutes).",
+        ),
+        ActionSpec(
+            "lower-power-limit",
+            "Lower the GPU power limit",
+            "guarded",
+            "nvidia-smi -pl on this GPU: less heat and power at some throughput cost; reverts at reboot.",
+        ),
+        ActionSpec(
+            "cordon-node", "Cordon node", "guarded", "No new work is scheduled on the host; running work continues."
+        ),
+        ActionSpec("drain-node", "Drain node", "dangerous", "Stops or moves every workload off the host."),
+        ActionSpec(
+            "reset-gpu",
+            "Reset GPU",
+            "dangerous",
+            "nvidia-smi -r on this GPU: kills every process on it; the GPU must be otherwise idle.",
+        ),
+        ActionSpec("reboot-node", "Reboot node", "dangerous", "Reboots the host: every job on it is lost."),
+    )
+}
+
+
+# --- the playbook file --------------------------------------------------------------------------------
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class PlaybookMatch(_Model):
-    alertname: str
+    alertname: str | list[str] = Field(min_length=1)
     matchers: list[Matcher] = Field(default_factory=list)
+
+    @property
+    def alertnames(self) -> tuple[str, ...]:
+        return (self.alertname,) if isinstance(self.alertname, str) else tuple(self.alertname)
 
 
 class Step(_Model):
-    text: str
+    text: str = Field(min_length=1)
     command: str | None = None
 
 
+class Threshold(_Model):
+    value: str = Field(min_length=1)
+    why: str = ""
+
+
 class LinkTemplate(_Model):
-    text: str
+    text: str = Field(min_length=1)
     url: str
+
+    @field_validator("url")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not (value.startswith(("https://", "http://")) or re.match(r"\{" + _IDENTIFIER + r"\}", value)):
+            raise ValueError("a link starts with http(s):// or with a configured variable such as {grafana_url}")
+        return value
+
+    @property
+    def base_variable(self) -> str | None:
+        """The configured variable the URL starts with ({grafana_url}/d/...), if any."""
+        match = re.match(r"\{(" + _IDENTIFIER + r")\}", self.url)
+        return match.group(1) if match else None
+
+
+def _name_or_mapping(key: str) -> Callable[[Any], Any]:
+    def convert(value: Any) -> Any:
+        return {key: value} if isinstance(value, str) else value
+
+    return convert
+
+
+class RelatedAlert(_Model):
+    """An alert worth looking for on the same host within `within` of this one (before or after)."""
+
+    alert: str = Field(min_length=1)
+    within: Duration = DEFAULT_RELATED_WINDOW
+
+
+class ActionChoice(_Model):
+    """An action by name. A playbook may make its safety class stricter than the registry's, never looser."""
+
+    name: str
+    safety: Safety | None = None
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What judgements can look at: the alert's labels, related series' current values, related alerts."""
+
+    labels: Mapping[str, str]
+    series: Mapping[str, float]
+    related: Sequence[Mapping[str, Any]]
+
+    @classmethod
+    def of(cls, alert: AlertState, enrichment: Enrichment) -> Evidence:
+        found = enrichment.data("prometheus").get("related") or {}
+        series = {
+            name: float(value["current"])
+            for name, value in found.items()
+            if isinstance(value, dict) and _is_number(value.get("current"))
+        }
+        related = [a for a in enrichment.data("related").get("alerts") or [] if isinstance(a, dict)]
+        return cls(alert.labels, series, related)
+
+
+def _is_number(value: Any) -> TypeGuard[float]:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+class SeriesCondition(_Model):
+    """A related query's current value compared with a number; false when the value is unknown."""
+
+    series: str
+    above: float | None = None
+    below: float | None = None
+    at_least: float | None = None
+    at_most: float | None = None
+    equals: float | None = None
+
+    @model_validator(mode="after")
+    def _one_comparison(self) -> SeriesCondition:
+        given = [k for k in ("above", "below", "at_least", "at_most", "equals") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of above, below, at_least, at_most, equals")
+        return self
+
+    def holds(self, evidence: Evidence) -> bool:
+        value = evidence.series.get(self.series)
+        if value is None:
+            return False
+        if self.above is not None:
+            return value > self.above
+        if self.below is not None:
+            return value < self.below
+        if self.at_least is not None:
+            return value >= self.at_least
+        if self.at_most is not None:
+            return value <= self.at_most
+        return value == self.equals
+
+
+class LabelCondition(_Model):
+    """One of the alert's labels equals a value or matches an (anchored) regular expression."""
+
+    label: str
+    equals: str | None = None
+    matches: str | None = None
+
+    @model_validator(mode="after")
+    def _one_test(self) -> LabelCondition:
+        if (self.equals is None) == (self.matches is None):
+            raise ValueError("give exactly one of equals, matches")
+        if self.matches is not None:
+            try:
+                re.compile(self.matches)
+            except re.error as exc:
+                raise ValueError(f"bad regular expression: {exc}") from None
+        return self
+
+    def holds(self, evidence: Evidence) -> bool:
+        value = evidence.labels.get(self.label, "")
+        if self.equals is not None:
+            return value == self.equals
+        assert self.matches is not None
+        return re.fullmatch(self.matches, value) is not None
+
+
+class RelatedCondition(_Model):
+    """A related alert on the same host (found by the `related` enricher), optionally within a time and order."""
+
+    related: str
+    within: Duration | None = None
+    order: Literal["before", "after", "any"] = "any"
+
+    def holds(self, evidence: Evidence) -> bool:
+        return any(self._matches(found) for found in evidence.related)
+
+    def _matches(self, found: Mapping[str, Any]) -> bool:
+        raw = found.get("offset_seconds")
+        if found.get("alertname") != self.related or not _is_number(raw):
+            return False
+        offset = float(raw)
+        if self.within is not None and abs(offset) > self.within:
+            return False
+        if self.order == "before":
+            return offset <= 0
+        if self.order == "after":
+            return offset >= 0
+        return True
+
+
+class AnyCondition(_Model):
+    """At least one of the conditions holds."""
+
+    any: list[Condition] = Field(min_length=1)
+
+    def holds(self, evidence: Evidence) -> bool:
+        return any(c.holds(evidence) for c in self.any)
+
+
+_CONDITION_KEYS = ("series", "label", "related", "any")
+
+
+def _condition_kind(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return next((key for key in _CONDITION_KEYS if key in value), None)
+    for kind, model in (("series", SeriesCondition), ("label", LabelCondition), ("related", RelatedCondition)):
+        if isinstance(value, model):
+            return kind
+    return "any" if isinstance(value, AnyCondition) else None
+
+
+Condition = Annotated[
+    Annotated[SeriesCondition, Tag("series")]
+    | Annotated[LabelCondition, Tag("label")]
+    | Annotated[RelatedCondition, Tag("related")]
+    | Annotated[AnyCondition, Tag("any")],
+    Discriminator(
+        _condition_kind,
+        custom_error_type="condition",
+        custom_error_message="a condition has one of the keys series, label, related, any",
+    ),
+]
+AnyCondition.model_rebuild()
+
+
+class Judgement(_Model):
+    """One line of judgement, said when every `when` condition holds and no `unless` condition does."""
+
+    when: list[Condition] = Field(default_factory=list)
+    unless: list[Condition] = Field(default_factory=list)
+    say: str = Field(min_length=1)
+
+    def holds(self, evidence: Evidence) -> bool:
+        return all(c.holds(evidence) for c in self.when) and not any(c.holds(evidence) for c in self.unless)
 
 
 class Playbook(_Model):
     name: str = ""
     match: PlaybookMatch | None = None
-    title: str
+    title: str = Field(min_length=1)
     meaning: str = ""
     causes: list[str] = Field(default_factory=list)
+    thresholds: list[Threshold] = Field(default_factory=list)
     steps: list[Step] = Field(default_factory=list)
     escalate: str = ""
+    # name -> PromQL template; `{label}` placeholders inside double-quoted strings, filled by the enricher.
     queries: dict[str, str] = Field(default_factory=dict)
-    related_alerts: list[str] = Field(default_factory=list)
-    actions: list[ActionRef] = Field(default_factory=list)
+    related_alerts: list[Annotated[RelatedAlert, BeforeValidator(_name_or_mapping("alert"))]] = Field(
+        default_factory=list
+    )
+    judgements: list[Judgement] = Field(default_factory=list)
+    actions: list[Annotated[ActionChoice, BeforeValidator(_name_or_mapping("name"))]] = Field(default_factory=list)
     links: list[LinkTemplate] = Field(default_factory=list)
+
+    def related_window(self, alertname: str) -> float | None:
+        return next((r.within for r in self.related_alerts if r.alert == alertname), None)
 
 
 @dataclass(frozen=True)
@@ -71,11 +377,33 @@ class Advice:
     title: str
     meaning: str = ""
     causes: list[str] = field(default_factory=list)
+    thresholds: list[str] = field(default_factory=list)
     steps: list[str] = field(default_factory=list)
     escalation: str = ""
     judgements: list[str] = field(default_factory=list)
     links: list[Link] = field(default_factory=list)
     actions: list[ActionRef] = field(default_factory=list)
+
+
+# --- templates ----------------------------------------------------------------------------------------
+def text_template_problems(template: str) -> list[str]:
+    """Problems with a text template: `{name}` is a placeholder, `{{` and `}}` are literal braces."""
+    return [
+        f"stray {m.group(0)!r} at column {m.start() + 1}: write {{name}} for a placeholder, "
+        f"{m.group(0) * 2!r} for a literal brace"
+        for m in _TEXT_TOKEN.finditer(template)
+        if m.group(0) in ("{", "}")
+    ]
+
+
+def _fill_text(template: str, replace: Callable[[str], str]) -> str:
+    def token(match: re.Match[str]) -> str:
+        text = match.group(0)
+        if match.group(1):
+            return replace(match.group(1))
+        return text[0] if text in ("{{", "}}") else text
+
+    return _TEXT_TOKEN.sub(token, template)
 
 
 def template_values(alert: AlertState, variables: Mapping[str, str]) -> dict[str, str]:
@@ -87,75 +415,469 @@ def template_values(alert: AlertState, variables: Mapping[str, str]) -> dict[str
 
 
 def fill(template: str, values: Mapping[str, str], trusted: Mapping[str, str] | None = None) -> str:
-    """Replace `{name}` placeholders. Given `trusted` (configured variables such as grafana_url), the result
-    is a URL: trusted values go in as they are, label values are data and are percent-encoded."""
+    """Fill a text template. Given `trusted` (configured variables such as grafana_url), the result is a URL:
+    trusted values go in as they are, label values are data and are percent-encoded."""
 
-    def replace(match: re.Match[str]) -> str:
-        name = match.group(1)
+    def replace(name: str) -> str:
         if trusted is None:
             return values.get(name, "")
         if name in trusted:
             return trusted[name]
         return urllib.parse.quote(values.get(name, ""), safe="")
 
-    return _PLACEHOLDER.sub(replace, template)
+    return _fill_text(template, replace)
 
 
+def fill_command(template: str, values: Mapping[str, str]) -> str:
+    """A command for a person to copy and run. A label value goes in only when it is a plain word (letters,
+    digits, `._:@%+=,/-`, not starting with `-`): such a value cannot end a quote, start another command or
+    pass an option wherever the placeholder stands. Any other value, or a missing one, shows as <name>."""
+
+    def replace(name: str) -> str:
+        value = values.get(name, "")
+        return value if _SHELL_WORD.fullmatch(value) and not value.startswith("-") else f"<{name}>"
+
+    return _fill_text(template, replace)
+
+
+@dataclass(frozen=True)
+class _QueryPart:
+    text: str
+    is_string: bool
+    quote: str = ""
+    regex: bool = False
+
+
+def _split_query(template: str) -> tuple[list[_QueryPart], list[str]]:
+    """Code and string-literal parts of a PromQL template (Go string syntax: "..." '...' `...`)."""
+    parts: list[_QueryPart] = []
+    problems: list[str] = []
+    code_start = position = 0
+    while position < len(template):
+        quote = template[position]
+        if quote not in "\"'`":
+            position += 1
+            continue
+        code = template[code_start:position]
+        end = _string_end(template, position)
+        if end is None:
+            problems.append(f"unterminated string starting at column {position + 1}")
+            parts.append(_QueryPart(code, False))
+            return parts, problems
+        parts.append(_QueryPart(code, False))
+        # The right side of =~ or !~ is a regular expression: values going in there are regex-escaped too.
+        parts.append(_QueryPart(template[position + 1 : end], True, quote, code.rstrip().endswith("~")))
+        position = code_start = end + 1
+    parts.append(_QueryPart(template[code_start:], False))
+    return parts, problems
+
+
+def _string_end(template: str, start: int) -> int | None:
+    quote = template[start]
+    position = start + 1
+    while position < len(template):
+        char = template[position]
+        if char == "\\" and quote != "`":
+            position += 2
+            continue
+        if char == quote:
+            return position
+        if char == "\n" and quote != "`":
+            return None
+        position += 1
+    return None
+
+
+def query_template_problems(template: str) -> list[str]:
+    """Cheap checks of a PromQL template: strings terminated, brackets balanced, `[range]` durations,
+    `{label="..."}` selectors, and `{label}` placeholders only inside double-quoted strings (where the
+    enricher escapes the alert's value; a value anywhere else would be an unescaped query fragment)."""
+    if not template.strip():
+        return ["empty query"]
+    parts, problems = _split_query(template)
+    for part in parts:
+        if part.is_string:
+            problems.extend(_string_part_problems(part))
+        else:
+            problems.extend(
+                f"placeholder {m.group(0)} outside a double-quoted string: label values only go inside strings"
+                for m in _QUERY_PLACEHOLDER.finditer(part.text)
+            )
+    if not problems:
+        problems.extend(_structure_problems("".join('""' if p.is_string else p.text for p in parts)))
+    return problems
+
+
+def _string_part_problems(part: _QueryPart) -> list[str]:
+    placeholders = _QUERY_PLACEHOLDER.findall(part.text)
+    if placeholders and part.quote != '"':
+        return [f"placeholder {{{placeholders[0]}}} in a {part.quote}-quoted string: use a double-quoted one"]
+    return [
+        f"{m.group(0)!r} is not a placeholder: write {{label}} with a label name"
+        for m in _QUERY_BAD_PLACEHOLDER.finditer(part.text)
+        if _QUERY_PLACEHOLDER.fullmatch(m.group(0)) is None
+    ]
+
+
+def _structure_problems(code: str) -> list[str]:
+    stack: list[tuple[str, int]] = []
+    for position, char in enumerate(code):
+        if char in _PAIRS:
+            stack.append((char, position))
+        elif char in _PAIRS.values():
+            if not stack or _PAIRS[stack[-1][0]] != char:
+                return [f"unbalanced {char!r} at column {position + 1}"]
+            opening, start = stack.pop()
+            inner = code[start + 1 : position]
+            if opening == "[" and not _RANGE.fullmatch(inner):
+                return [f"[{inner}] is not a range such as [5m] or a subquery such as [1h:1m]"]
+            if opening == "{" and not _MATCHER_LIST.fullmatch(inner):
+                return [f'{{{inner}}} is not a selector such as {{instance="{{instance}}", gpu="{{gpu}}"}}']
+    if stack:
+        char, position = stack[-1]
+        return [f"unclosed {char!r} at column {position + 1}"]
+    return []
+
+
+def render_query(template: str, values: Mapping[str, str]) -> str | None:
+    """Fill a validated PromQL template with the alert's values, escaped for their string (and regex-escaped
+    after =~ or !~). None when the alert lacks a value the query needs: a query with an empty matcher would
+    select the wrong series."""
+    parts, _ = _split_query(template)
+    out: list[str] = []
+    for part in parts:
+        if not part.is_string:
+            out.append(part.text)
+            continue
+        missing = [name for name in _QUERY_PLACEHOLDER.findall(part.text) if not values.get(name)]
+        if missing:
+            return None
+
+        def escaped(match: re.Match[str], regex: bool = part.regex) -> str:
+            value = values[match.group(1)]
+            return _promql_string_body(_re2_literal(value) if regex else value)
+
+        out.append('"' + _QUERY_PLACEHOLDER.sub(escaped, part.text) + '"' if part.quote == '"' else _quoted(part))
+    return "".join(out)
+
+
+def _quoted(part: _QueryPart) -> str:
+    return part.quote + part.text + part.quote
+
+
+def _promql_string_body(value: str) -> str:
+    out = []
+    for char in value:
+        if char in ('"', "\\"):
+            out.append("\\" + char)
+        elif ord(char) < 0x20 or ord(char) == 0x7F:
+            out.append(f"\\x{ord(char):02x}")
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def _re2_literal(value: str) -> str:
+    return "".join("\\" + c if c in _RE2_SPECIAL else c for c in value)
+
+
+# --- loading: YAML with line numbers ------------------------------------------------------------------
+Loc = tuple[str | int, ...]
+
+
+@dataclass
+class _Document:
+    path: Path
+    root: yaml.Node | None
+    data: Any
+
+    def line(self, loc: Sequence[str | int]) -> int:
+        """Line of the deepest node `loc` reaches. Steps that are not in the file (pydantic's union tags) are
+        skipped, so the line is always the closest one that exists."""
+        node = self.root
+        line = node.start_mark.line + 1 if node is not None else 1
+        for part in loc:
+            found = _child(node, part)
+            if found is None:
+                continue
+            marker, node = found
+            line = marker.start_mark.line + 1
+        return line
+
+
+def _child(node: yaml.Node | None, part: str | int) -> tuple[yaml.Node, yaml.Node] | None:
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.value == str(part):
+                return key, value
+    if isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
+        return node.value[part], node.value[part]
+    return None
+
+
+def _read_document(path: Path) -> _Document:
+    loader = yaml.SafeLoader(path.read_text(encoding="utf-8"))
+    try:
+        root = loader.get_single_node()
+        data = loader.construct_document(root) if root is not None else None
+    finally:
+        loader.dispose()
+    return _Document(path, root, data)
+
+
+def _duplicate_keys(node: yaml.Node | None, loc: Loc = ()) -> Iterator[tuple[int, Loc, str]]:
+    """YAML loaders keep the last of two equal keys silently; a duplicate is nearly always a mistake."""
+    if isinstance(node, yaml.MappingNode):
+        seen: set[str] = set()
+        for key, value in node.value:
+            name = str(key.value)
+            if name in seen:
+                yield key.start_mark.line + 1, (*loc, name), f"duplicate key {name!r}"
+            seen.add(name)
+            yield from _duplicate_keys(value, (*loc, name))
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            yield from _duplicate_keys(item, (*loc, index))
+
+
+def _loc_text(loc: Sequence[str | int]) -> str:
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+_PYDANTIC_MESSAGES = {"extra_forbidden": "unknown key", "missing": "required key missing"}
+
+
+def _error_text(error: ErrorDetails) -> str:
+    if error["type"] == "value_error" and "error" in error.get("ctx", {}):
+        return str(error["ctx"]["error"])
+    return _PYDANTIC_MESSAGES.get(error["type"], error["msg"])
+
+
+class _Problems:
+    def __init__(self) -> None:
+        self.items: list[str] = []
+
+    def add(self, document: _Document, loc: Sequence[str | int], message: str, line: int | None = None) -> None:
+        where = _loc_text(loc)
+        line = document.line(loc) if line is None else line
+        self.items.append(f"{document.path}:{line}: {where + ': ' if where else ''}{message}")
+
+
+def _validate(document: _Document, problems: _Problems) -> Playbook | None:
+    data = document.data
+    if data is None:
+        problems.add(document, (), "the file is empty")
+        return None
+    if not isinstance(data, dict):
+        problems.add(document, (), "a playbook is a mapping of keys such as match, title, steps")
+        return None
+    if "name" in data:
+        problems.add(document, ("name",), "unknown key: a playbook's name is its file name")
+        return None
+    try:
+        playbook = Playbook.model_validate({**data, "name": document.path.stem})
+    except ValidationError as exc:
+        for error in exc.errors():
+            problems.add(document, error["loc"], _error_text(error))
+        return None
+    for loc, message in _playbook_problems(playbook):
+        problems.add(document, loc, message)
+    return playbook
+
+
+def _playbook_problems(playbook: Playbook) -> Iterator[tuple[Loc, str]]:
+    if playbook.name == GENERIC and playbook.match is not None:
+        yield ("match",), "the generic playbook takes every alert no other playbook matches: it has no match"
+    if playbook.name != GENERIC and playbook.match is None:
+        yield (), "a playbook needs `match: {alertname: ...}` (only generic.yaml has none)"
+    yield from _text_problems(playbook)
+    for name, template in playbook.queries.items():
+        if not _QUERY_NAME.fullmatch(name):
+            yield ("queries", name), "a query name is lower_snake_case, like gpu_util"
+        for problem in query_template_problems(template):
+            yield ("queries", name), f"bad query template: {problem}"
+    yield from _judgement_problems(playbook)
+    for index, choice in enumerate(playbook.actions):
+        yield from _action_problems(index, choice)
+
+
+def _text_problems(playbook: Playbook) -> Iterator[tuple[Loc, str]]:
+    texts: list[tuple[Loc, str]] = [(("title",), playbook.title), (("meaning",), playbook.meaning)]
+    texts += [(("escalate",), playbook.escalate)]
+    texts += [(("causes", i), cause) for i, cause in enumerate(playbook.causes)]
+    texts += [(("thresholds", i, "value"), t.value) for i, t in enumerate(playbook.thresholds)]
+    texts += [(("thresholds", i, "why"), t.why) for i, t in enumerate(playbook.thresholds)]
+    texts += [(("steps", i, "text"), s.text) for i, s in enumerate(playbook.steps)]
+    texts += [(("steps", i, "command"), s.command) for i, s in enumerate(playbook.steps) if s.command]
+    texts += [(("links", i, "url"), link.url) for i, link in enumerate(playbook.links)]
+    texts += [(("judgements", i, "say"), j.say) for i, j in enumerate(playbook.judgements)]
+    for loc, text in texts:
+        for problem in text_template_problems(text):
+            yield loc, problem
+
+
+def _judgement_problems(playbook: Playbook) -> Iterator[tuple[Loc, str]]:
+    related = {r.alert for r in playbook.related_alerts}
+    for index, judgement in enumerate(playbook.judgements):
+        for key in ("when", "unless"):
+            for position, condition in enumerate(getattr(judgement, key)):
+                yield from _condition_problems(condition, ("judgements", index, key, position), playbook, related)
+
+
+def _condition_problems(
+    condition: SeriesCondition | LabelCondition | RelatedCondition | AnyCondition,
+    loc: Loc,
+    playbook: Playbook,
+    related: set[str],
+) -> Iterator[tuple[Loc, str]]:
+    if isinstance(condition, SeriesCondition) and condition.series not in playbook.queries:
+        known = ", ".join(sorted(playbook.queries)) or "none"
+        yield (*loc, "series"), f"no query named {condition.series!r} in this playbook (queries: {known})"
+    elif isinstance(condition, RelatedCondition) and condition.related not in related:
+        yield (*loc, "related"), f"{condition.related!r} is not in related_alerts, so it is never looked up"
+    elif isinstance(condition, AnyCondition):
+        for position, inner in enumerate(condition.any):
+            yield from _condition_problems(inner, (*loc, "any", position), playbook, related)
+
+
+def _action_problems(index: int, choice: ActionChoice) -> Iterator[tuple[Loc, str]]:
+    spec = ACTIONS.get(choice.name)
+    if spec is None:
+        yield ("actions", index), f"unknown action {choice.name!r} (known: {', '.join(ACTIONS)})"
+    elif choice.safety is not None and _SAFETY_ORDER[choice.safety] < _SAFETY_ORDER[spec.safety]:
+        yield ("actions", index, "safety"), f"{choice.name} is {spec.safety}; a playbook cannot make it {choice.safety}"
+
+
+# --- the set of playbooks -----------------------------------------------------------------------------
 class PlaybookSet:
-    def __init__(self, playbooks: list[Playbook], variables: Mapping[str, str] | None = None) -> None:
-        self._variables = dict(variables or {})
+    def __init__(self, playbooks: Sequence[Playbook], variables: Mapping[str, str] | None = None) -> None:
+        self._variables = {**DEFAULT_VARS, **(variables or {})}
         self._generic = next((p for p in playbooks if p.name == GENERIC), _GENERIC_FALLBACK)
-        self._specific = [
-            (p, tuple(LabelMatcher.parse(m) for m in p.match.matchers)) for p in playbooks if p.match is not None
-        ]
+        # The most specific playbook wins: more label matchers first, then by file name.
+        self._specific = sorted(
+            ((p, tuple(LabelMatcher.parse(m) for m in p.match.matchers)) for p in playbooks if p.match is not None),
+            key=lambda entry: (-len(entry[1]), entry[0].name),
+        )
 
     @classmethod
     def load(cls, directory: Path, variables: Mapping[str, str] | None = None) -> PlaybookSet:
-        problems: list[str] = []
-        playbooks: list[Playbook] = []
+        """Read and check every playbook; raise PlaybookError with one `file:line: problem` per problem."""
         if not directory.is_dir():
             raise PlaybookError([f"{directory}: playbook directory not found"])
+        problems = _Problems()
+        loaded: list[tuple[_Document, Playbook]] = []
         for path in sorted(directory.glob("*.yaml")):
-            if path.name == "xid_catalog.yaml":
-                continue
-            try:
-                data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-                playbooks.append(Playbook.model_validate({"name": path.stem, **data}))
-            except (OSError, yaml.YAMLError) as exc:
-                problems.append(f"{path}: {exc}")
-            except ValidationError as exc:
-                problems.extend(f"{path}: {'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors())
-        if problems:
-            raise PlaybookError(problems)
-        return cls(playbooks, variables)
+            if path.name not in NOT_PLAYBOOKS:
+                found = _load_one(path, problems)
+                if found is not None:
+                    loaded.append(found)
+        _overlap_problems(loaded, problems)
+        if problems.items:
+            raise PlaybookError(problems.items)
+        return cls([playbook for _, playbook in loaded], variables)
 
-    def __iter__(self) -> object:
+    def __iter__(self) -> Iterator[Playbook]:
         return iter([p for p, _ in self._specific] + [self._generic])
+
+    @property
+    def generic(self) -> Playbook:
+        return self._generic
+
+    def get(self, name: str) -> Playbook | None:
+        return next((p for p in self if p.name == name), None)
 
     def match(self, alert: AlertState) -> Playbook:
         for playbook, matchers in self._specific:
             assert playbook.match is not None
-            if playbook.match.alertname == alert.alertname and all(m.matches(alert.labels) for m in matchers):
+            if alert.alertname in playbook.match.alertnames and all(m.matches(alert.labels) for m in matchers):
                 return playbook
         return self._generic
 
     def advise(self, playbook: Playbook, alert: AlertState, enrichment: Enrichment) -> Advice:
         values = template_values(alert, self._variables)
-        steps = [
-            fill(step.text, values) + (f": `{fill(step.command, values)}`" if step.command else "")
-            for step in playbook.steps
-        ]
-        links = [Link(text=link.text, url=fill(link.url, values, self._variables)) for link in playbook.links]
+        evidence = Evidence.of(alert, enrichment)
+        spoken = {**values, **{name: _number_text(v) for name, v in evidence.series.items()}}
         return Advice(
             playbook=playbook.name,
             title=fill(playbook.title, values),
             meaning=fill(playbook.meaning, values),
             causes=[fill(c, values) for c in playbook.causes],
-            steps=steps,
+            thresholds=[_threshold_text(t, values) for t in playbook.thresholds],
+            steps=[_step_text(step, values) for step in playbook.steps],
             escalation=fill(playbook.escalate, values),
-            links=links,
-            actions=list(playbook.actions),
+            judgements=[fill(j.say, spoken) for j in playbook.judgements if j.holds(evidence)],
+            links=self._links(playbook, alert, values),
+            actions=[_action_ref(choice) for choice in playbook.actions],
         )
+
+    def _links(self, playbook: Playbook, alert: AlertState, values: Mapping[str, str]) -> list[Link]:
+        trusted = {**self._variables, **_time_window(alert)}
+        return [
+            Link(text=link.text, url=fill(link.url, values, trusted))
+            for link in playbook.links
+            if link.base_variable is None or trusted.get(link.base_variable)
+        ]
+
+
+def _load_one(path: Path, problems: _Problems) -> tuple[_Document, Playbook] | None:
+    try:
+        document = _read_document(path)
+    except OSError as exc:
+        problems.items.append(f"{path}: {exc.strerror or exc}")
+        return None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f":{mark.line + 1}" if mark is not None else ""
+        problems.items.append(f"{path}{where}: {exc.problem or exc}")
+        return None
+    for line, loc, message in _duplicate_keys(document.root):
+        problems.add(document, loc, message, line)
+    playbook = _validate(document, problems)
+    return None if playbook is None else (document, playbook)
+
+
+def _overlap_problems(loaded: Sequence[tuple[_Document, Playbook]], problems: _Problems) -> None:
+    """Two playbooks for the same alert name and the same matchers: which one applies would be arbitrary."""
+    seen: dict[tuple[str, frozenset[str]], Path] = {}
+    for document, playbook in loaded:
+        if playbook.match is None:
+            continue
+        for name in playbook.match.alertnames:
+            key = (name, frozenset(playbook.match.matchers))
+            if key in seen:
+                problems.add(document, ("match",), f"{seen[key].name} already matches {name} with the same matchers")
+            seen.setdefault(key, document.path)
+
+
+def _time_window(alert: AlertState) -> dict[str, str]:
+    """Grafana's from/to (ms) around the alert's start: an hour either side."""
+    start = alert.starts_at - timedelta(hours=1)
+    end = alert.starts_at + timedelta(hours=1)
+    return {"alert_from_ms": str(int(start.timestamp() * 1000)), "alert_to_ms": str(int(end.timestamp() * 1000))}
+
+
+def _threshold_text(threshold: Threshold, values: Mapping[str, str]) -> str:
+    value = fill(threshold.value, values)
+    return f"{value}: {fill(threshold.why, values)}" if threshold.why else value
+
+
+def _step_text(step: Step, values: Mapping[str, str]) -> str:
+    text = fill(step.text, values)
+    return f"{text}: `{fill_command(step.command, values)}`" if step.command else text
+
+
+def _action_ref(choice: ActionChoice) -> ActionRef:
+    spec = ACTIONS[choice.name]
+    return ActionRef(name=spec.name, label=spec.label, safety=choice.safety or spec.safety)
+
+
+def _number_text(value: float) -> str:
+    if value == int(value) and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
 
 
 _GENERIC_FALLBACK = Playbook(

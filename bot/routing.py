@@ -1,7 +1,8 @@
 """Routing: ordered rules of Alertmanager-style matchers, each naming receivers, with `continue` and a default.
 
 Rules are tried in order. The first rule whose matchers all match gives its receivers; evaluation stops there
-unless the rule says `continue: true`. When no rule matched, the default receivers get the alert.
+unless the rule says `continue: true`. When no rule matched, the default receivers get the alert. A label the
+alert does not carry matches like the empty string, as in Alertmanager (`team=""` matches alerts without `team`).
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ class LabelMatcher:
     @classmethod
     def parse(cls, text: str) -> LabelMatcher:
         name, op, value = parse_matcher(text)
-        # Like Alertmanager, regular expressions are anchored at both ends.
-        pattern = re.compile(f"^(?:{value})$") if op in ("=~", "!~") else None
+        # Like Alertmanager, regular expressions are anchored at both ends (fullmatch: a trailing newline in a
+        # label value does not sneak past `$`).
+        pattern = re.compile(f"(?:{value})") if op in ("=~", "!~") else None
         return cls(name, op, value, pattern)
 
     def matches(self, labels: Mapping[str, str]) -> bool:
@@ -34,11 +36,12 @@ class LabelMatcher:
         if self.op == "!=":
             return actual != self.value
         assert self.pattern is not None
-        found = self.pattern.match(actual) is not None
+        found = self.pattern.fullmatch(actual) is not None
         return found if self.op == "=~" else not found
 
     def __str__(self) -> str:
-        return f'{self.name}{self.op}"{self.value}"'
+        escaped = self.value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        return f'{self.name}{self.op}"{escaped}"'
 
 
 @dataclass(frozen=True)
@@ -52,12 +55,13 @@ class CompiledRule:
     def compile(cls, index: int, rule: RouteRule) -> CompiledRule:
         return cls(index, tuple(LabelMatcher.parse(m) for m in rule.matchers), tuple(rule.receivers), rule.continue_)
 
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        return all(m.matches(labels) for m in self.matchers)
+    def first_mismatch(self, labels: Mapping[str, str]) -> LabelMatcher | None:
+        return next((m for m in self.matchers if not m.matches(labels)), None)
 
-    def describe(self) -> str:
-        matchers = ", ".join(str(m) for m in self.matchers) or "(matches everything)"
-        return f"rule {self.index + 1}: {{{matchers}}}"
+    @property
+    def number(self) -> int:
+        """The rule's position in the configuration, counting from 1 as people do."""
+        return self.index + 1
 
 
 @dataclass(frozen=True)
@@ -70,21 +74,56 @@ class RouteDecision:
         return not self.matched_rules
 
 
+@dataclass(frozen=True)
+class RuleCheck:
+    """How one rule fared for one alert: matched, or the first matcher that did not (with the label's value)."""
+
+    rule: CompiledRule
+    mismatch: LabelMatcher | None
+    actual: str | None
+
+    @property
+    def matched(self) -> bool:
+        return self.mismatch is None
+
+
+@dataclass(frozen=True)
+class RouteTrace:
+    """The decision plus every rule evaluated on the way, for `gpu-alert-bot explain`."""
+
+    decision: RouteDecision
+    checks: tuple[RuleCheck, ...]
+    # Rules after a matching rule without `continue` are never evaluated.
+    skipped: tuple[CompiledRule, ...]
+
+
 class Router:
     def __init__(self, config: RoutingConfig) -> None:
         self._rules = [CompiledRule.compile(i, rule) for i, rule in enumerate(config.rules)]
         self._default = tuple(config.default)
 
+    @property
+    def default(self) -> tuple[str, ...]:
+        return self._default
+
     def route(self, labels: Mapping[str, str]) -> RouteDecision:
+        return self.trace(labels).decision
+
+    def trace(self, labels: Mapping[str, str]) -> RouteTrace:
+        checks: list[RuleCheck] = []
         matched: list[CompiledRule] = []
         receivers: list[str] = []
-        for rule in self._rules:
-            if not rule.matches(labels):
+        skipped: tuple[CompiledRule, ...] = ()
+        for position, rule in enumerate(self._rules):
+            mismatch = rule.first_mismatch(labels)
+            actual = labels.get(mismatch.name) if mismatch is not None else None
+            checks.append(RuleCheck(rule, mismatch, actual))
+            if mismatch is not None:
                 continue
             matched.append(rule)
             receivers.extend(r for r in rule.receivers if r not in receivers)
             if not rule.continue_:
+                skipped = tuple(self._rules[position + 1 :])
                 break
-        if not matched:
-            return RouteDecision(self._default, ())
-        return RouteDecision(tuple(receivers), tuple(matched))
+        decision = RouteDecision(tuple(receivers), tuple(matched)) if matched else RouteDecision(self._default, ())
+        return RouteTrace(decision, tuple(checks), skipped)

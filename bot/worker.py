@@ -21,9 +21,12 @@ from bot.store.base import Store, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
-_DEDUP_BATCH = 100
+# Notifications applied per transaction: enough to share an fsync, few enough that a webhook's write never
+# waits long behind one (the store runs one statement at a time).
+_DEDUP_BATCH = 8
 _STATS_EVERY = 5.0
 _PRUNE_EVERY = 3600.0
+_MAX_RETRY_DELAY = 300.0
 
 
 class Worker:
@@ -70,9 +73,17 @@ class Worker:
                 self._metrics.errors.labels("store_unavailable").inc()
                 log.warning("worker cannot use the store", extra={"reason": str(exc)})
                 busy = False
+            except Exception:
+                # A bug must not stop the worker for good: the work stays in the store for the next cycle.
+                self._metrics.errors.labels("worker").inc()
+                log.exception("worker cycle failed")
+                busy = False
             if not busy:
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow the cancellation of stop()
+                # when the wakeup comes at the same moment, and this loop would then never end.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wakeup.wait(), self._config.poll_interval)
+                    async with asyncio.timeout(self._config.poll_interval):
+                        await self._wakeup.wait()
 
     async def _cycle(self) -> bool:
         deduped = await self._pipeline.dedup(_DEDUP_BATCH)
@@ -82,6 +93,9 @@ class Worker:
             task = asyncio.create_task(self._handle(event), name=f"event-{event.id}")
             self._in_flight.add(task)
             task.add_done_callback(self._finished)
+            # Let each event's first stretch of work run before the next starts: started together, their
+            # CPU-bound stretches (playbook, message) would run back to back while webhooks wait for the loop.
+            await asyncio.sleep(0)
         return bool(deduped or events)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
@@ -100,7 +114,9 @@ class Worker:
                 "event processing failed",
                 extra={"event_id": event.id, "alert_key": event.alert.key, "attempt": event.attempts, "final": give_up},
             )
-            retry_in = None if give_up else min(300.0, 2.0**event.attempts)
+            retry_in = (
+                None if give_up else min(_MAX_RETRY_DELAY, self._config.retry_backoff * 2 ** (event.attempts - 1))
+            )
             with contextlib.suppress(StoreUnavailable):
                 await self._store.fail_event(event.id, f"{type(exc).__name__}: {exc}", retry_in)
 
@@ -112,6 +128,9 @@ class Worker:
             self._metrics.queue_depth.labels("notifications").set(stats.notifications_pending)
             self._metrics.queue_depth.labels("events").set(stats.events_pending)
             self._metrics.queue_depth.labels("deliveries").set(stats.deliveries_pending)
+            self._metrics.failed_work.labels("notifications").set(stats.notifications_failed)
+            self._metrics.failed_work.labels("events").set(stats.events_failed)
+            self._metrics.failed_work.labels("deliveries").set(stats.deliveries_failed)
             self._metrics.alerts_current.labels("firing").set(stats.alerts_firing)
             self._metrics.alerts_current.labels("resolved").set(stats.alerts_resolved)
         if now >= self._next_prune:

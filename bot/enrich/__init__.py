@@ -4,12 +4,38 @@ from __future__ import annotations
 
 from bot.config import EnrichmentConfig
 from bot.enrich.base import Enricher, Enrichment, EnrichmentRequest, EnrichmentRunner, EnrichmentSection
+from bot.enrich.loki import LokiEnricher
+from bot.enrich.prometheus import PrometheusEnricher
 from bot.metrics import Metrics
 from bot.store.base import Store
 
 __all__ = ["Enricher", "Enrichment", "EnrichmentRequest", "EnrichmentRunner", "EnrichmentSection", "build_enrichers"]
 
+# A source's own deadline ends before the shared budget does, so its section says what went wrong (rather
+# than the runner's generic "no answer within the budget") and enrichers that read it still have time.
+_SOURCE_SHARE_OF_BUDGET = 0.8
+
 
 def build_enrichers(config: EnrichmentConfig, store: Store, metrics: Metrics) -> EnrichmentRunner:
-    enrichers: list[Enricher] = []
-    return EnrichmentRunner(enrichers, config.budget, metrics)
+    """The enrichers whose configuration is present, in the order their sections appear in messages."""
+    enrichers: list[Enricher | None] = [
+        _loki(config),
+        _prometheus(config),
+    ]
+    return EnrichmentRunner([e for e in enrichers if e is not None], config.budget, metrics)
+
+
+def _loki(config: EnrichmentConfig) -> LokiEnricher | None:
+    if config.loki is None:
+        return None
+    return LokiEnricher(config.loki, source_timeout(config.loki.timeout, config.budget))
+
+
+def _prometheus(config: EnrichmentConfig) -> PrometheusEnricher | None:
+    if config.prometheus is None:
+        return None
+    return PrometheusEnricher(config.prometheus, source_timeout(config.prometheus.timeout, config.budget))
+
+
+def source_timeout(timeout: float, budget: float) -> float:
+    return min(timeout, budget * _SOURCE_SHARE_OF_BUDGET)

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from bot.dedup import AlertDecision
-from bot.models import AlertState, AmAlert, Delivery, Event, GpuEvent, NewDelivery
+from bot.models import AlertState, AmAlert, Delivery, Event, EventKind, GpuEvent, NewDelivery
 
 
 class StoreUnavailable(Exception):
@@ -37,9 +37,24 @@ class IncomingNotification:
 
 
 @dataclass(frozen=True)
+class EventRecord:
+    """One event of an alert as the store keeps it (state: pending, routed or failed)."""
+
+    id: int
+    alert_key: str
+    kind: EventKind
+    state: str
+    created_at: datetime
+    attempts: int
+    error: str | None
+
+
+@dataclass(frozen=True)
 class StoreStats:
     notifications_pending: int
+    notifications_failed: int
     events_pending: int
+    events_failed: int
     deliveries_pending: int
     deliveries_failed: int
     alerts_firing: int
@@ -55,14 +70,17 @@ class Store(abc.ABC):
     async def ingest(self, notification: IncomingNotification) -> IngestResult:
         """Durably record a notification unless it is a copy seen within the dedup window.
 
-        Returns only after the write is on disk; raises StoreUnavailable when it cannot write.
+        Returns only after the write is on disk; raises StoreUnavailable when it cannot write. A copy is a
+        notification with the same idempotency key accepted less than `dedup_window` ago.
         """
 
     # --- worker: notifications -> events ------------------------------------------------------------
     @abc.abstractmethod
     async def dedup_pending(self, planner: Planner, limit: int) -> int:
-        """Apply up to `limit` pending notifications to the alert records, each in one transaction that
-        also writes the events the planner decides and marks the notification done. Returns how many."""
+        """Apply up to `limit` pending notifications to the alert records: each one's alert updates, the events
+        the planner decides and its "done" mark are written together or not at all, so every event is decided
+        exactly once even across a crash. A notification that cannot be applied is set aside as failed.
+        Returns how many notifications were taken."""
 
     @abc.abstractmethod
     async def claim_events(self, limit: int, lease_seconds: float) -> list[Event]:
@@ -111,6 +129,10 @@ class Store(abc.ABC):
     async def list_alerts(self, status: str | None = None, limit: int = 100) -> list[AlertState]: ...
 
     @abc.abstractmethod
+    async def alert_events(self, key: str) -> list[EventRecord]:
+        """Every event of one alert episode, oldest first: its history, and proof that each was decided once."""
+
+    @abc.abstractmethod
     async def recent_alerts(self, alertnames: Sequence[str], since: datetime) -> list[AlertState]:
         """Alerts with one of these names seen (first or last) since the given time, newest first."""
 
@@ -127,7 +149,7 @@ class Store(abc.ABC):
     # --- health and housekeeping ---------------------------------------------------------------------
     @abc.abstractmethod
     async def check_writable(self) -> None:
-        """Raise StoreUnavailable unless a small write succeeds now."""
+        """Raise StoreUnavailable unless the store can take a write of a typical notification now."""
 
     @abc.abstractmethod
     async def stats(self) -> StoreStats: ...

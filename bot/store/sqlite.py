@@ -2,18 +2,28 @@
 
 One thread owns the connection and runs every statement, so the event loop never blocks on disk. Webhook
 writes are group-committed: whatever ingests are waiting when the writer gets free share one transaction
-and one fsync, which keeps the acknowledge latency low under load without giving up durability.
+and one fsync, which keeps the acknowledge latency low under load without giving up durability. They also go
+ahead of the worker's statements waiting for that thread, and use a handful of multi-row statements per batch:
+each statement returns to Python holding the GIL, which the busy event loop makes expensive to get back.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import functools
+import itertools
 import json
+import logging
+import os
+import queue
 import sqlite3
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -21,6 +31,7 @@ from typing import Any, Literal, TypeVar
 from bot.message import Message
 from bot.models import AlertState, AmAlert, Delivery, Event, EventKind, GpuEvent, NewDelivery, WebhookPayload
 from bot.store.base import (
+    EventRecord,
     IncomingNotification,
     IngestResult,
     Planner,
@@ -29,10 +40,20 @@ from bot.store.base import (
     StoreUnavailable,
 )
 
+log = logging.getLogger(__name__)
+
 T = TypeVar("T")
 Synchronous = Literal["full", "normal"]
 
 _MAX_GROUP_COMMIT = 256
+# Order in which work waiting for the store thread runs: an acknowledge waits for nothing else.
+_URGENT, _HEALTH, _BACKGROUND, _LAST = 0, 1, 2, 3
+_CHECKPOINT_EVERY = 1.0
+# A safety net only: the checkpointer thread normally keeps the WAL far below this many pages.
+_AUTOCHECKPOINT_PAGES = 20000
+# The readiness probe writes (and rolls back) this much: room for a typical large notification, so a full
+# disk shows as "not ready" even when a one-row heartbeat still fits in a page that is already allocated.
+_WRITE_PROBE_BYTES = 64 * 1024
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS notification_keys (
@@ -52,6 +73,7 @@ CREATE TABLE IF NOT EXISTS notifications (
     error TEXT
 );
 CREATE INDEX IF NOT EXISTS notifications_pending ON notifications(id) WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS notifications_failed ON notifications(id) WHERE state = 'failed';
 
 CREATE TABLE IF NOT EXISTS alerts (
     key TEXT PRIMARY KEY,
@@ -88,6 +110,7 @@ CREATE TABLE IF NOT EXISTS events (
     error TEXT
 );
 CREATE INDEX IF NOT EXISTS events_pending ON events(id) WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS events_failed ON events(id) WHERE state = 'failed';
 CREATE INDEX IF NOT EXISTS events_alert ON events(alert_key);
 
 CREATE TABLE IF NOT EXISTS deliveries (
@@ -105,6 +128,9 @@ CREATE TABLE IF NOT EXISTS deliveries (
     UNIQUE (event_id, receiver)
 );
 CREATE INDEX IF NOT EXISTS deliveries_pending ON deliveries(receiver, alert_key, id) WHERE state = 'pending';
+-- Walks a receiver's queue in order and stops at the batch size, however long the backlog.
+CREATE INDEX IF NOT EXISTS deliveries_due ON deliveries(receiver, id) WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS deliveries_failed ON deliveries(id) WHERE state = 'failed';
 
 CREATE TABLE IF NOT EXISTS sink_state (
     receiver TEXT NOT NULL,
@@ -132,6 +158,10 @@ CREATE TABLE IF NOT EXISTS heartbeat (
     id INTEGER PRIMARY KEY CHECK (id = 1),
     at REAL NOT NULL
 );
+
+CREATE TABLE IF NOT EXISTS write_probe (
+    data BLOB NOT NULL
+);
 """
 
 
@@ -147,6 +177,94 @@ def _now() -> float:
     return time.time()
 
 
+class StoreInUse(StoreUnavailable):
+    """Another process has this store open: two bots on one SQLite file would process every event twice."""
+
+
+def _lock_exclusively(lock_path: Path) -> int:
+    """Hold an exclusive lock on the store for the life of the process; the kernel drops it when the process
+    dies, even by SIGKILL, so a crash never leaves a stale lock behind."""
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StoreInUse(f"the store {lock_path.with_suffix('')} is in use by another gpu-alert-bot process") from None
+    return fd
+
+
+class _StoreThread:
+    """The one thread that owns the connection. Unlike a one-worker ThreadPoolExecutor it takes work by
+    priority, so a webhook's write never queues behind the worker's and the outbox's statements."""
+
+    def __init__(self) -> None:
+        self._queue: queue.PriorityQueue[tuple[int, int, Callable[[], Any] | None, Future[Any] | None]] = (
+            queue.PriorityQueue()
+        )
+        self._order = itertools.count()
+        self._closed = False
+        self._thread = threading.Thread(target=self._serve, name="sqlite-store", daemon=True)
+        self._thread.start()
+
+    def submit(self, priority: int, fn: Callable[[], T]) -> Future[T]:
+        if self._closed:
+            raise RuntimeError("the store thread is shut down")
+        future: Future[T] = Future()
+        self._queue.put((priority, next(self._order), fn, future))
+        return future
+
+    def _serve(self) -> None:
+        while True:
+            _, _, fn, future = self._queue.get()
+            if fn is None or future is None:
+                return
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn())
+            except BaseException as exc:
+                future.set_exception(exc)
+
+    def shutdown(self) -> None:
+        """Finish what was submitted, then stop."""
+        if not self._closed:
+            self._closed = True
+            self._queue.put((_LAST, next(self._order), None, None))
+        self._thread.join()
+
+
+class _Checkpointer:
+    """Copies the WAL into the database file from a connection and a thread of its own, every second.
+
+    Left to SQLite, the commit that pushes the WAL past its threshold does the copy and its fsync, and that
+    commit may be a webhook's. A passive checkpoint on another connection never blocks the writer.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sqlite-checkpoint", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        try:
+            while not self._stop.wait(_CHECKPOINT_EVERY):
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                except sqlite3.Error as exc:  # the disk is full or gone: the writer reports that already
+                    log.debug("checkpoint failed", extra={"reason": str(exc)})
+        finally:
+            conn.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+
 class SqliteStore(Store):
     def __init__(
         self, path: Path, *, synchronous: Synchronous = "full", dedup_window: float = 600.0, read_only: bool = False
@@ -156,8 +274,10 @@ class SqliteStore(Store):
         self._read_only = read_only
         self._synchronous = synchronous
         self._dedup_window = dedup_window
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store")
+        self._thread = _StoreThread()
+        self._checkpointer = _Checkpointer(path)
         self._conn: sqlite3.Connection | None = None
+        self._lock_fd: int | None = None
         self._ingest_queue: asyncio.Queue[tuple[IncomingNotification, asyncio.Future[IngestResult]]] = asyncio.Queue()
         self._batcher: asyncio.Task[None] | None = None
 
@@ -165,6 +285,7 @@ class SqliteStore(Store):
     async def open(self) -> None:
         await self._run(self._open_read_only if self._read_only else self._open_sync)
         if not self._read_only:
+            self._checkpointer.start()
             self._batcher = asyncio.create_task(self._group_commit_loop(), name="sqlite-group-commit")
 
     def _open_read_only(self) -> None:
@@ -177,14 +298,19 @@ class SqliteStore(Store):
 
     def _open_sync(self) -> None:
         self._path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = _lock_exclusively(self._path.with_name(self._path.name + ".lock"))
         conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
         conn.row_factory = sqlite3.Row
         conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute(f"PRAGMA synchronous={self._synchronous.upper()}")
+        # The worker's own writes need no fsync of their own: they are redone from the stored notifications if
+        # lost, and the next acknowledge's fsync (or the checkpointer's) makes them durable too. See _transaction.
+        conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA busy_timeout=5000")
         conn.execute("PRAGMA cache_size=-8000")
+        conn.execute(f"PRAGMA wal_autocheckpoint={_AUTOCHECKPOINT_PAGES}")
+        conn.execute("PRAGMA journal_size_limit=67108864")
         conn.executescript(_SCHEMA)
-        # Only one process may use an SQLite store, so leases left by a killed process are void.
+        # The lock above guarantees this is the only process using the store: leases left by a killed one are void.
         conn.execute("UPDATE events SET lease_until = 0 WHERE state = 'pending'")
         self._conn = conn
 
@@ -193,47 +319,79 @@ class SqliteStore(Store):
             self._batcher.cancel()
             await asyncio.gather(self._batcher, return_exceptions=True)
             self._batcher = None
-        await self._run(self._close_sync)
-        self._executor.shutdown(wait=True)
+        while not self._ingest_queue.empty():
+            _, future = self._ingest_queue.get_nowait()
+            if not future.done():
+                future.set_exception(StoreUnavailable("store is closing"))
+        await asyncio.to_thread(self._checkpointer.stop)
+        with contextlib.suppress(StoreUnavailable):
+            await self._run(self._close_sync)
+        self._thread.shutdown()
 
     def _close_sync(self) -> None:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    @property
+    def path(self) -> Path:
+        return self._path
 
     @property
     def connection(self) -> sqlite3.Connection:
-        """The live connection, for tests that simulate a failing disk (PRAGMA query_only, max_page_count)."""
         if self._conn is None:
             raise StoreUnavailable("store is closed")
         return self._conn
 
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        loop = asyncio.get_running_loop()
+    async def pragma(self, statement: str) -> list[tuple[Any, ...]]:
+        """Run `PRAGMA <statement>` on the live connection, in the store's own thread.
+
+        For diagnostics, and for tests that make the real store refuse writes as a read-only file or a full disk
+        would (`query_only = 1`, `max_page_count = N`).
+        """
+        rows = await self._run(self._fetchall, f"PRAGMA {statement}", ())
+        return [tuple(row) for row in rows]
+
+    async def _run(self, fn: Callable[..., T], *args: Any, priority: int = _BACKGROUND) -> T:
         try:
-            return await loop.run_in_executor(self._executor, fn, *args)
+            return await asyncio.wrap_future(self._thread.submit(priority, functools.partial(fn, *args)))
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
-        except RuntimeError as exc:  # executor shut down
+        except RuntimeError as exc:  # the store thread is shut down
             raise StoreUnavailable(str(exc)) from exc
 
-    def _transaction(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    def _transaction(self, fn: Callable[[sqlite3.Connection], T], *, acknowledged: bool = False) -> T:
+        """Run `fn` in one write transaction. `acknowledged` writes are the ones a 2xx promises: with
+        `synchronous: full` their commit waits for the fsync of the WAL."""
         conn = self.connection
+        fsync = acknowledged and self._synchronous == "full"
+        if fsync:
+            conn.execute("PRAGMA synchronous=FULL")
         conn.execute("BEGIN IMMEDIATE")
         try:
             result = fn(conn)
+            conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            # SQLite may already have rolled back (SQLITE_FULL does); a failed COMMIT leaves the transaction open.
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
             raise
-        conn.execute("COMMIT")
+        finally:
+            if fsync:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("PRAGMA synchronous=NORMAL")
         return result
 
     # --- ingest ----------------------------------------------------------------------------------------
     async def ingest(self, notification: IncomingNotification) -> IngestResult:
-        if self._batcher is None:
+        if self._batcher is None or self._batcher.done():
             raise StoreUnavailable("store is not open")
         future: asyncio.Future[IngestResult] = asyncio.get_running_loop().create_future()
-        await self._ingest_queue.put((notification, future))
+        self._ingest_queue.put_nowait((notification, future))
         return await future
 
     async def _group_commit_loop(self) -> None:
@@ -241,42 +399,78 @@ class SqliteStore(Store):
             batch = [await self._ingest_queue.get()]
             while len(batch) < _MAX_GROUP_COMMIT and not self._ingest_queue.empty():
                 batch.append(self._ingest_queue.get_nowait())
+            # A caller that gave up (ingest timeout) was answered 503; leave its notification to the retry.
             waiting = [(n, f) for n, f in batch if not f.done()]
-            try:
-                results = await self._run(self._ingest_batch_sync, [n for n, _ in waiting])
-            except StoreUnavailable as exc:
-                for _, future in waiting:
-                    if not future.done():
-                        future.set_exception(StoreUnavailable(str(exc)))
-                continue
-            for (_, future), result in zip(waiting, results, strict=True):
+            if waiting:
+                await self._commit_group(waiting)
+
+    async def _commit_group(self, waiting: list[tuple[IncomingNotification, asyncio.Future[IngestResult]]]) -> None:
+        try:
+            results = await self._run(self._ingest_batch_sync, [n for n, _ in waiting], priority=_URGENT)
+        except Exception as exc:
+            if not isinstance(exc, StoreUnavailable):
+                log.exception("unexpected error while storing notifications")
+            for _, future in waiting:
                 if not future.done():
-                    future.set_result(result)
+                    future.set_exception(StoreUnavailable(str(exc)))
+            return
+        for (_, future), result in zip(waiting, results, strict=True):
+            if not future.done():
+                future.set_result(result)
 
     def _ingest_batch_sync(self, batch: list[IncomingNotification]) -> list[IngestResult]:
-        return self._transaction(lambda conn: [self._ingest_one(conn, n) for n in batch])
+        return self._transaction(functools.partial(self._ingest_batch, batch=batch), acknowledged=True)
 
-    def _ingest_one(self, conn: sqlite3.Connection, n: IncomingNotification) -> IngestResult:
+    def _ingest_batch(self, conn: sqlite3.Connection, batch: list[IncomingNotification]) -> list[IngestResult]:
         now = _now()
-        fresh = conn.execute(
-            """INSERT INTO notification_keys (key, accepted_at, last_received_at) VALUES (?, ?, ?)
-               ON CONFLICT (key) DO UPDATE SET accepted_at = excluded.accepted_at,
-                   last_received_at = excluded.last_received_at, duplicates = 0
-               WHERE notification_keys.accepted_at < ?
-               RETURNING key""",
-            (n.idempotency_key, now, now, now - self._dedup_window),
-        ).fetchone()
-        if fresh is None:
-            conn.execute(
-                "UPDATE notification_keys SET duplicates = duplicates + 1, last_received_at = ? WHERE key = ?",
-                (now, n.idempotency_key),
+        keys = list(dict.fromkeys(n.idempotency_key for n in batch))
+        marks = ",".join("?" * len(keys))
+        # A key accepted within the window makes a copy; so does a key earlier in this same batch.
+        taken = {
+            row[0]
+            for row in conn.execute(
+                f"SELECT key FROM notification_keys WHERE key IN ({marks}) AND accepted_at >= ?",  # noqa: S608
+                [*keys, now - self._dedup_window],
             )
-            return IngestResult(accepted=True, duplicate=True)
-        cursor = conn.execute(
-            "INSERT INTO notifications (received_at, group_key, receiver, body) VALUES (?, ?, ?, ?)",
-            (now, n.group_key, n.receiver, n.body),
-        )
-        return IngestResult(accepted=True, duplicate=False, notification_id=cursor.lastrowid)
+        }
+        fresh: list[IncomingNotification] = []
+        position_in_fresh: list[int | None] = []
+        copies: Counter[str] = Counter()
+        for n in batch:
+            if n.idempotency_key in taken:
+                copies[n.idempotency_key] += 1
+                position_in_fresh.append(None)
+            else:
+                taken.add(n.idempotency_key)
+                position_in_fresh.append(len(fresh))
+                fresh.append(n)
+        first_id = 0
+        if fresh:
+            conn.execute(
+                f"""INSERT INTO notification_keys (key, accepted_at, last_received_at, duplicates)
+                    VALUES {",".join("(?, ?, ?, 0)" for _ in fresh)}
+                    ON CONFLICT (key) DO UPDATE SET accepted_at = excluded.accepted_at,
+                        last_received_at = excluded.last_received_at, duplicates = 0""",  # noqa: S608
+                [value for n in fresh for value in (n.idempotency_key, now, now)],
+            )
+            cursor = conn.execute(
+                f"""INSERT INTO notifications (received_at, group_key, receiver, body)
+                    VALUES {",".join("(?, ?, ?, ?)" for _ in fresh)}""",  # noqa: S608
+                [value for n in fresh for value in (now, n.group_key, n.receiver, n.body)],
+            )
+            # One statement inserts the rows with consecutive rowids, the last one being lastrowid.
+            first_id = (cursor.lastrowid or 0) - len(fresh) + 1
+        if copies:
+            conn.executemany(
+                "UPDATE notification_keys SET duplicates = duplicates + ?, last_received_at = ? WHERE key = ?",
+                [(times, now, key) for key, times in copies.items()],
+            )
+        return [
+            IngestResult(accepted=True, duplicate=True)
+            if position is None
+            else IngestResult(accepted=True, duplicate=False, notification_id=first_id + position)
+            for position in position_in_fresh
+        ]
 
     # --- dedup -----------------------------------------------------------------------------------------
     async def dedup_pending(self, planner: Planner, limit: int) -> int:
@@ -286,12 +480,27 @@ class SqliteStore(Store):
         rows = self.connection.execute(
             "SELECT id, body FROM notifications WHERE state = 'pending' ORDER BY id LIMIT ?", (limit,)
         ).fetchall()
-        for row in rows:
-            apply = functools.partial(
-                self._apply_notification, notification_id=row["id"], body=row["body"], planner=planner
-            )
-            self._transaction(apply)
+        if rows:
+            # One transaction (one fsync) for the batch; each notification is applied whole or not at all.
+            self._transaction(functools.partial(self._apply_notifications, rows=rows, planner=planner))
         return len(rows)
+
+    def _apply_notifications(self, conn: sqlite3.Connection, *, rows: list[sqlite3.Row], planner: Planner) -> None:
+        for row in rows:
+            conn.execute("SAVEPOINT notification")
+            try:
+                self._apply_notification(conn, notification_id=row["id"], body=row["body"], planner=planner)
+            except sqlite3.OperationalError:
+                raise  # the disk, not the notification: the whole batch waits for the next attempt
+            except Exception as exc:
+                # A notification that cannot be applied must not block every later one: set it aside.
+                conn.execute("ROLLBACK TO notification")
+                log.exception("cannot apply a stored notification; set aside", extra={"notification_id": row["id"]})
+                conn.execute(
+                    "UPDATE notifications SET state = 'failed', error = ? WHERE id = ?",
+                    (f"{type(exc).__name__}: {exc}"[:2000], row["id"]),
+                )
+            conn.execute("RELEASE notification")
 
     def _apply_notification(
         self, conn: sqlite3.Connection, *, notification_id: int, body: bytes, planner: Planner
@@ -304,10 +513,11 @@ class SqliteStore(Store):
                 (str(exc)[:2000], notification_id),
             )
             return
-        keys = [a.key for a in payload.alerts]
-        known = {state.key: state for state in self._alerts_by_keys(conn, keys)}
+        # One decision per episode even if a sender repeated an alert inside one body: the last copy wins.
+        alerts = list({alert.key: alert for alert in payload.alerts}.values())
+        known = {state.key: state for state in self._alerts_by_keys(conn, [a.key for a in alerts])}
         now = _now()
-        for decision in planner(known, payload.alerts):
+        for decision in planner(known, alerts):
             alert = decision.alert
             previous = known.get(alert.key)
             if previous is None:
@@ -555,6 +765,26 @@ class SqliteStore(Store):
         )
         return [_alert_from_row(row) for row in rows]
 
+    async def alert_events(self, key: str) -> list[EventRecord]:
+        rows = await self._run(
+            self._fetchall,
+            "SELECT id, alert_key, kind, state, created_at, attempts, error FROM events "
+            "WHERE alert_key = ? ORDER BY id",
+            (key,),
+        )
+        return [
+            EventRecord(
+                id=row["id"],
+                alert_key=row["alert_key"],
+                kind=EventKind(row["kind"]),
+                state=row["state"],
+                created_at=datetime.fromtimestamp(row["created_at"], UTC),
+                attempts=row["attempts"],
+                error=row["error"],
+            )
+            for row in rows
+        ]
+
     # --- GPU history -----------------------------------------------------------------------------------
     async def record_gpu_events(self, events: Sequence[GpuEvent]) -> None:
         await self._run(self._record_gpu_events_sync, events)
@@ -600,18 +830,28 @@ class SqliteStore(Store):
 
     # --- health and housekeeping -----------------------------------------------------------------------
     async def check_writable(self) -> None:
-        await self._run(
-            self._execute,
-            "INSERT INTO heartbeat (id, at) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET at = excluded.at",
-            (_now(),),
+        await self._run(self._check_writable_sync, priority=_HEALTH)
+
+    def _check_writable_sync(self) -> None:
+        self._execute(
+            "INSERT INTO heartbeat (id, at) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET at = excluded.at", (_now(),)
         )
+        conn = self.connection
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute("INSERT INTO write_probe (data) VALUES (zeroblob(?))", (_WRITE_PROBE_BYTES,))
+        finally:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
 
     async def stats(self) -> StoreStats:
         row = await self._run(
             self._fetchone,
             """SELECT
                  (SELECT COUNT(*) FROM notifications WHERE state = 'pending') AS notifications_pending,
+                 (SELECT COUNT(*) FROM notifications WHERE state = 'failed') AS notifications_failed,
                  (SELECT COUNT(*) FROM events WHERE state = 'pending') AS events_pending,
+                 (SELECT COUNT(*) FROM events WHERE state = 'failed') AS events_failed,
                  (SELECT COUNT(*) FROM deliveries WHERE state = 'pending') AS deliveries_pending,
                  (SELECT COUNT(*) FROM deliveries WHERE state = 'failed') AS deliveries_failed,
                  (SELECT COUNT(*) FROM alerts WHERE status = 'firing') AS alerts_firing,
@@ -629,11 +869,13 @@ class SqliteStore(Store):
             removed = 0
             for sql in (
                 "DELETE FROM notifications WHERE state != 'pending' AND received_at < ?",
-                "DELETE FROM notification_keys WHERE last_received_at < ?",
                 "DELETE FROM deliveries WHERE state != 'pending' AND created_at < ?",
                 "DELETE FROM events WHERE state != 'pending' AND created_at < ?",
             ):
                 removed += conn.execute(sql, (cutoff,)).rowcount
+            # A key older than the dedup window no longer makes anything a duplicate.
+            expired = _now() - self._dedup_window
+            removed += conn.execute("DELETE FROM notification_keys WHERE accepted_at < ?", (expired,)).rowcount
             return removed
 
         return self._transaction(prune)

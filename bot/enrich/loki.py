@@ -1,0 +1,257 @@
+"""Kernel log evidence: the `NVRM:` lines Loki holds for the alert's host around the time the alert started.
+
+One `query_range` per host and incident: alerts for the same host whose windows fall inside one already
+fetched (or being fetched) share its answer, so 64 Xid alerts on 8 hosts cost 8 queries. This enricher only
+fetches lines; decoding them (Xid, PCI address, process) is the `xid` enricher's job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+import httpx
+from pydantic import BaseModel, Field, ValidationError
+
+from bot.config import LokiConfig
+from bot.enrich.base import EnrichmentRequest, EnrichmentSection
+from bot.enrich.queryapi import Deadline, QueryError, TemplateError, bearer_headers, body_text, fill_query, quoted, send
+from bot.models import host_from_labels
+
+log = logging.getLogger(__name__)
+
+QUERY_RANGE_PATH = "/loki/api/v1/query_range"
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_NS = 1_000_000_000
+# Fetched windows are widened by a minute each side, so alerts of one incident (starting seconds apart) fit.
+_SHARE_MARGIN_NS = 60 * _NS
+_FAILURE_TTL = 5.0
+_MAX_LINE_CHARS = 400
+
+
+class _Stream(BaseModel):
+    stream: dict[str, str]
+    values: list[tuple[str, str] | tuple[str, str, dict[str, Any]]]
+
+
+class _Data(BaseModel):
+    result_type: Literal["streams"] = Field(alias="resultType")
+    result: list[_Stream]
+
+
+class _Response(BaseModel):
+    status: Literal["success"]
+    data: _Data
+
+
+@dataclass(frozen=True)
+class LokiResult:
+    """Log lines of one query, oldest first, merged across streams; `truncated` when `limit` was reached."""
+
+    entries: list[tuple[int, str]]
+    truncated: bool
+
+
+def to_ns(moment: datetime) -> int:
+    return ((moment - _EPOCH) // timedelta(microseconds=1)) * 1000
+
+
+def from_ns(ns: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=ns // 1000)
+
+
+class LokiClient:
+    """`GET /loki/api/v1/query_range` for log queries (httpx, retries within the caller's deadline)."""
+
+    def __init__(self, config: LokiConfig, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        token = config.bearer_token_file.get() if config.bearer_token_file is not None else None
+        tenant = {"X-Scope-OrgID": config.tenant_id} if config.tenant_id else {}
+        self._client = httpx.AsyncClient(
+            base_url=config.url.rstrip("/"), headers=bearer_headers(token, tenant), transport=transport
+        )
+
+    async def query_range(
+        self,
+        query: str,
+        start_ns: int,
+        end_ns: int,
+        *,
+        limit: int,
+        deadline: Deadline,
+        direction: Literal["backward", "forward"] = "backward",
+    ) -> LokiResult:
+        """Lines in [start, end) (Loki's end is exclusive); with `backward`, the newest `limit` of them."""
+        params = {
+            "query": query,
+            "start": str(start_ns),
+            "end": str(end_ns),
+            "limit": str(limit),
+            "direction": direction,
+        }
+        response = await send(
+            self._client, "GET", QUERY_RANGE_PATH, deadline, service="Loki", error_text=body_text, params=params
+        )
+        entries = _entries(response, newest_first=direction == "backward")
+        return LokiResult(entries=entries, truncated=len(entries) >= limit)
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+def _entries(response: httpx.Response, newest_first: bool) -> list[tuple[int, str]]:
+    """All streams' lines, oldest first. Lines with the same timestamp keep Loki's order (a multi-line kernel
+    message is often logged within one timestamp), so the sort is stable on the timestamp alone."""
+    try:
+        parsed = _Response.model_validate_json(response.content)
+        streams = [
+            sorted(((int(v[0]), v[1]) for v in (reversed(s.values) if newest_first else s.values)), key=_timestamp)
+            for s in parsed.data.result
+        ]
+    except (ValidationError, ValueError):
+        detail = f"Loki answered something that is not a log query result: {body_text(response)}"
+        raise QueryError("malformed", detail) from None
+    return list(heapq.merge(*streams, key=_timestamp))
+
+
+def _timestamp(entry: tuple[int, str]) -> int:
+    return entry[0]
+
+
+@dataclass
+class _Fetch:
+    """One query for one host, in flight or answered, that alerts of the same incident share."""
+
+    start_ns: int
+    end_ns: int
+    started: datetime
+    task: asyncio.Task[LokiResult]
+    expires: float = field(default=float("inf"))
+
+    def covers(self, start_ns: int, end_ns: int, alert_start: datetime) -> bool:
+        # Reused only if it was sent after the alert started: an older answer may lack the lines behind it.
+        return self.start_ns <= start_ns and end_ns <= self.end_ns and self.started >= alert_start
+
+
+class LokiEnricher:
+    name = "loki"
+    title = "Kernel log (Loki)"
+
+    def __init__(self, config: LokiConfig, timeout: float, client: LokiClient | None = None) -> None:
+        self._config = config
+        self._timeout = timeout
+        self._client = client or LokiClient(config)
+        self._fetches: dict[str, list[_Fetch]] = {}
+
+    async def enrich(self, request: EnrichmentRequest) -> EnrichmentSection:
+        alert = request.alert
+        host = host_from_labels(alert.labels, self._config.host_labels)
+        if not host:
+            labels = ", ".join(self._config.host_labels)
+            return EnrichmentSection.skipped(self.name, self.title, f"the alert has none of the labels {labels}")
+        loki_host = self._config.host_map.get(host, host)
+        start = alert.starts_at - timedelta(seconds=self._config.before)
+        end = alert.starts_at + timedelta(seconds=self._config.after)
+        try:
+            query = self.query_for(loki_host)
+        except TemplateError as exc:
+            return EnrichmentSection.unavailable(self.name, self.title, f"enrichment.loki.selector: {exc}")
+        fetch = self._shared_fetch(loki_host, query, to_ns(start), to_ns(end), alert.starts_at)
+        try:
+            result = await asyncio.shield(fetch.task)
+        except QueryError as exc:
+            return EnrichmentSection.unavailable(self.name, self.title, exc.detail)
+        return self._section(loki_host, query, start, end, result)
+
+    def query_for(self, host: str) -> str:
+        query = fill_query(self._config.selector, {"host": host})
+        if self._config.line_filter:
+            query += f" |= {quoted(self._config.line_filter)}"
+        return query
+
+    def _shared_fetch(self, host: str, query: str, start_ns: int, end_ns: int, alert_start: datetime) -> _Fetch:
+        self._forget_expired()
+        fetches = self._fetches.setdefault(host, [])
+        for fetch in fetches:
+            if fetch.covers(start_ns, end_ns, alert_start):
+                return fetch
+        wide_start = (start_ns - _SHARE_MARGIN_NS) // _SHARE_MARGIN_NS * _SHARE_MARGIN_NS
+        wide_end = -(-(end_ns + _SHARE_MARGIN_NS) // _SHARE_MARGIN_NS) * _SHARE_MARGIN_NS
+        task = asyncio.create_task(
+            self._client.query_range(
+                query, wide_start, wide_end, limit=self._config.limit, deadline=Deadline(self._timeout)
+            ),
+            name=f"loki-{host}",
+        )
+        fetch = _Fetch(wide_start, wide_end, datetime.now(UTC), task)
+        task.add_done_callback(lambda done: self._answered(host, fetch, done))
+        fetches.append(fetch)
+        return fetch
+
+    def _answered(self, host: str, fetch: _Fetch, task: asyncio.Task[LokiResult]) -> None:
+        failure = None if task.cancelled() else task.exception()
+        if isinstance(failure, QueryError):
+            log.warning("loki query failed", extra={"reason": failure.reason, "detail": failure.detail, "host": host})
+        # A failure is shared briefly too, so a storm of alerts does not hammer a Loki that is down.
+        ttl = _FAILURE_TTL if task.cancelled() or failure is not None else self._config.cache_ttl
+        fetch.expires = asyncio.get_running_loop().time() + ttl
+
+    def _forget_expired(self) -> None:
+        now = asyncio.get_running_loop().time()
+        for host, fetches in list(self._fetches.items()):
+            alive = [f for f in fetches if f.expires > now]
+            if alive:
+                self._fetches[host] = alive
+            else:
+                del self._fetches[host]
+
+    def _section(self, host: str, query: str, start: datetime, end: datetime, result: LokiResult) -> EnrichmentSection:
+        start_ns, end_ns = to_ns(start), to_ns(end)
+        entries = [(ns, line) for ns, line in result.entries if start_ns <= ns < end_ns]
+        # Loki kept the newest `limit` lines of the wider window: older lines of this window may be missing.
+        truncated = result.truncated and (not result.entries or result.entries[0][0] > start_ns)
+        shown = entries[-self._config.show_lines :] if self._config.show_lines else []
+        return EnrichmentSection(
+            name=self.name,
+            title=self.title,
+            status="ok",
+            summary=self._summary(host, start, end, len(entries), len(shown), truncated),
+            lines=[f"{from_ns(ns):%H:%M:%S.%f}"[:-3] + f" {_cut(line)}" for ns, line in shown],
+            data={
+                "host": host,
+                "query": query,
+                "start": start.astimezone(UTC).isoformat(),
+                "end": end.astimezone(UTC).isoformat(),
+                "entries": [[from_ns(ns).isoformat(), line] for ns, line in entries],
+                "truncated": truncated,
+                "render": "code",
+            },
+        )
+
+    def _summary(self, host: str, start: datetime, end: datetime, found: int, shown: int, truncated: bool) -> str:
+        span = f"{start.astimezone(UTC):%H:%M}-{end.astimezone(UTC):%H:%M} UTC"
+        what = f'matching "{self._config.line_filter}" ' if self._config.line_filter else ""
+        if not found:
+            return f"No line {what}for {host}, {span}"
+        text = f"{found} line{'s' if found != 1 else ''} {what}for {host}, {span}"
+        if truncated:
+            text += f" (truncated: Loki's limit of {self._config.limit} reached, newest kept)"
+        if shown < found:
+            text += f"; last {shown} shown"
+        return text
+
+    async def close(self) -> None:
+        tasks = [fetch.task for fetches in self._fetches.values() for fetch in fetches]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._fetches.clear()
+        await self._client.close()
+
+
+def _cut(line: str) -> str:
+    line = line.rstrip("\n")
+    return line if len(line) <= _MAX_LINE_CHARS else line[: _MAX_LINE_CHARS - 1] + "…"

@@ -1,0 +1,234 @@
+"""What the Loki and Prometheus enrichers share: query templates filled safely, and HTTP within a deadline.
+
+Label values come from alerts, so they are data: a value goes into a query only inside a double-quoted
+string, escaped for it (and regex-escaped when the string is a regex: `=~`, `!~`, `|~`). A template whose
+placeholder sits outside a string, or names a label the alert lacks, is refused rather than sent half-filled.
+
+HTTP calls retry transport errors, 5xx and 429 with backoff, but never past the caller's deadline; errors
+carry a short stable `reason` (for logs and metrics) and a human `detail` (for the message).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import re
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_exponential
+from tenacity.stop import stop_base
+
+_PLACEHOLDER = re.compile(r"\{([a-zA-Z_][a-zA-Z0-9_]*)\}")
+_RE2_SPECIAL = frozenset("\\.+*?()|[]{}^$")
+_MAX_ATTEMPTS = 3
+_MIN_ATTEMPT_TIME = 0.1
+_ERROR_BODY_CHARS = 300
+
+
+class TemplateError(ValueError):
+    """A query template that cannot be filled safely for this alert."""
+
+
+class QueryError(Exception):
+    """A query that failed: `reason` is a short stable code, `detail` says what happened in words."""
+
+    def __init__(self, reason: str, detail: str, *, retryable: bool = False, retry_after: float | None = None) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+        self.retryable = retryable
+        self.retry_after = retry_after
+
+
+# --- query text ---------------------------------------------------------------------------------------
+def quote_string_body(value: str) -> str:
+    """`value` escaped for the inside of a double-quoted PromQL/LogQL string (Go string syntax)."""
+    out = []
+    for char in value:
+        if char in ('"', "\\"):
+            out.append("\\" + char)
+        elif char == "\n":
+            out.append("\\n")
+        elif char == "\r":
+            out.append("\\r")
+        elif char == "\t":
+            out.append("\\t")
+        elif ord(char) < 0x20 or ord(char) == 0x7F:
+            out.append(f"\\x{ord(char):02x}")
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def regex_literal(value: str) -> str:
+    """A RE2 pattern matching `value` literally."""
+    return "".join("\\" + c if c in _RE2_SPECIAL else c for c in value)
+
+
+def quoted(value: str) -> str:
+    return f'"{quote_string_body(value)}"'
+
+
+def fill_query(template: str, values: Mapping[str, str]) -> str:
+    """Fill `{label}` placeholders of a PromQL/LogQL template; raise TemplateError when that is unsafe."""
+    out: list[str] = []
+    position = 0
+    quote = ""
+    string_is_regex = False
+    while position < len(template):
+        char = template[position]
+        if quote and char == "\\" and quote != "`":
+            out.append(template[position : position + 2])
+            position += 2
+            continue
+        if char in "\"'`" and (not quote or char == quote):
+            if not quote:
+                string_is_regex = "".join(out).rstrip().endswith("~")
+            quote = "" if quote else char
+            out.append(char)
+            position += 1
+            continue
+        match = _PLACEHOLDER.match(template, position)
+        if match is None:
+            out.append(char)
+            position += 1
+            continue
+        name = match.group(1)
+        if quote != '"':
+            raise TemplateError(f"placeholder {{{name}}} is not inside a double-quoted string")
+        value = values.get(name)
+        if value is None or value == "":
+            raise TemplateError(f"the alert has no label {name}")
+        out.append(quote_string_body(regex_literal(value) if string_is_regex else value))
+        position = match.end()
+    if quote:
+        raise TemplateError("unterminated string")
+    return "".join(out)
+
+
+# --- HTTP within a deadline ---------------------------------------------------------------------------
+class Deadline:
+    """A point in (event loop) time by which an answer is needed."""
+
+    def __init__(self, seconds: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.seconds = seconds
+        self.at = self._loop.time() + seconds
+
+    def remaining(self) -> float:
+        return max(0.0, self.at - self._loop.time())
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, QueryError) and exc.retryable
+
+
+def _wait(retry_state: RetryCallState) -> float:
+    backoff = wait_exponential(multiplier=0.1, max=1.0)(retry_state)
+    outcome = retry_state.outcome
+    failure = outcome.exception() if outcome is not None else None
+    if isinstance(failure, QueryError) and failure.retry_after is not None:
+        return max(backoff, failure.retry_after)
+    return backoff
+
+
+class _StopNearDeadline(stop_base):
+    """Stop unless the attempt after the pause still has a useful slice of the deadline."""
+
+    def __init__(self, deadline: Deadline) -> None:
+        self._deadline = deadline
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        return _wait(retry_state) + _MIN_ATTEMPT_TIME >= self._deadline.remaining()
+
+
+async def send(
+    client: httpx.AsyncClient,
+    method: str,
+    url: str,
+    deadline: Deadline,
+    *,
+    service: str,
+    error_text: Callable[[httpx.Response], str],
+    **request: Any,
+) -> httpx.Response:
+    """A 2xx response to the request, retried within the deadline; otherwise QueryError."""
+    retrying = AsyncRetrying(
+        retry=retry_if_exception(_retryable),
+        stop=stop_after_attempt(_MAX_ATTEMPTS) | _StopNearDeadline(deadline),
+        wait=_wait,
+        reraise=True,
+    )
+    async for attempt in retrying:
+        with attempt:
+            return await _attempt(client, method, url, deadline, service, error_text, request)
+    raise AssertionError("unreachable: tenacity either returns or re-raises")
+
+
+async def _attempt(
+    client: httpx.AsyncClient,
+    method: str,
+    url: str,
+    deadline: Deadline,
+    service: str,
+    error_text: Callable[[httpx.Response], str],
+    request: dict[str, Any],
+) -> httpx.Response:
+    remaining = deadline.remaining()
+    if remaining <= 0:
+        raise QueryError("timeout", f"no answer from {service} within {deadline.seconds:g} s")
+    try:
+        # httpx's timeout bounds each read; asyncio's bounds the whole exchange (a server trickling bytes).
+        async with asyncio.timeout(remaining):
+            response = await client.request(method, url, timeout=remaining, **request)
+    except (httpx.TimeoutException, TimeoutError):
+        raise QueryError("timeout", f"no answer from {service} within {deadline.seconds:g} s") from None
+    except httpx.TransportError as exc:
+        detail = f"cannot reach {service} at {client.base_url}: {_transport_text(exc)}"
+        raise QueryError("connect", detail, retryable=True) from None
+    if response.is_success:
+        return response
+    status = response.status_code
+    detail = f"{service} answered HTTP {status}: {error_text(response)}"
+    retryable = status >= 500 or status == 429
+    raise QueryError(f"http_{status}", detail, retryable=retryable, retry_after=_retry_after(response))
+
+
+def _transport_text(exc: httpx.TransportError) -> str:
+    text = str(exc).strip()
+    if not text and exc.__cause__ is not None:
+        text = str(exc.__cause__)
+    return text or type(exc).__name__
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("Retry-After", "").strip()
+    if not value:
+        return None
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+
+
+def body_text(response: httpx.Response) -> str:
+    """An error body as one short line of text, whatever its Content-Type claims."""
+    text = " ".join(response.text.split())
+    if len(text) > _ERROR_BODY_CHARS:
+        text = text[: _ERROR_BODY_CHARS - 1] + "…"
+    return text or "(empty body)"
+
+
+def bearer_headers(token: str | None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    headers = dict(extra or {})
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    return headers

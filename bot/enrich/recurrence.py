@@ -1,0 +1,382 @@
+"""The `recurrence` enricher: this physical GPU's past, from the bot's own store, and what it implies.
+
+Each alert records its GPU's events (every decoded Xid, and the alert itself) keyed by the physical GPU: the
+UUID, else host + PCI bus id, else host + gpu index. Kernel Xids are recorded without the alert's key, so two
+alerts that saw the same kernel line keep one record. Then it counts how often this GPU had these Xids and
+this alert within `enrichment.recurrence_window`, and applies the catalog's escalation rules ("third Xid 79
+on this GPU in 30 days: hardware suspect, prepare an RMA"). `gpu_histories` serves `gpu-alert-bot gpus`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from bot.config import BotConfig
+from bot.enrich.base import EnrichmentRequest, EnrichmentSection
+from bot.enrich.gpu import GpuIdentity, resolve_identity
+from bot.enrich.nvrm import PciAddress
+from bot.models import AlertState, GpuEvent
+from bot.store import StoreUnavailable, open_store
+from bot.store.base import Store
+from bot.xid import (
+    FOLLOWER_XIDS,
+    Verdict,
+    XidCatalog,
+    XidCatalogError,
+    escalate,
+    incidents,
+    load_catalog,
+    severity_rank,
+    window_text,
+)
+
+NONFATAL_SUFFIX = ":nonfatal"
+
+
+def xid_code(xid: int, nonfatal: bool = False) -> str:
+    """How an Xid is stored: its number, marked when the line said Nonfatal (never counted by escalations)."""
+    return f"{xid}{NONFATAL_SUFFIX}" if nonfatal else str(xid)
+
+
+def parse_xid_code(code: str) -> int | None:
+    """The Xid of a stored code that escalations count; None for a Nonfatal line or anything else."""
+    return int(code) if code.isdigit() else None
+
+
+def xid_history(events: Iterable[GpuEvent]) -> list[tuple[int, datetime]]:
+    return [(xid, e.at) for e in events if e.kind == "xid" and (xid := parse_xid_code(e.code)) is not None]
+
+
+class RecurrenceEnricher:
+    name = "recurrence"
+    title = "History of this GPU"
+
+    def __init__(self, store: Store, catalog: XidCatalog, window: float) -> None:
+        self._store = store
+        self._catalog = catalog
+        self._window = window
+
+    async def enrich(self, request: EnrichmentRequest) -> EnrichmentSection:
+        alert = request.alert
+        identity = await resolve_identity(request)
+        xid = await request.section("xid")
+        xid_data = xid.data if xid is not None and xid.status == "ok" else {}
+        records = _records(alert, identity, xid_data.get("events") or [])
+        if records:
+            await self._store.record_gpu_events(records)
+        targets = _targets(identity, records)
+        if not targets:
+            return EnrichmentSection.skipped(self.name, self.title, "no GPU named by the alert or its Xid lines")
+        since = alert.starts_at - timedelta(seconds=self._window)
+        now = max([datetime.now(UTC), alert.starts_at, *(r.at for r in records)])
+        alert_xid = xid_data.get("alert_xid")
+        summaries = []
+        for target in targets:
+            history = await self._history(target, since)
+            codes = {
+                code
+                for record in records
+                if record.kind == "xid" and target.same_gpu(_identity_of(record))
+                if (code := parse_xid_code(record.code)) is not None and code not in FOLLOWER_XIDS
+            }
+            if isinstance(alert_xid, int) and target.same_gpu(identity):
+                codes.add(alert_xid)
+            summaries.append(self._summarise(target, alert, history, codes, now))
+        return self._section(summaries, len(records))
+
+    async def _history(self, target: GpuIdentity, since: datetime) -> list[GpuEvent]:
+        """This GPU's events under any key it may have been recorded with, each once."""
+        seen: dict[tuple[str, str, datetime, str], GpuEvent] = {}
+        for key in target.store_keys():
+            for event in await self._store.gpu_events(since, gpu_key=key):
+                seen.setdefault((event.kind, event.code, event.at, event.alert_key), event)
+        return sorted(seen.values(), key=lambda e: e.at)
+
+    def _summarise(
+        self, target: GpuIdentity, alert: AlertState, history: list[GpuEvent], codes: set[int], now: datetime
+    ) -> _GpuSummary:
+        found = incidents(xid_history(history), self._catalog.burst_window)
+        alert_episodes = {e.alert_key for e in history if e.kind == "alert" and e.code == alert.alertname}
+        return _GpuSummary(
+            identity=target,
+            xids={code: len(found.get(code, [])) for code in sorted(codes)},
+            alertname=alert.alertname,
+            alert_count=len(alert_episodes),
+            verdicts=escalate(xid_history(history), self._catalog, now, codes),
+        )
+
+    def _section(self, summaries: list[_GpuSummary], recorded: int) -> EnrichmentSection:
+        window = window_text(self._window)
+        verdicts = sorted((v for s in summaries for v in s.verdicts), key=lambda v: -severity_rank(v.severity))
+        counts = [s.counts_text(window, several=len(summaries) > 1) for s in summaries]
+        summary = verdicts[0].text if verdicts else counts[0]
+        lines = [v.text for v in verdicts[1:]] + (counts if verdicts else counts[1:])
+        return EnrichmentSection(
+            name=self.name,
+            title=self.title,
+            status="ok",
+            summary=summary,
+            lines=lines,
+            data={
+                "window": window,
+                "window_seconds": self._window,
+                "gpus": [s.to_dict() for s in summaries],
+                "verdicts": [v.to_dict() for v in verdicts],
+                "escalate": bool(verdicts),
+                "recorded": recorded,
+            },
+        )
+
+    async def close(self) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class _GpuSummary:
+    identity: GpuIdentity
+    xids: dict[int, int]
+    alertname: str
+    alert_count: int
+    verdicts: list[Verdict]
+
+    def counts_text(self, window: str, several: bool) -> str:
+        parts = [f"Xid {code} {_times(n)}" for code, n in self.xids.items()]
+        if self.alertname and self.alert_count:
+            parts.append(f"{self.alertname} {_times(self.alert_count)}")
+        where = f"GPU {_gpu_name(self.identity)}" if several else "This GPU"
+        if not parts:
+            return f"{where}: nothing recorded in the last {window}"
+        return f"{where} in the last {window}: {', '.join(parts)}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gpu_key": self.identity.gpu_key,
+            **self.identity.to_data(),
+            "xids": {str(code): count for code, count in self.xids.items()},
+            "alert": {"name": self.alertname, "count": self.alert_count},
+            "verdicts": [v.to_dict() for v in self.verdicts],
+        }
+
+
+def _times(count: int) -> str:
+    return "once" if count == 1 else f"{count} times"
+
+
+def _gpu_name(identity: GpuIdentity) -> str:
+    return identity.uuid or identity.pci_bus_id or (f"index {identity.index}" if identity.index else "?")
+
+
+def _records(alert: AlertState, identity: GpuIdentity, events: Sequence[Mapping[str, Any]]) -> list[GpuEvent]:
+    records = []
+    for event in events:
+        record = _xid_record(alert, identity, event)
+        if record is not None:
+            records.append(record)
+    if identity.gpu_key:
+        records.append(
+            GpuEvent(
+                gpu_key=identity.gpu_key,
+                host=identity.host,
+                pci_bus_id=identity.pci_bus_id or "",
+                uuid=identity.uuid or "",
+                kind="alert",
+                code=alert.alertname,
+                at=alert.starts_at,
+                alert_key=alert.key,
+            )
+        )
+    return records
+
+
+def _xid_record(alert: AlertState, identity: GpuIdentity, event: Mapping[str, Any]) -> GpuEvent | None:
+    """One kernel Xid as a store record, under its own GPU (a bus drop naming no GPU is not recorded)."""
+    xid = event.get("xid")
+    pci = PciAddress.parse(str(event.get("pci_bus_id") or ""))
+    if not isinstance(xid, int) or pci is None:
+        return None
+    own = GpuIdentity(host=identity.host, uuid=event.get("uuid") or None, pci=pci)
+    gpu = identity.merged(own) if identity.same_gpu(own) else own
+    return GpuEvent(
+        gpu_key=gpu.gpu_key,
+        host=gpu.host,
+        pci_bus_id=pci.bus_id,
+        uuid=gpu.uuid or "",
+        kind="xid",
+        code=xid_code(xid, nonfatal=event.get("basis") == "nonfatal"),
+        at=_time(event.get("timestamp")) or alert.starts_at,
+        alert_key="",
+    )
+
+
+def _time(value: Any) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else None
+
+
+def _identity_of(record: GpuEvent) -> GpuIdentity:
+    return GpuIdentity(host=record.host, uuid=record.uuid or None, pci=PciAddress.parse(record.pci_bus_id))
+
+
+def _targets(identity: GpuIdentity, records: Sequence[GpuEvent]) -> list[GpuIdentity]:
+    """The GPUs to report on: the alert's (with what its Xid lines add, such as the UUID), or, for a
+    host-level alert, each GPU its Xid lines name."""
+    if identity.gpu_key:
+        for record in records:
+            if record.kind == "xid" and identity.same_gpu(_identity_of(record)):
+                identity = identity.merged(_identity_of(record))
+        return [identity]
+    targets: dict[str, GpuIdentity] = {}
+    for record in records:
+        targets.setdefault(record.gpu_key, _identity_of(record))
+    return list(targets.values())
+
+
+# --- `gpu-alert-bot gpus`: every GPU's history from the store ------------------------------------------
+@dataclass
+class GpuHistory:
+    gpu_key: str
+    host: str = ""
+    uuid: str = ""
+    pci_bus_id: str = ""
+    xids: dict[str, int] = field(default_factory=dict)
+    alerts: dict[str, int] = field(default_factory=dict)
+    first: datetime | None = None
+    last: datetime | None = None
+    verdicts: list[Verdict] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gpu_key": self.gpu_key,
+            "host": self.host,
+            "uuid": self.uuid,
+            "pci_bus_id": self.pci_bus_id,
+            "xids": self.xids,
+            "alerts": self.alerts,
+            "first": None if self.first is None else self.first.isoformat(),
+            "last": None if self.last is None else self.last.isoformat(),
+            "verdicts": [v.to_dict() for v in self.verdicts],
+        }
+
+
+def gpu_histories(events: Sequence[GpuEvent], catalog: XidCatalog, now: datetime) -> list[GpuHistory]:
+    """One history per physical GPU: records under its UUID and under its host + PCI bus id are joined."""
+    groups = _physical_gpus(events)
+    histories = []
+    for members in groups:
+        histories.append(_history_of(members, catalog, now))
+    return sorted(histories, key=lambda h: (h.host, h.pci_bus_id, h.uuid, h.gpu_key))
+
+
+def _physical_gpus(events: Sequence[GpuEvent]) -> list[list[GpuEvent]]:
+    parent: dict[str, str] = {}
+
+    def root(node: str) -> str:
+        while parent.setdefault(node, node) != node:
+            parent[node] = parent[parent[node]]
+            node = parent[node]
+        return node
+
+    def names(event: GpuEvent) -> list[str]:
+        found = [f"key:{event.gpu_key}"]
+        if event.uuid:
+            found.append(f"uuid:{event.uuid.lower()}")
+        if event.host and event.pci_bus_id:
+            found.append(f"pci:{event.host.lower()}/{event.pci_bus_id}")
+        return found
+
+    for event in events:
+        first, *others = names(event)
+        for other in others:
+            parent[root(other)] = root(first)
+    groups: dict[str, list[GpuEvent]] = defaultdict(list)
+    for event in events:
+        groups[root(names(event)[0])].append(event)
+    return list(groups.values())
+
+
+def _history_of(members: list[GpuEvent], catalog: XidCatalog, now: datetime) -> GpuHistory:
+    best = max(members, key=lambda e: (bool(e.uuid), bool(e.pci_bus_id), e.at))
+    found = incidents(xid_history(members), catalog.burst_window)
+    nonfatal: dict[str, int] = defaultdict(int)
+    for event in members:
+        if event.kind == "xid" and parse_xid_code(event.code) is None:
+            nonfatal[event.code] += 1
+    alerts: dict[str, set[str]] = defaultdict(set)
+    for event in members:
+        if event.kind == "alert":
+            alerts[event.code].add(event.alert_key)
+    return GpuHistory(
+        gpu_key=best.gpu_key,
+        host=next((e.host for e in members if e.host), ""),
+        uuid=next((e.uuid for e in members if e.uuid), ""),
+        pci_bus_id=next((e.pci_bus_id for e in members if e.pci_bus_id), ""),
+        xids={**{str(code): len(times) for code, times in sorted(found.items())}, **dict(sorted(nonfatal.items()))},
+        alerts={name: len(keys) for name, keys in sorted(alerts.items())},
+        first=min(e.at for e in members),
+        last=max(e.at for e in members),
+        verdicts=escalate(xid_history(members), catalog, now),
+    )
+
+
+def format_gpu_table(histories: Sequence[GpuHistory]) -> str:
+    header = ("HOST", "GPU", "XIDS", "ALERTS", "LAST")
+    rows = [header]
+    notes: dict[int, list[str]] = {}
+    for history in histories:
+        rows.append(
+            (
+                history.host or "-",
+                history.uuid or history.pci_bus_id or history.gpu_key,
+                ", ".join(f"{code.replace(NONFATAL_SUFFIX, ' nonfatal')} x{n}" for code, n in history.xids.items())
+                or "-",
+                ", ".join(f"{name} x{n}" for name, n in history.alerts.items()) or "-",
+                "-" if history.last is None else history.last.strftime("%Y-%m-%d %H:%M UTC"),
+            )
+        )
+        if history.verdicts:
+            notes[len(rows) - 1] = [v.text for v in history.verdicts]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = []
+    for number, row in enumerate(rows):
+        lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+        lines.extend(f"    ! {text}" for text in notes.get(number, []))
+    return "\n".join(lines)
+
+
+async def gpus_command(config: BotConfig, since_seconds: float, output: str) -> int:
+    """`gpu-alert-bot gpus`: each GPU's history from the store, opened read-only (safe beside a running bot)."""
+    try:
+        catalog = load_catalog(config.playbooks.dir)
+    except XidCatalogError as exc:
+        print("\n".join(exc.problems), file=sys.stderr)
+        return 2
+    try:
+        store = await open_store(config.store, read_only=True)
+    except StoreUnavailable as exc:
+        print(f"cannot open the store {config.store.path}: {exc}", file=sys.stderr)
+        return 1
+    now = datetime.now(UTC)
+    try:
+        events = await store.gpu_events(now - timedelta(seconds=since_seconds))
+    finally:
+        await store.close()
+    histories = gpu_histories(events, catalog, now)
+    if output == "json":
+        for history in histories:
+            print(json.dumps(history.to_dict(), ensure_ascii=False))
+    elif histories:
+        print(format_gpu_table(histories))
+    else:
+        print(f"No GPU event recorded in the last {window_text(since_seconds)}", file=sys.stderr)
+    return 0

@@ -1,0 +1,249 @@
+"""The `xid` enricher: what the driver said about this alert's GPU, decoded with the Xid catalog.
+
+It parses the `loki` section's kernel lines, keeps the Xids of the alert's GPU (every GPU of the host for a
+host-level alert), decodes them (catalog advice, the Xid 154 recovery action overriding it, Xid 45 pointing
+at its cause), decodes the alert's own `err_code`/`xid` label, and judges whether the alert may come from a
+stale `DCGM_FI_DEV_XID_ERRORS` gauge (it keeps its last value until the exporter restarts).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from bot.enrich.base import EnrichmentRequest, EnrichmentSection
+from bot.enrich.gpu import GpuIdentity, from_kernel, kernel_report, resolve_identity
+from bot.enrich.nvrm import XidEvent
+from bot.models import AlertState
+from bot.xid import DecodedXid, XidCatalog, decode_events, severity_rank, worst
+
+XID_GAUGE = "DCGM_FI_DEV_XID_ERRORS"
+GAUGE_QUERY_NAME = "xid_gauge"
+STALE_GAUGE_TEXT = (
+    "Probable stale Xid gauge: DCGM_FI_DEV_XID_ERRORS keeps its last value until the exporter restarts; "
+    "no NVRM Xid line for this GPU in the window"
+)
+# At most this many decoded events are kept in the section (the most severe); the message shows fewer.
+MAX_EVENTS_KEPT = 50
+MAX_EVENTS_SHOWN = 8
+
+_PLAIN_GAUGE_EXPR = re.compile(rf"^\s*{XID_GAUGE}\s*(?:\{{[^}}]*\}})?\s*(?:(?:[<>]=?|[!=]=)\s*[0-9.eE+-]+)?\s*$")
+_ALERT_XID_LABELS = (("err_code", "the alert's err_code label"), ("xid", "the alert's xid label"))
+
+
+class XidEnricher:
+    name = "xid"
+    title = "Kernel Xid"
+
+    def __init__(self, catalog: XidCatalog) -> None:
+        self._catalog = catalog
+
+    async def enrich(self, request: EnrichmentRequest) -> EnrichmentSection:
+        alert = request.alert
+        identity = await resolve_identity(request)
+        loki = await request.section("loki")
+        prometheus = await request.section("prometheus")
+        report = kernel_report(loki)
+        if report is not None:
+            identity, _ = from_kernel(identity, report)
+        # Kernel lines name a GPU by PCI address only (a UUID helps once a `GPU at` line maps it).
+        scope = "gpu" if identity.pci is not None else "host"
+        decoded = decode_events(report.events, self._catalog) if report is not None else []
+        mine = [item for item in decoded if scope == "host" or _on_gpu(item.event, identity)]
+        alert_xid, alert_xid_source = _alert_xid(alert.labels, prometheus)
+        if not mine and alert_xid is None and not _about_xid(alert, prometheus):
+            reason = "no NVRM Xid line in the window" if report is not None else "no kernel log and no Xid label"
+            return EnrichmentSection.skipped(self.name, self.title, reason)
+        stale, stale_note = _stale_gauge(prometheus, loki, mine)
+        kept = _most_severe(mine, MAX_EVENTS_KEPT)
+        return EnrichmentSection(
+            name=self.name,
+            title=self.title,
+            status="ok",
+            summary=self._summary(mine, alert_xid, alert_xid_source, stale),
+            lines=self._lines(mine, alert_xid, identity, scope, loki, stale_note),
+            data={
+                "scope": scope,
+                "gpu": identity.to_data(),
+                "alert_xid": alert_xid,
+                "alert_xid_source": alert_xid_source,
+                "events": [item.to_dict() for item in kept],
+                "events_total": len(mine),
+                "catalog": self._catalog_entries({item.event.xid for item in mine} | _codes(alert_xid)),
+                "worst": _worst_data(mine),
+                "stale_gauge": stale,
+                "stale_reason": stale_note,
+                "kernel_log": _kernel_log_state(loki),
+                "gpus": {} if report is None else {pci.bus_id: uuid for pci, uuid in report.uuids.items()},
+                "truncated": bool(loki is not None and loki.status == "ok" and loki.data.get("truncated")),
+            },
+        )
+
+    def _summary(self, mine: list[DecodedXid], alert_xid: int | None, source: str | None, stale: bool | None) -> str:
+        if stale:
+            return STALE_GAUGE_TEXT
+        top = worst(mine)
+        if top is not None:
+            return f"Xid {top.event.xid} {top.entry.title} ({top.severity}): {top.action}"
+        if alert_xid is not None:
+            entry = self._catalog.entry(alert_xid)
+            return f"Xid {alert_xid} {entry.title} ({entry.severity}, from {source}): {entry.action}"
+        return "No NVRM Xid line for this GPU in the window"
+
+    def _lines(
+        self,
+        mine: list[DecodedXid],
+        alert_xid: int | None,
+        identity: GpuIdentity,
+        scope: str,
+        loki: EnrichmentSection | None,
+        stale_note: str,
+    ) -> list[str]:
+        lines: list[str] = []
+        if stale_note and stale_note != STALE_GAUGE_TEXT:
+            lines.append(stale_note)
+        if loki is None:
+            lines.append("Kernel log not configured (enrichment.loki): decoded from the alert's labels only")
+        elif loki.status != "ok":
+            lines.append(f"Kernel log unavailable ({loki.reason or loki.status}): decoded from the alert's labels only")
+        elif alert_xid is not None and not any(item.event.xid == alert_xid for item in mine):
+            entry = self._catalog.entry(alert_xid)
+            lines.append(f"The alert's Xid {alert_xid} ({entry.title}) has no NVRM line for this GPU in the window")
+        if scope == "host" and identity.is_gpu and mine:
+            lines.append("The alert's GPU has no known PCI address to match kernel lines: every GPU's Xids shown")
+        for item in _most_severe(mine, MAX_EVENTS_SHOWN):
+            lines.append(_event_line(item))
+            lines.append(f"  -> {item.action}")
+        if len(mine) > MAX_EVENTS_SHOWN:
+            lines.append(f"... and {len(mine) - MAX_EVENTS_SHOWN} more Xid events")
+        return lines
+
+    def _catalog_entries(self, codes: set[int]) -> dict[str, dict[str, Any]]:
+        entries = {}
+        for code in sorted(codes):
+            entry = self._catalog.entry(code)
+            entries[str(code)] = {
+                "name": entry.name,
+                "title": entry.title,
+                "severity": entry.severity,
+                "action": entry.action,
+                "follow_up": entry.follow_up,
+                "causes": list(entry.causes),
+                "nvidia": entry.nvidia.model_dump(),
+                "known": entry.known,
+            }
+        return entries
+
+    async def close(self) -> None:
+        return None
+
+
+def _on_gpu(event: XidEvent, identity: GpuIdentity) -> bool:
+    """Whether an event is about this GPU; a bus drop that names no GPU may be about any of them."""
+    return event.pci is None or event.pci == identity.pci
+
+
+def _alert_xid(labels: Mapping[str, str], prometheus: EnrichmentSection | None) -> tuple[int | None, str | None]:
+    """The Xid the alert is about: dcgm-exporter's `err_code` (DCGM_FI_DEV_XID_ERRORS) or `xid`
+    (DCGM_EXP_XID_ERRORS_COUNT) label, else the gauge's value (the last Xid code)."""
+    for label, source in _ALERT_XID_LABELS:
+        value = labels.get(label, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return int(value), source
+    series = _gauge_series(prometheus)
+    current = None if series is None else series.get("current")
+    if isinstance(current, int | float) and current > 0 and float(current).is_integer():
+        return int(current), f"the {XID_GAUGE} value"
+    return None, None
+
+
+def _codes(xid: int | None) -> set[int]:
+    return set() if xid is None else {xid}
+
+
+def _about_xid(alert: AlertState, prometheus: EnrichmentSection | None) -> bool:
+    expr = prometheus.data.get("expr") if prometheus is not None and prometheus.status == "ok" else None
+    return "XID" in alert.alertname.upper() or (isinstance(expr, str) and "XID" in expr.upper())
+
+
+def _gauge_series(prometheus: EnrichmentSection | None) -> Mapping[str, Any] | None:
+    """The DCGM_FI_DEV_XID_ERRORS series: the playbook's `xid_gauge` query, or the alert's own history when
+    its expression is that gauge itself (optionally compared to a number)."""
+    if prometheus is None or prometheus.status != "ok":
+        return None
+    related = prometheus.data.get("related") or {}
+    series = related.get(GAUGE_QUERY_NAME)
+    if isinstance(series, Mapping):
+        return series
+    expr = prometheus.data.get("expr")
+    history = prometheus.data.get("history")
+    if isinstance(expr, str) and _PLAIN_GAUGE_EXPR.match(expr) and isinstance(history, Mapping):
+        return history
+    return None
+
+
+def _stale_gauge(
+    prometheus: EnrichmentSection | None,
+    loki: EnrichmentSection | None,
+    mine: Sequence[DecodedXid],
+) -> tuple[bool | None, str]:
+    """(stale?, what to say). None when it cannot be judged: no gauge series, or no kernel log."""
+    series = _gauge_series(prometheus)
+    if series is None:
+        return None, ""
+    values = series.get("values") or []
+    current = series.get("current")
+    unchanged = len(values) >= 2 and series.get("changes") == 0 and isinstance(current, int | float) and current > 0
+    if not unchanged:
+        return False, ""
+    if loki is None or loki.status != "ok":
+        why = "not configured" if loki is None else (loki.reason or loki.status)
+        return None, (
+            f"{XID_GAUGE} has not changed over the window; whether it is stale cannot be told without the "
+            f"kernel log ({why})"
+        )
+    if mine:
+        return False, ""
+    return True, STALE_GAUGE_TEXT
+
+
+def _kernel_log_state(loki: EnrichmentSection | None) -> str:
+    if loki is None:
+        return "not configured"
+    if loki.status == "ok":
+        return "ok"
+    return f"{loki.status}: {loki.reason}"
+
+
+def _most_severe(decoded: Sequence[DecodedXid], limit: int) -> list[DecodedXid]:
+    """Up to `limit` events, the most severe first chosen, shown in log order."""
+    if len(decoded) <= limit:
+        return list(decoded)
+    ranked = sorted(range(len(decoded)), key=lambda i: (-severity_rank(decoded[i].severity), i))[:limit]
+    return [decoded[i] for i in sorted(ranked)]
+
+
+def _worst_data(decoded: Sequence[DecodedXid]) -> dict[str, Any] | None:
+    top = worst(decoded)
+    if top is None:
+        return None
+    return {"xid": top.event.xid, "title": top.entry.title, "severity": top.severity, "action": top.action}
+
+
+def _event_line(item: DecodedXid) -> str:
+    event = item.event
+    when = event.timestamp.strftime("%H:%M:%S") if event.timestamp is not None else event.log_time or ""
+    where = event.pci_bus_id or "unknown GPU"
+    parts = [f"{when} Xid {event.xid} {item.entry.title} [{item.severity}] on {where}".strip()]
+    if event.process or event.pid is not None:
+        parts.append(f"{event.process or '?'}" + (f" pid {event.pid}" if event.pid is not None else ""))
+    if event.count > 1:
+        parts.append(f"{event.count} lines")
+    if item.cause_xid is not None:
+        parts.append(f"caused by Xid {item.cause_xid}")
+    if event.recovery is not None:
+        parts.append(f"recovery action {event.recovery.previous_name} -> {event.recovery.name}")
+    if event.message and event.message != item.entry.title and event.recovery is None:
+        parts.append(event.message)
+    return " · ".join(parts)

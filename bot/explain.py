@@ -1,0 +1,318 @@
+"""`gpu-alert-bot explain PAYLOAD.json`: what the bot would do with an Alertmanager webhook, without doing it.
+
+For each alert: the routing rules tried (and why each did or did not match), the receivers, the playbook, and
+the message every receiver would get, rendered by the same code the sinks use. Nothing is sent and the store
+is never written. Enrichment is skipped unless asked for (`--enrich`); it then runs the configured read-only
+enrichers within the usual budget, against the store opened read-only (or an empty temporary one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from bot.compose import compose_message
+from bot.config import (
+    BotConfig,
+    ConsoleReceiver,
+    EmailReceiver,
+    PagerDutyReceiver,
+    Receiver,
+    SlackReceiver,
+    StoreConfig,
+)
+from bot.enrich import build_enrichers
+from bot.enrich.base import Enrichment
+from bot.message import Message
+from bot.metrics import Metrics
+from bot.models import AlertState, AmAlert, Delivery, Event, EventKind, WebhookPayload
+from bot.playbooks import Playbook, PlaybookSet
+from bot.render.email import build_email, render_email, sender_domain
+from bot.render.pagerduty import pagerduty_event
+from bot.render.slack import slack_payload
+from bot.routing import Router, RouteTrace
+from bot.sinks.console import ConsoleSink
+from bot.store import Store, StoreUnavailable, open_store
+
+OutputFormat = Literal["text", "json"]
+Enrich = Callable[[AlertState, Playbook], Awaitable[Enrichment]]
+
+
+class PayloadError(Exception):
+    """The file is not an Alertmanager webhook body."""
+
+
+def read_payload(path: Path) -> WebhookPayload:
+    """An Alertmanager webhook body from a file, or from standard input when the path is `-`."""
+    try:
+        raw = sys.stdin.buffer.read() if str(path) == "-" else path.read_bytes()
+    except OSError as exc:
+        raise PayloadError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        return WebhookPayload.model_validate_json(raw)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors())
+        raise PayloadError(f"{path}: not an Alertmanager webhook body: {problems}") from None
+
+
+def run(path: Path, config: BotConfig, playbooks: PlaybookSet, *, enrich: bool, output: OutputFormat) -> int:
+    """The `explain` command: print the report on stdout; 0 when done, 2 when the payload is unusable."""
+    try:
+        payload = read_payload(path)
+    except PayloadError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    report = asyncio.run(explain(payload, config, playbooks, enrich=enrich))
+    print(json.dumps(report, indent=2, ensure_ascii=False) if output == "json" else format_text(report))
+    return 0
+
+
+async def explain(
+    payload: WebhookPayload, config: BotConfig, playbooks: PlaybookSet, *, enrich: bool = False
+) -> dict[str, Any]:
+    """The whole report as JSON-ready data; `format_text` prints the same content for people."""
+    router = Router(config.routing)
+    receivers = {r.name: r for r in config.receivers}
+    now = datetime.now(UTC)
+    async with _enrichment(config, enrich) as enrich_alert:
+        alerts = []
+        for am_alert in payload.alerts:
+            alert = _alert_state(am_alert, payload, now)
+            playbook = playbooks.match(alert)
+            enrichment = await enrich_alert(alert, playbook) if enrich_alert else Enrichment()
+            advice = playbooks.advise(playbook, alert, enrichment)
+            kind = EventKind.FIRING if alert.status == "firing" else EventKind.RESOLVED
+            message = compose_message(Event(id=0, kind=kind, created_at=now, alert=alert), enrichment, advice)
+            trace = router.trace(alert.labels)
+            alerts.append(
+                {
+                    "alertname": alert.alertname,
+                    "status": alert.status,
+                    "alert_key": alert.key,
+                    "labels": alert.labels,
+                    "route": _route_report(trace, router),
+                    "playbook": playbook.name,
+                    "enrichment": _enrichment_report(enrichment, enrich),
+                    "messages": [await _render(receivers[name], message, now) for name in trace.decision.receivers],
+                }
+            )
+    return {
+        "payload": {
+            "receiver": payload.receiver_name,
+            "group_key": payload.group_key,
+            "status": payload.status,
+            "alerts": len(payload.alerts),
+            "truncated_alerts": payload.truncated_alerts,
+        },
+        "alerts": alerts,
+    }
+
+
+def _alert_state(alert: AmAlert, payload: WebhookPayload, now: datetime) -> AlertState:
+    return AlertState(
+        key=alert.key,
+        fingerprint=alert.fingerprint,
+        status=alert.status,
+        labels=alert.labels,
+        annotations=alert.annotations,
+        starts_at=alert.starts_at,
+        ends_at=alert.ends_at,
+        generator_url=alert.generator_url,
+        group_key=payload.group_key,
+        receiver=payload.receiver_name,
+        external_url=payload.external_url,
+        first_seen=now,
+        last_seen=now,
+        resolved_at=(alert.ends_at or now) if alert.status == "resolved" else None,
+    )
+
+
+# --- enrichment, only on request -------------------------------------------------------------------------
+@contextlib.asynccontextmanager
+async def _enrichment(config: BotConfig, enabled: bool) -> AsyncIterator[Enrich | None]:
+    if not enabled:
+        yield None
+        return
+    async with _read_only_store(config.store) as store:
+        runner = build_enrichers(config.enrichment, store, Metrics())
+        try:
+            yield runner.run
+        finally:
+            await runner.close()
+
+
+@contextlib.asynccontextmanager
+async def _read_only_store(config: StoreConfig) -> AsyncIterator[Store]:
+    """The configured store opened read-only; an empty throw-away one when there is none yet."""
+    try:
+        store = await open_store(config, read_only=True)
+    except StoreUnavailable:
+        with tempfile.TemporaryDirectory(prefix="gpu-alert-bot-explain-") as scratch:
+            empty = await open_store(config.model_copy(update={"path": Path(scratch) / "empty.db"}))
+            try:
+                yield empty
+            finally:
+                await empty.close()
+        return
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+def _enrichment_report(enrichment: Enrichment, enabled: bool) -> dict[str, Any]:
+    if not enabled:
+        return {"ran": False, "sections": []}
+    sections = [
+        {"name": s.name, "status": s.status, "reason": s.reason, "summary": s.summary} for s in enrichment.sections
+    ]
+    return {"ran": True, "sections": sections}
+
+
+# --- routing ---------------------------------------------------------------------------------------------
+def _route_report(trace: RouteTrace, router: Router) -> dict[str, Any]:
+    rules = []
+    for check in trace.checks:
+        entry: dict[str, Any] = {
+            "rule": check.rule.number,
+            "matchers": [str(m) for m in check.rule.matchers],
+            "receivers": list(check.rule.receivers),
+            "continue": check.rule.continue_,
+            "matched": check.matched,
+        }
+        if check.mismatch is not None:
+            entry["failed_matcher"] = str(check.mismatch)
+            entry["label"] = check.mismatch.name
+            entry["label_value"] = check.actual
+        rules.append(entry)
+    return {
+        "receivers": list(trace.decision.receivers),
+        "default": trace.decision.used_default,
+        "default_receivers": list(router.default),
+        "rules": rules,
+        "not_evaluated": [rule.number for rule in trace.skipped],
+    }
+
+
+# --- what each receiver would get ----------------------------------------------------------------------
+async def _render(receiver: Receiver, message: Message, now: datetime) -> dict[str, Any]:
+    entry: dict[str, Any] = {"receiver": receiver.name, "type": receiver.type}
+    if isinstance(receiver, SlackReceiver):
+        entry["channel"] = receiver.channel
+        entry["payload"] = slack_payload(message)
+    elif isinstance(receiver, EmailReceiver):
+        entry["email"] = _email(receiver, message, now)
+    elif isinstance(receiver, PagerDutyReceiver):
+        masked = f"<routing key from {receiver.routing_key_file.path}>"
+        entry["url"] = receiver.url
+        entry["event"] = pagerduty_event(message, receiver, masked)
+    elif isinstance(receiver, ConsoleReceiver):
+        entry["line"] = await _console_line(receiver, message, now)
+    return entry
+
+
+def _email(receiver: EmailReceiver, message: Message, now: datetime) -> dict[str, Any]:
+    rendered = render_email(message, sender_domain(receiver.sender))
+    mail = build_email(rendered, receiver.sender, receiver.to, now)
+    headers = {name: str(mail[name]) for name in ("From", "To", "Subject", "Message-ID", "In-Reply-To") if mail[name]}
+    return {"headers": headers, "text": rendered.text, "html": rendered.html}
+
+
+async def _console_line(receiver: ConsoleReceiver, message: Message, now: datetime) -> Any:
+    """The console sink's own output, written into a buffer instead of stdout."""
+    buffer = io.StringIO()
+    delivery = Delivery(
+        id=0,
+        event_id=0,
+        alert_key=message.alert_key,
+        receiver=receiver.name,
+        message=message,
+        attempts=0,
+        created_at=now,
+    )
+    await ConsoleSink(receiver.name, buffer).deliver(delivery)
+    return json.loads(buffer.getvalue())
+
+
+# --- for people ------------------------------------------------------------------------------------------
+def format_text(report: dict[str, Any]) -> str:
+    payload = report["payload"]
+    lines = [
+        f"Payload: receiver {payload['receiver']!r}, group {payload['group_key']}, status {payload['status']}, "
+        f"{payload['alerts']} alert(s)"
+    ]
+    if payload["truncated_alerts"]:
+        lines.append(f"  Alertmanager left out {payload['truncated_alerts']} more alert(s) (truncatedAlerts).")
+    for number, alert in enumerate(report["alerts"], 1):
+        lines += ["", f"=== Alert {number} of {len(report['alerts'])}: {alert['alertname']} ({alert['status']}) ==="]
+        lines += _alert_text(alert)
+    return "\n".join(lines)
+
+
+def _alert_text(alert: dict[str, Any]) -> list[str]:
+    labels = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in alert["labels"].items())
+    lines = [f"Labels:     {labels}", f"Alert key:  {alert['alert_key']}", "Routing:"]
+    lines += [f"  {line}" for line in _route_text(alert["route"])]
+    lines.append(f"Playbook:   {alert['playbook']}")
+    lines.append(f"Enrichment: {_enrichment_text(alert['enrichment'])}")
+    for entry in alert["messages"]:
+        lines += ["", f"--- {entry['receiver']} ({entry['type']}) ---", *_message_text(entry)]
+    return lines
+
+
+def _route_text(route: dict[str, Any]) -> list[str]:
+    lines = []
+    for rule in route["rules"]:
+        matchers = "{" + ", ".join(rule["matchers"]) + "}"
+        if rule["matched"]:
+            verdict = "matched" + (", continue" if rule["continue"] else "")
+            lines.append(f"rule {rule['rule']} {matchers}: {verdict} -> {', '.join(rule['receivers'])}")
+        else:
+            value = "not set" if rule["label_value"] is None else f"is {json.dumps(rule['label_value'])}"
+            lines.append(
+                f"rule {rule['rule']} {matchers}: no, {rule['failed_matcher']} fails ({rule['label']} {value})"
+            )
+    if route["not_evaluated"]:
+        numbers = ", ".join(str(n) for n in route["not_evaluated"])
+        noun = "rules" if len(route["not_evaluated"]) > 1 else "rule"
+        lines.append(f"{noun} {numbers}: not evaluated (a matching rule without continue stopped the search)")
+    if route["default"]:
+        lines.append(f"no rule matched: default receivers -> {', '.join(route['receivers']) or '(none)'}")
+    else:
+        lines.append(f"receivers -> {', '.join(route['receivers'])}")
+    return lines
+
+
+def _enrichment_text(enrichment: dict[str, Any]) -> str:
+    if not enrichment["ran"]:
+        return "skipped (--enrich runs the configured enrichers)"
+    if not enrichment["sections"]:
+        return "no enricher configured"
+    return "; ".join(
+        f"{s['name']} {s['status']}" + (f" ({s['reason']})" if s["reason"] else "") for s in enrichment["sections"]
+    )
+
+
+def _message_text(entry: dict[str, Any]) -> Sequence[str]:
+    if "payload" in entry:
+        return [f"channel {entry['channel']}", json.dumps(entry["payload"], indent=2, ensure_ascii=False)]
+    if "email" in entry:
+        email = entry["email"]
+        return [*(f"{name}: {value}" for name, value in email["headers"].items()), "", email["text"].rstrip()]
+    if "event" in entry:
+        if entry["event"] is None:
+            return ["nothing is sent for this event"]
+        return [f"POST {entry['url']}", json.dumps(entry["event"], indent=2, ensure_ascii=False)]
+    if "line" in entry:
+        return [json.dumps(entry["line"], ensure_ascii=False)]
+    return ["no preview for this receiver type"]

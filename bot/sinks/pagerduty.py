@@ -1,0 +1,97 @@
+"""PagerDuty sink: Events API v2 over httpx (`url` configurable for the EU region).
+
+Firing -> trigger, acknowledgement -> acknowledge, resolve -> resolve, all with the alert episode's dedup_key.
+Repeats send nothing: PagerDuty keeps the alert open and deduplicates triggers by dedup_key, so a reminder
+would only add a log entry to the alert; its own escalation policy is what re-notifies people.
+
+Answers, as PagerDuty documents them: 202 accepted (delivered; the API is asynchronous, so this does not
+prove an incident exists); 400 invalid event, never retried (failed with PagerDuty's error list); 429 rate
+limited, retried after Retry-After or `rate_limit_delay`; 5xx and network errors retried with backoff.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+from datetime import UTC, datetime
+
+import httpx
+
+from bot.config import PagerDutyReceiver
+from bot.models import Delivery
+from bot.render.pagerduty import encode_event, pagerduty_event
+from bot.sinks.base import DeliveryResult
+
+_DETAIL_LIMIT = 500
+
+
+class PagerDutySink:
+    def __init__(self, config: PagerDutyReceiver) -> None:
+        self.name = config.name
+        self._config = config
+        self._client = httpx.AsyncClient(
+            timeout=config.timeout, headers={"Content-Type": "application/json", "User-Agent": "gpu-alert-bot"}
+        )
+
+    async def deliver(self, delivery: Delivery) -> DeliveryResult:
+        event = pagerduty_event(delivery.message, self._config, self._config.routing_key_file.get())
+        if event is None:
+            return DeliveryResult.ok()
+        try:
+            response = await self._client.post(self._config.url, content=encode_event(event))
+        except httpx.TimeoutException as exc:
+            return DeliveryResult.retry_later("timeout", f"{type(exc).__name__}: {exc}")
+        except httpx.TransportError as exc:
+            return DeliveryResult.retry_later("connection_error", f"{type(exc).__name__}: {exc}")
+        return classify_response(response, self._config.rate_limit_delay)
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+def classify_response(response: httpx.Response, rate_limit_delay: float) -> DeliveryResult:
+    status = response.status_code
+    if 200 <= status < 300:
+        return DeliveryResult.ok()
+    detail = error_detail(response)
+    if status == 429:
+        return DeliveryResult.retry_later("rate_limited", detail, delay=retry_after(response) or rate_limit_delay)
+    if status == 400:
+        return DeliveryResult.failed("invalid_event", detail)
+    if status >= 500 or status == 408:
+        return DeliveryResult.retry_later(f"http_{status}", detail)
+    # 401/403/404/413...: a wrong URL or a refused event; the same request would get the same answer.
+    return DeliveryResult.failed(f"http_{status}", detail)
+
+
+def error_detail(response: httpx.Response) -> str:
+    """PagerDuty's message and error list from a JSON answer, else the start of the (text/plain) body."""
+    try:
+        body = response.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        body = None
+    if isinstance(body, dict) and ("message" in body or "errors" in body):
+        errors = body.get("errors") or []
+        listed = "; ".join(str(e) for e in errors) if isinstance(errors, list) else str(errors)
+        text = f"{body.get('message', '')}: {listed}" if listed else str(body.get("message", ""))
+    else:
+        text = response.text.strip() or response.reason_phrase
+    return f"HTTP {response.status_code}: {text[:_DETAIL_LIMIT]}"
+
+
+def retry_after(response: httpx.Response) -> float | None:
+    """Seconds to wait from a Retry-After header (seconds or an HTTP date), if there is one."""
+    value = response.headers.get("Retry-After", "").strip()
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())

@@ -1,0 +1,215 @@
+"""A loopback fake of PagerDuty's Events API v2 (`POST /v2/enqueue`), for tests of the PagerDuty sink.
+
+It validates events the way the Events API documents (routing_key of 32 characters, event_action, for a trigger
+payload.summary <= 1024 / source / severity, dedup_key <= 255, body <= 512 KB) and answers with real-shaped
+bodies: 202 `{"status":"success","message":"Event processed","dedup_key":...}`, 400 `{"status":"invalid event",
+"message":"Event object is invalid","errors":[...]}`, 429 "Request Limit Exceeded". It keeps the alerts by
+dedup_key like PagerDuty does (triggered, acknowledged, resolved; a trigger after a resolve opens a new one;
+acknowledge/resolve of an unknown key is accepted and dropped) and records every request it answered.
+
+Failure modes, switched by the test: `fail_next(n, "429" | "500" | "invalid")` answers the next n requests with
+that error (500 with a text/plain body, as a load balancer would), and `await stop()` / `await start()` take the
+whole service down (connection refused) and back on the same port.
+
+The oversize answer (400 with "Event object is too large") is this fake's choice: PagerDuty documents the
+512 KB limit but not the exact answer.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from aiohttp import web
+
+SEVERITIES = ("critical", "error", "warning", "info")
+ACTIONS = ("trigger", "acknowledge", "resolve")
+MAX_BODY = 512 * 1024
+FailureMode = Literal["429", "500", "invalid"]
+
+
+@dataclass
+class RecordedEvent:
+    """One request the fake answered: what came in and what it said back."""
+
+    status: int
+    body: dict[str, Any] | None
+    raw: bytes
+    outcome: str  # "accepted", "deduplicated", "dropped", "rejected", "rate_limited", "error"
+
+
+@dataclass
+class Alert:
+    dedup_key: str
+    routing_key: str
+    status: Literal["triggered", "acknowledged", "resolved"]
+    summary: str
+    severity: str
+    payload: dict[str, Any]
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+class FakePagerDuty:
+    def __init__(self, journal: list[tuple[str, Any]] | None = None) -> None:
+        """`journal`, when given, gets ("pagerduty", RecordedEvent) per request: share it with other fakes to
+        check the order in which different services were reached."""
+        self.journal = journal
+        self.events: list[RecordedEvent] = []
+        self.alerts: dict[str, list[Alert]] = {}  # dedup_key -> every alert opened with it, oldest first
+        self._failures: deque[FailureMode] = deque()
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v2/enqueue"
+
+    # --- lifecycle -------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Listen (again) on loopback; after a stop(), on the same port."""
+        app = web.Application(client_max_size=16 * MAX_BODY)
+        app.router.add_post("/v2/enqueue", self._enqueue)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        self._site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+        await self._site.start()
+        self.port = self._runner.addresses[0][1]
+
+    async def stop(self) -> None:
+        """Down: connections are refused until start() is called again."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> FakePagerDuty:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def fail_next(self, count: int, mode: FailureMode) -> None:
+        self._failures.extend([mode] * count)
+
+    # --- what tests look at ----------------------------------------------------------------------------
+    def accepted(self, action: str | None = None) -> list[dict[str, Any]]:
+        """Bodies of the events answered 202, optionally of one event_action."""
+        return [
+            e.body
+            for e in self.events
+            if e.status == 202 and e.body is not None and (action is None or e.body.get("event_action") == action)
+        ]
+
+    def current(self, dedup_key: str) -> Alert | None:
+        alerts = self.alerts.get(dedup_key)
+        return alerts[-1] if alerts else None
+
+    # --- the API -------------------------------------------------------------------------------------
+    async def _enqueue(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        parsed = body if isinstance(body, dict) else None
+        if self._failures:
+            return self._record(raw, parsed, self._failure(self._failures.popleft()))
+        if len(raw) > MAX_BODY:
+            return self._record(raw, parsed, _invalid(["Event object is too large"]))
+        if parsed is None:
+            return self._record(raw, None, _invalid(["Event object is not a valid JSON object"]))
+        errors = validate(parsed)
+        if errors:
+            return self._record(raw, parsed, _invalid(errors))
+        key, outcome = self._apply(parsed)
+        answer = web.json_response({"status": "success", "message": "Event processed", "dedup_key": key}, status=202)
+        return self._record(raw, parsed, answer, outcome)
+
+    def _apply(self, body: dict[str, Any]) -> tuple[str, str]:
+        action = body["event_action"]
+        key = body.get("dedup_key") or str(uuid.uuid4())
+        alert = self.current(key)
+        usable = alert is not None and alert.status != "resolved" and alert.routing_key == body["routing_key"]
+        if action == "trigger":
+            if usable and alert is not None:
+                alert.events.append(body)
+                return key, "deduplicated"
+            payload = body["payload"]
+            opened = Alert(key, body["routing_key"], "triggered", payload["summary"], payload["severity"], payload)
+            opened.events.append(body)
+            self.alerts.setdefault(key, []).append(opened)
+            return key, "accepted"
+        if not usable or alert is None:
+            return key, "dropped"
+        alert.events.append(body)
+        alert.status = "acknowledged" if action == "acknowledge" else "resolved"
+        return key, "accepted"
+
+    def _failure(self, mode: FailureMode) -> web.Response:
+        if mode == "429":
+            return web.json_response(
+                {"status": "throttle event", "message": "Request Limit Exceeded", "errors": ["Request Limit Exceeded"]},
+                status=429,
+            )
+        if mode == "500":
+            return web.Response(status=500, text="Internal Server Error\n", content_type="text/plain")
+        return _invalid(["Event rejected by test"])
+
+    def _record(self, raw: bytes, body: dict[str, Any] | None, answer: web.Response, outcome: str = "") -> web.Response:
+        outcomes = {202: outcome, 400: "rejected", 429: "rate_limited"}
+        event = RecordedEvent(answer.status, body, raw, outcomes.get(answer.status, "error"))
+        self.events.append(event)
+        if self.journal is not None:
+            self.journal.append(("pagerduty", event))
+        return answer
+
+
+def validate(body: dict[str, Any]) -> list[str]:
+    """The error list PagerDuty would give for this event (empty when it is valid)."""
+    errors: list[str] = []
+    routing_key = body.get("routing_key")
+    if not isinstance(routing_key, str) or not routing_key:
+        errors.append("'routing_key' is missing or blank")
+    elif len(routing_key) != 32:
+        errors.append("Length of 'routing_key' is incorrect (should be 32 characters)")
+    action = body.get("event_action")
+    if action not in ACTIONS:
+        errors.append("'event_action' is invalid (must be one of: trigger, acknowledge, resolve)")
+    dedup_key = body.get("dedup_key")
+    if dedup_key is not None and (not isinstance(dedup_key, str) or len(dedup_key) > 255):
+        errors.append("'dedup_key' must be a string of at most 255 characters")
+    if action in ("acknowledge", "resolve") and not dedup_key:
+        errors.append("'dedup_key' is required for acknowledge and resolve events")
+    if action == "trigger":
+        errors.extend(_validate_payload(body.get("payload")))
+    for link in body.get("links") or []:
+        if not isinstance(link, dict) or not isinstance(link.get("href"), str):
+            errors.append("'links' entries need an 'href'")
+    return errors
+
+
+def _validate_payload(payload: Any) -> list[str]:
+    if not isinstance(payload, dict):
+        return ["'payload' is missing or not an object"]
+    errors: list[str] = []
+    summary = payload.get("summary")
+    if not isinstance(summary, str) or not summary.strip():
+        errors.append("'payload.summary' is missing or blank")
+    elif len(summary) > 1024:
+        errors.append("'payload.summary' is too long (maximum 1024 characters)")
+    source = payload.get("source")
+    if not isinstance(source, str) or not source.strip():
+        errors.append("'payload.source' is missing or blank")
+    if payload.get("severity") not in SEVERITIES:
+        errors.append("'payload.severity' is invalid (must be one of: critical, error, warning, info)")
+    return errors
+
+
+def _invalid(errors: list[str]) -> web.Response:
+    return web.json_response(
+        {"status": "invalid event", "message": "Event object is invalid", "errors": errors}, status=400
+    )

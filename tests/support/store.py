@@ -1,0 +1,79 @@
+"""A real SQLite store in a temporary directory, and shortcuts to feed it webhooks like ingest does."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, closing
+from pathlib import Path
+from typing import Any
+
+from bot.dedup import plan_events
+from bot.message import Message
+from bot.models import NewDelivery, WebhookPayload
+from bot.store.base import IncomingNotification, IngestResult
+from bot.store.sqlite import SqliteStore
+from tests.support.payloads import STARTED, body
+
+
+@asynccontextmanager
+async def sqlite_store(path: Path, **options: Any) -> AsyncIterator[SqliteStore]:
+    store = SqliteStore(path if path.suffix == ".db" else path / "bot.db", **options)
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+def incoming(payload: dict[str, Any]) -> IncomingNotification:
+    raw = body(payload)
+    parsed = WebhookPayload.model_validate_json(raw)
+    return IncomingNotification(
+        idempotency_key=parsed.idempotency_key(),
+        group_key=parsed.group_key,
+        receiver=parsed.receiver_name,
+        body=raw,
+        alert_count=len(parsed.alerts),
+    )
+
+
+async def ingest(store: SqliteStore, payload: dict[str, Any]) -> IngestResult:
+    return await store.ingest(incoming(payload))
+
+
+async def ingest_and_dedup(store: SqliteStore, payload: dict[str, Any]) -> IngestResult:
+    result = await ingest(store, payload)
+    await store.dedup_pending(plan_events, 100)
+    return result
+
+
+def query(store: SqliteStore, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    """Read the store's file through a connection of its own, as any other SQLite reader would."""
+    with closing(sqlite3.connect(f"file:{store.path}?mode=ro", uri=True)) as conn:
+        return conn.execute(sql, args).fetchall()
+
+
+def count(store: SqliteStore, sql: str, *args: Any) -> int:
+    return int(query(store, sql, *args)[0][0])
+
+
+def message(alert_key: str, event: str = "firing") -> Message:
+    return Message(
+        alert_key=alert_key,
+        fingerprint=alert_key.split("@")[0],
+        group_key="g",
+        event=event,
+        status="firing",
+        severity="critical",
+        title=f"{event} {alert_key}",
+        starts_at=STARTED,
+    )
+
+
+async def route_all(store: SqliteStore, receivers: list[str]) -> list[int]:
+    events = await store.claim_events(1000, 60)
+    for event in events:
+        deliveries = [NewDelivery(receiver=r, message=message(event.alert.key, event.kind.value)) for r in receivers]
+        await store.route_event(event.id, None, deliveries)
+    return [e.id for e in events]

@@ -1,0 +1,191 @@
+"""`gpu-alert-bot serve` and `check-config` as a user runs them: real processes, from any working directory."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from bot.cli import main
+from tests.support.payloads import am_alert, body, webhook
+from tests.support.processes import BotProcess, ManagedProcess, free_port, wait_http
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "config" / "bot.example.yaml"
+CLI = Path(sys.executable).parent / "gpu-alert-bot"
+ALL_INTERFACES = "0.0.0.0"  # noqa: S104 (what the tests ask for; the bot must refuse it without credentials)
+
+
+def _wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def _json_lines(lines: list[str]) -> list[dict[str, object]]:
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def test_check_config_accepts_the_example(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check-config", str(EXAMPLE)]) == 0
+    assert capsys.readouterr().out.strip() == f"{EXAMPLE}: OK"
+
+
+def test_check_config_prints_each_problem_with_its_key_path_and_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        yaml.safe_dump(
+            {
+                "server": {"listen": "everywhere", "auth": {"bearer_token_file": "missing-token"}},
+                "store": {"retention": "forever"},
+                "outbox": {"max_backof": "5m"},
+            }
+        )
+    )
+    assert main(["check-config", str(bad)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[:4] == [
+        "server.listen: expected HOST:PORT, for example 127.0.0.1:9095 or 0.0.0.0:9095",
+        f"server.auth.bearer_token_file: cannot read secret file {tmp_path / 'missing-token'}: "
+        "No such file or directory",
+        "store.retention: 'forever' is not a duration such as 30s, 15m or 2h",
+        "outbox.max_backof: unknown key (check the spelling against config/bot.example.yaml)",
+    ]
+    assert err[4] == f"{bad}: 4 problem(s)"
+
+
+def test_the_console_script_checks_a_config_from_another_directory(tmp_path: Path) -> None:
+    ok = subprocess.run([str(CLI), "check-config", str(EXAMPLE)], cwd=tmp_path, capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    missing = subprocess.run([str(CLI), "check-config", "nope.yaml"], cwd=tmp_path, capture_output=True, text=True)
+    assert missing.returncode == 2
+    assert "nope.yaml: cannot read" in missing.stderr
+
+
+def test_serve_runs_the_example_config_as_it_is_from_any_working_directory(tmp_path: Path) -> None:
+    # A copy of the repository's config directory, so its relative store path (../var) lands in tmp_path.
+    shutil.copytree(REPO / "config", tmp_path / "config")
+    elsewhere = tmp_path / "somewhere" / "else"
+    elsewhere.mkdir(parents=True)
+    port = free_port()
+    bot = ManagedProcess(
+        [str(CLI), "serve", "--config", str(tmp_path / "config" / "bot.example.yaml"), "--listen", f"127.0.0.1:{port}"],
+        cwd=elsewhere,
+    )
+    try:
+        wait_http(f"http://127.0.0.1:{port}/healthz", process=bot.process)
+        assert httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200
+        answer = httpx.post(
+            f"http://127.0.0.1:{port}/alertmanager",
+            content=body(webhook([am_alert(host="k-ai-01", gpu="3")])),
+            headers={"Content-Type": "application/json"},
+        )
+        assert answer.json()["status"] == "accepted"
+        _wait_until(lambda: any(line.strip() for line in bot.stdout.snapshot()))
+    finally:
+        assert bot.stop() == 0  # SIGTERM: a clean shutdown
+    assert (tmp_path / "var" / "gpu-alert-bot.db").exists()
+    assert not list(elsewhere.iterdir())
+    events = _json_lines(bot.stdout.snapshot())
+    assert [(e["event"], e["host"], e["gpu"]) for e in events] == [("firing", "k-ai-01", "3")]
+    logs = _json_lines(bot.stderr.snapshot())  # the service's own logs: JSON, on stderr
+    assert any(entry["msg"] == "gpu-alert-bot ready" for entry in logs)
+
+
+def _accepts_on(address: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(2)
+        return sock.connect_ex((address, port)) == 0
+
+
+def _serve_on_all_interfaces(tmp_path: Path, settings: dict[str, object]) -> tuple[ManagedProcess, int]:
+    config = tmp_path / "bot.yaml"
+    config.write_text(yaml.safe_dump({"store": {"path": str(tmp_path / "bot.db")}, **settings}))
+    port = free_port()
+    bot = ManagedProcess(
+        [str(CLI), "serve", "--config", str(config), "--listen", f"{ALL_INTERFACES}:{port}"], cwd=tmp_path
+    )
+    wait_http(f"http://127.0.0.1:{port}/healthz", process=bot.process)
+    return bot, port
+
+
+def test_without_credentials_the_bot_listens_on_loopback_only_and_says_so(tmp_path: Path) -> None:
+    bot, port = _serve_on_all_interfaces(tmp_path, {})
+    try:
+        # 127.0.0.2 reaches a socket bound to 0.0.0.0 but not one bound to 127.0.0.1 (Linux routes 127/8 locally).
+        assert not _accepts_on("127.0.0.2", port)
+        assert _accepts_on("127.0.0.1", port)
+    finally:
+        bot.stop()
+    logs = _json_lines(bot.stderr.snapshot())
+    warning = next(e for e in logs if "loopback only" in str(e["msg"]))
+    assert warning["level"] == "warning"
+    assert warning["requested"] == ALL_INTERFACES and warning["listening"] == "127.0.0.1"
+    ready = next(e for e in logs if e["msg"] == "gpu-alert-bot ready")
+    assert ready["listen"] == f"127.0.0.1:{port}" and ready["auth"] == "off"
+
+
+def test_with_credentials_the_bot_listens_where_it_is_told(tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("a-long-enough-token")
+    bot, port = _serve_on_all_interfaces(tmp_path, {"server": {"auth": {"bearer_token_file": "token"}}})
+    try:
+        assert _accepts_on("127.0.0.2", port)
+    finally:
+        bot.stop()
+    assert not any("loopback only" in str(e["msg"]) for e in _json_lines(bot.stderr.snapshot()))
+
+
+def test_a_second_bot_on_the_same_store_refuses_to_start(tmp_path: Path) -> None:
+    config = tmp_path / "bot.yaml"
+    config.write_text(yaml.safe_dump({"store": {"path": str(tmp_path / "bot.db")}}))
+    first = BotProcess(config)
+    try:
+        second = subprocess.run(
+            [str(CLI), "serve", "--config", str(config), "--listen", f"127.0.0.1:{free_port()}"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    finally:
+        first.stop()
+    assert second.returncode == 1
+    [error] = [e for e in _json_lines(second.stderr.splitlines()) if e["level"] == "error"]
+    assert error["msg"] == "cannot start" and "in use by another gpu-alert-bot process" in str(error["reason"])
+
+
+def test_serve_with_a_bad_config_prints_the_problems_and_exits_2(tmp_path: Path) -> None:
+    config = tmp_path / "bot.yaml"
+    config.write_text("worker: {concurrency: lots}\n")
+    result = subprocess.run([str(CLI), "serve", "--config", str(config)], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    assert result.stderr.startswith("worker.concurrency: ")
+
+
+def test_store_override_is_relative_to_the_working_directory(tmp_path: Path) -> None:
+    config = tmp_path / "etc" / "bot.yaml"
+    config.parent.mkdir()
+    config.write_text(yaml.safe_dump({"store": {"path": "from-config.db"}}))
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    port = free_port()
+    bot = ManagedProcess(
+        [str(CLI), "serve", "--config", str(config), "--listen", f"127.0.0.1:{port}", "--store", "cli.db"], cwd=workdir
+    )
+    try:
+        wait_http(f"http://127.0.0.1:{port}/healthz", process=bot.process)
+    finally:
+        bot.stop()
+    assert (workdir / "cli.db").exists()
+    assert not (config.parent / "from-config.db").exists()

@@ -1,0 +1,189 @@
+"""`gpu-alert-bot explain`: routing, playbook and the rendered message per receiver, for a real Alertmanager capture
+(tests/fixtures/payloads/ holds webhook bodies copied from the reference captures), without sending or storing."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from bot.cli import main
+from tests.support.processes import free_port
+
+PAYLOADS = Path(__file__).resolve().parent / "fixtures" / "payloads"
+FIRING = PAYLOADS / "am025_webhook_firing_truncated.json"
+RESOLVED = PAYLOADS / "am025_webhook_resolved.json"
+E2E_FIRING = PAYLOADS / "prom242_am025_e2e_firing.json"
+ROUTING_KEY = "0123456789abcdef0123456789abcdef"
+SLACK_TOKEN = "xoxb-not-a-real-token"
+
+
+def write_config(tmp_path: Path, **extra: Any) -> Path:
+    (tmp_path / "pd_key").write_text(ROUTING_KEY + "\n")
+    (tmp_path / "slack_token").write_text(SLACK_TOKEN + "\n")
+    # Playbooks of the test's own, so the test does not follow edits of the bundled ones.
+    playbooks = tmp_path / "playbooks"
+    playbooks.mkdir(exist_ok=True)
+    (playbooks / "xid.yaml").write_text("match: {alertname: GpuXidError}\ntitle: Xid error on {host}\n")
+    config: dict[str, Any] = {
+        "store": {"path": str(tmp_path / "store" / "bot.db")},
+        "playbooks": {"dir": "playbooks"},
+        "receivers": [
+            {"type": "console", "name": "console"},
+            {"type": "slack", "name": "slack-gpu", "channel": "#gpu-alerts", "token_file": "slack_token"},
+            {
+                "type": "email",
+                "name": "oncall-email",
+                "to": ["oncall@example.com"],
+                "from": "gpu-alert-bot@example.com",
+                "smarthost": "smtp.example.com:587",
+            },
+            {"type": "pagerduty", "name": "pd", "routing_key_file": "pd_key"},
+        ],
+        "routing": {
+            "rules": [
+                {"matchers": ['severity="critical"', 'gpu="0"'], "receivers": ["pd", "oncall-email"], "continue": True},
+                {"matchers": ['alertname=~"vLLM.*"'], "receivers": ["console"]},
+                {"matchers": ['alertname=~"Gpu.*"', 'host=~"gpu\\d+"'], "receivers": ["slack-gpu"]},
+                {"matchers": [], "receivers": ["console"]},
+            ],
+            "default": ["console"],
+        },
+    }
+    config.update(extra)
+    path = tmp_path / "bot.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def explain(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["explain", *args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_human_output_shows_rules_receivers_playbook_and_every_rendering(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = explain(capsys, str(FIRING), "--config", str(write_config(tmp_path)))
+    assert code == 0
+    assert "Alertmanager left out 1 more alert(s)" in out
+    first, second = out.split("=== Alert 2 of 2")
+    assert "=== Alert 1 of 2: GpuXidError (firing) ===" in first
+    assert 'rule 1 {severity="critical", gpu="0"}: matched, continue -> pd, oncall-email' in first
+    assert 'rule 2 {alertname=~"vLLM.*"}: no, alertname=~"vLLM.*" fails (alertname is "GpuXidError")' in first
+    assert 'rule 3 {alertname=~"Gpu.*", host=~"gpu\\\\d+"}: matched -> slack-gpu' in first
+    assert "rule 4: not evaluated" in first
+    assert "receivers -> pd, oncall-email, slack-gpu" in first
+    assert "Playbook:   xid\n" in first and "Enrichment: skipped" in first
+    # Every receiver's message, rendered by the sinks' own renderers.
+    assert "--- pd (pagerduty) ---\nPOST https://events.pagerduty.com/v2/enqueue" in first
+    assert '"event_action": "trigger"' in first and '"dedup_key": "ea7d2357f640d0c0@' in first
+    assert "Subject: [FIRING] GpuXidError on gpu01 GPU 0" in first
+    assert "FIRING (critical): GpuXidError on gpu01 GPU 0" in first
+    assert "--- slack-gpu (slack) ---\nchannel #gpu-alerts" in first and '"blocks"' in first
+    # The second alert (gpu 1) fails rule 1 on its gpu label and goes to Slack only.
+    assert 'rule 1 {severity="critical", gpu="0"}: no, gpu="0" fails (gpu is "1")' in second
+    assert "receivers -> slack-gpu" in second
+    assert ROUTING_KEY not in out and SLACK_TOKEN not in out
+    assert "<routing key from " in out
+
+
+def test_json_output_for_machines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = explain(capsys, str(FIRING), "--config", str(write_config(tmp_path)), "--format", "json")
+    assert code == 0
+    report = json.loads(out)
+    assert report["payload"] == {
+        "receiver": "web.hook",
+        "group_key": '{}:{alertname="GpuXidError", host="gpu01"}',
+        "status": "firing",
+        "alerts": 2,
+        "truncated_alerts": 1,
+    }
+    first = report["alerts"][0]
+    assert first["route"]["receivers"] == ["pd", "oncall-email", "slack-gpu"]
+    assert first["route"]["default"] is False
+    assert [r["matched"] for r in first["route"]["rules"]] == [True, False, True]
+    assert first["route"]["rules"][1]["failed_matcher"] == 'alertname=~"vLLM.*"'
+    assert first["route"]["not_evaluated"] == [4]
+    by_receiver = {m["receiver"]: m for m in first["messages"]}
+    event = by_receiver["pd"]["event"]
+    assert event["dedup_key"] == first["alert_key"] and event["routing_key"].startswith("<routing key from ")
+    assert event["payload"]["source"] == "gpu01" and event["payload"]["component"] == "GPU 0"
+    email = by_receiver["oncall-email"]["email"]
+    assert email["headers"]["Subject"] == "[FIRING] GpuXidError on gpu01 GPU 0"
+    assert "Xid 79 on gpu01" in email["text"] and "Xid 79 on gpu01" in email["html"]
+    assert by_receiver["slack-gpu"]["payload"]["attachments"][0]["blocks"]
+    assert first["playbook"] == "xid"
+    assert first["enrichment"] == {"ran": False, "sections": []}
+    assert ROUTING_KEY not in out and SLACK_TOKEN not in out
+
+
+def test_resolved_payload_renders_the_follow_ups(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = explain(capsys, str(RESOLVED), "--config", str(write_config(tmp_path)), "--format", "json")
+    assert code == 0
+    first = json.loads(out)["alerts"][0]
+    by_receiver = {m["receiver"]: m for m in first["messages"]}
+    assert by_receiver["pd"]["event"]["event_action"] == "resolve"
+    headers = by_receiver["oncall-email"]["email"]["headers"]
+    assert headers["Subject"] == "Re: [RESOLVED] GpuXidError on gpu01 GPU 0 after 1 min"
+    assert headers["In-Reply-To"].endswith(".firing@example.com>")
+
+
+def test_default_receivers_and_console_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = write_config(tmp_path)
+    data = yaml.safe_load(config.read_text())
+    data["routing"]["rules"] = [{"matchers": ['team="storage"'], "receivers": ["pd"]}]
+    config.write_text(yaml.safe_dump(data))
+    code, out, _ = explain(capsys, str(E2E_FIRING), "--config", str(config))
+    assert code == 0
+    assert 'rule 1 {team="storage"}: no, team="storage" fails (team not set)' in out
+    assert "no rule matched: default receivers -> console" in out
+    console_line = out.split("--- console (console) ---\n", 1)[1].splitlines()[0]
+    line = json.loads(console_line)
+    assert (line["alertname"], line["host"], line["event"]) == ("GpuXidError", "127.0.0.1", "firing")
+
+
+def test_nothing_is_sent_or_stored(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = write_config(tmp_path)
+    code, _, _ = explain(capsys, str(FIRING), "--config", str(config))
+    assert code == 0
+    assert not (tmp_path / "store").exists()
+
+
+def test_enrich_runs_the_configured_enrichers_within_the_budget_and_stores_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    unreachable = f"http://127.0.0.1:{free_port()}"
+    config = write_config(tmp_path, enrichment={"budget": "2s", "prometheus": {"url": unreachable, "timeout": "1s"}})
+    code, out, _ = explain(capsys, str(FIRING), "--config", str(config), "--enrich", "--format", "json")
+    assert code == 0
+    enrichment = json.loads(out)["alerts"][0]["enrichment"]
+    assert enrichment["ran"] is True
+    assert [(s["name"], s["status"]) for s in enrichment["sections"]] == [("prometheus", "unavailable")]
+    assert not (tmp_path / "store").exists()
+
+
+def test_reads_the_payload_from_stdin(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Stdin:
+        buffer = __import__("io").BytesIO(E2E_FIRING.read_bytes())
+
+    monkeypatch.setattr(sys, "stdin", Stdin)
+    code, out, _ = explain(capsys, "-", "--config", str(write_config(tmp_path)))
+    assert code == 0 and "GpuXidError" in out
+
+
+def test_a_file_that_is_not_a_webhook_body_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"alerts": "nope"}))
+    code, out, err = explain(capsys, str(bad), "--config", str(write_config(tmp_path)))
+    assert code == 2 and out == ""
+    assert "not an Alertmanager webhook body" in err
+    code, _, err = explain(capsys, str(tmp_path / "missing.json"), "--config", str(write_config(tmp_path)))
+    assert code == 2 and "cannot read" in err

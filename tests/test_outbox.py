@@ -1,0 +1,204 @@
+"""The outbox: retries with backoff and Retry-After hints, permanent failures, order per alert, isolation."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from bot.config import OutboxConfig
+from bot.metrics import Metrics
+from bot.models import Delivery
+from bot.outbox import Outbox
+from bot.sinks.base import DeliveryResult, Sink
+from bot.store.sqlite import SqliteStore
+from tests.support.bot import eventually
+from tests.support.payloads import am_alert, gpu_alerts, webhook
+from tests.support.store import ingest_and_dedup, query, route_all, sqlite_store
+
+Script = Callable[[Delivery, int], DeliveryResult]
+
+
+class ScriptedSink:
+    """A Sink of our own interface whose answers the test writes: attempt n of each delivery gets script(d, n)."""
+
+    def __init__(self, name: str, script: Script | None = None) -> None:
+        self.name = name
+        self._script = script or (lambda _delivery, _attempt: DeliveryResult.ok())
+        self.attempts: list[tuple[float, Delivery]] = []
+        self.delivered: list[Delivery] = []
+        self.closed = False
+
+    async def deliver(self, delivery: Delivery) -> DeliveryResult:
+        self.attempts.append((time.monotonic(), delivery))
+        result = self._script(delivery, sum(1 for _, d in self.attempts if d.id == delivery.id))
+        if isinstance(result, BaseException):
+            raise result
+        if result.delivered:
+            self.delivered.append(delivery)
+        return result
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+FAST = OutboxConfig(initial_backoff=0.01, max_backoff=0.05, give_up_after=60, attempt_timeout=1)
+
+
+@asynccontextmanager
+async def running_outbox(
+    store: SqliteStore, sinks: list[ScriptedSink], config: OutboxConfig = FAST
+) -> AsyncIterator[tuple[Outbox, Metrics]]:
+    metrics = Metrics()
+    checked: dict[str, Sink] = {sink.name: sink for sink in sinks}
+    outbox = Outbox(store, checked, config, metrics)
+    outbox.start()
+    try:
+        yield outbox, metrics
+    finally:
+        await outbox.stop()
+
+
+def _metric(metrics: Metrics, name: str, labels: dict[str, str]) -> float:
+    return metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+async def test_a_retried_delivery_honors_the_delay_hint_then_succeeds(tmp_path: Path) -> None:
+    hint = 0.3
+    sink = ScriptedSink(
+        "slack",
+        lambda _d, n: (
+            DeliveryResult.retry_later("http_429", "slow down", delay=hint) if n == 1 else DeliveryResult.ok()
+        ),
+    )
+    async with sqlite_store(tmp_path) as store:
+        await ingest_and_dedup(store, webhook(gpu_alerts(1)))
+        await route_all(store, ["slack"])
+        async with running_outbox(store, [sink]) as (_outbox, metrics):
+            await eventually(lambda: sink.delivered)
+            (first, _), (second, _) = sink.attempts
+            # Without the hint the retry would come after initial_backoff (10 ms, plus at most 10 ms of jitter).
+            assert second - first >= hint
+            assert _metric(metrics, "gpu_alert_bot_deliveries_total", {"receiver": "slack", "result": "retry"}) == 1
+            assert _metric(metrics, "gpu_alert_bot_deliveries_total", {"receiver": "slack", "result": "delivered"}) == 1
+            await eventually(
+                lambda: query(store, "SELECT state, attempts, error FROM deliveries") == [("delivered", 2, None)]
+            )
+
+
+async def test_retries_back_off_and_each_attempt_is_persisted(tmp_path: Path) -> None:
+    sink = ScriptedSink(
+        "slack", lambda _d, n: DeliveryResult.retry_later("http_503", "down") if n < 4 else DeliveryResult.ok()
+    )
+    async with sqlite_store(tmp_path) as store:
+        await ingest_and_dedup(store, webhook(gpu_alerts(1)))
+        await route_all(store, ["slack"])
+        async with running_outbox(store, [sink]):
+            await eventually(lambda: query(store, "SELECT state, attempts FROM deliveries") == [("delivered", 4)])
+        times = [t for t, _ in sink.attempts]
+        assert len(times) == 4
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        assert all(gap >= 0.01 for gap in gaps)  # at least initial_backoff between attempts
+
+
+async def test_a_permanent_failure_is_recorded_and_not_retried(tmp_path: Path) -> None:
+    sink = ScriptedSink("slack", lambda _d, _n: DeliveryResult.failed("channel_not_found", "no such channel"))
+    async with sqlite_store(tmp_path) as store:
+        await ingest_and_dedup(store, webhook(gpu_alerts(1)))
+        await route_all(store, ["slack"])
+        async with running_outbox(store, [sink]) as (_outbox, metrics):
+            await eventually(lambda: query(store, "SELECT state FROM deliveries") == [("failed",)])
+            await asyncio.sleep(0.1)
+            assert len(sink.attempts) == 1
+            labels = {"receiver": "slack", "reason": "channel_not_found"}
+            assert _metric(metrics, "gpu_alert_bot_delivery_failures_total", labels) == 1
+        assert query(store, "SELECT error, attempts FROM deliveries") == [("channel_not_found: no such channel", 1)]
+        assert (await store.stats()).deliveries_failed == 1
+
+
+async def test_a_delivery_still_failing_after_give_up_after_is_given_up(tmp_path: Path) -> None:
+    sink = ScriptedSink("slack", lambda _d, _n: DeliveryResult.retry_later("http_503", "down"))
+    config = OutboxConfig(initial_backoff=0.01, max_backoff=0.02, give_up_after=0.2, attempt_timeout=1)
+    async with sqlite_store(tmp_path) as store:
+        await ingest_and_dedup(store, webhook(gpu_alerts(1)))
+        await route_all(store, ["slack"])
+        async with running_outbox(store, [sink], config) as (_outbox, metrics):
+            await eventually(lambda: query(store, "SELECT state FROM deliveries") == [("failed",)])
+            labels = {"receiver": "slack", "reason": "gave_up_http_503"}
+            assert _metric(metrics, "gpu_alert_bot_delivery_failures_total", labels) == 1
+        assert len(sink.attempts) > 1
+
+
+async def test_order_is_kept_per_alert_while_its_first_message_is_retried(tmp_path: Path) -> None:
+    def script(delivery: Delivery, attempt: int) -> DeliveryResult:
+        if delivery.message.event == "firing" and delivery.alert_key.startswith(gpu0) and attempt < 3:
+            return DeliveryResult.retry_later("http_503", "down")
+        return DeliveryResult.ok()
+
+    sink = ScriptedSink("slack", script)
+    async with sqlite_store(tmp_path) as store:
+        await ingest_and_dedup(store, webhook([am_alert(gpu="0")]))
+        await route_all(store, ["slack"])
+        await ingest_and_dedup(store, webhook([am_alert(gpu="0", status="resolved"), am_alert(gpu="1")]))
+        await route_all(store, ["slack"])
+        gpu0 = query(store, "SELECT alert_key FROM deliveries ORDER BY id")[0][0].split("@")[0]
+        async with running_outbox(store, [sink]):
+            await eventually(lambda: len(sink.delivered) == 3)
+        for_gpu0 = [d.message.event for d in sink.delivered if d.alert_key.startswith(gpu0)]
+        assert for_gpu0 == ["firing", "resolved"]
+
+
+async def test_one_receivers_outage_does_not_delay_another(tmp_path: Path) -> None:
+    down = ScriptedSink("slack", lambda _d, _n: DeliveryResult.retry_later("http_503", "Slack is down", delay=30))
+    up = ScriptedSink("console")
+    async with sqlite_store(tmp_path) as store:
+        await ingest_and_dedup(store, webhook(gpu_alerts(5)))
+        await route_all(store, ["slack", "console"])
+        async with running_outbox(store, [down, up]) as (outbox, _metrics):
+            await eventually(lambda: len(up.delivered) == 5)
+            assert down.delivered == [] and len(down.attempts) == 1
+            assert outbox.running
+        pending = query(store, "SELECT receiver, COUNT(*) FROM deliveries WHERE state = 'pending' GROUP BY receiver")
+        assert pending == [("slack", 5)]
+
+
+async def test_a_sink_that_raises_or_hangs_is_retried(tmp_path: Path) -> None:
+    async def hang() -> DeliveryResult:
+        await asyncio.sleep(10)
+        return DeliveryResult.ok()
+
+    class Unruly(ScriptedSink):
+        async def deliver(self, delivery: Delivery) -> DeliveryResult:
+            self.attempts.append((time.monotonic(), delivery))
+            if len(self.attempts) == 1:
+                raise ConnectionResetError("peer went away")
+            if len(self.attempts) == 2:
+                return await hang()
+            self.delivered.append(delivery)
+            return DeliveryResult.ok()
+
+    sink = Unruly("slack")
+    config = OutboxConfig(initial_backoff=0.01, max_backoff=0.02, give_up_after=60, attempt_timeout=0.2)
+    async with sqlite_store(tmp_path) as store:
+        await ingest_and_dedup(store, webhook(gpu_alerts(1)))
+        await route_all(store, ["slack"])
+        async with running_outbox(store, [sink], config) as (_outbox, metrics):
+            await eventually(lambda: query(store, "SELECT state, error FROM deliveries") == [("delivered", None)])
+            assert _metric(metrics, "gpu_alert_bot_deliveries_total", {"receiver": "slack", "result": "retry"}) == 2
+    assert sink.closed
+
+
+async def test_pending_deliveries_resume_after_a_restart(tmp_path: Path) -> None:
+    first = ScriptedSink("slack", lambda _d, _n: DeliveryResult.retry_later("http_503", "down", delay=0.05))
+    async with sqlite_store(tmp_path) as store:
+        await ingest_and_dedup(store, webhook(gpu_alerts(3)))
+        await route_all(store, ["slack"])
+        async with running_outbox(store, [first]):
+            await eventually(lambda: first.attempts)
+    second = ScriptedSink("slack")
+    async with sqlite_store(tmp_path) as store, running_outbox(store, [second]):
+        await eventually(lambda: len(second.delivered) == 3)
+        assert second.delivered[0].attempts >= 1  # the attempt made before the restart was persisted

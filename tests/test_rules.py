@@ -1,0 +1,152 @@
+"""The shipped Prometheus rules: valid for promtool, and firing exactly at the seed's thresholds after their real
+`for` (promtool simulates the time; fixtures in tests/fixtures/promtool/)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support.processes import REPO, find_binary
+
+RULES = REPO / "config" / "rules"
+PROMTOOL_FIXTURES = REPO / "tests" / "fixtures" / "promtool"
+SEED_GPU_RULES = {
+    "GPUTempCritical": ("DCGM_FI_DEV_GPU_TEMP > 87", "30s", "critical"),
+    "GPUThermalThrottling": ("rate(DCGM_FI_DEV_THERMAL_VIOLATION[5m]) > 0", "1m", "warning"),
+    "GPUECCUncorrectable": ("increase(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL[10m]) > 0", None, "critical"),
+    "GPUXIDError": ("increase(DCGM_FI_DEV_XID_ERRORS[5m]) > 0", None, "critical"),
+    "GPUPowerEnvelopeExceeded": ("DCGM_FI_DEV_POWER_USAGE > 590", "5m", "warning"),
+    "GPUIdleDuringWork": ("DCGM_FI_DEV_GPU_UTIL < 5 and DCGM_FI_DEV_FB_USED > 1024", "10m", "warning"),
+    "HostMemoryLow": ("(node_memory_MemAvailable_bytes / node_memory_MemTotal_bytes) < 0.05", "2m", "critical"),
+    "OOMKillerFired": ("increase(node_vmstat_oom_kill[5m]) > 0", None, "critical"),
+    "ContainerRestartLoop": ("container_start_time_seconds[15m]) > 3", "10m", "warning"),
+    "vLLMQueueBacklog": ("vllm:num_requests_waiting > 10", "5m", "warning"),
+    "vLLMHighLatency": (
+        "histogram_quantile(0.95, rate(vllm:e2e_request_latency_seconds_bucket[5m])) > 10",
+        "5m",
+        "warning",
+    ),
+}
+
+
+def promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [find_binary("promtool"), *args], capture_output=True, text=True, timeout=120, check=False, cwd=cwd
+    )
+
+
+def shipped_rules() -> list[dict[str, Any]]:
+    rules: list[dict[str, Any]] = []
+    for path in sorted(RULES.glob("*.yml")):
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            rules.extend(rule for rule in group["rules"] if "alert" in rule)
+    return rules
+
+
+def test_promtool_accepts_every_shipped_rule_file() -> None:
+    files = sorted(RULES.glob("*.yml"))
+    assert [f.name for f in files] == ["gpu-alerts.yml", "hardware-alerts.yml", "monitoring-alerts.yml"]
+    result = promtool("check", "rules", *map(str, files))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_seed_rules_keep_their_expressions_durations_and_severities() -> None:
+    by_name = {rule["alert"]: rule for rule in shipped_rules()}
+    for name, (expression, duration, severity) in SEED_GPU_RULES.items():
+        rule = by_name[name]
+        assert expression in " ".join(rule["expr"].split()), name
+        assert rule.get("for") == duration, name
+        assert rule["labels"]["severity"] == severity, name
+        assert rule["annotations"]["summary"], name
+        assert rule["annotations"]["description"], name
+
+
+def test_every_alert_rule_has_a_severity_and_a_summary() -> None:
+    for rule in shipped_rules():
+        assert rule["labels"]["severity"] in {"critical", "warning", "info", "none"}, rule["alert"]
+        assert rule["annotations"]["summary"], rule["alert"]
+
+
+def test_the_off_by_default_dcgm_counters_are_called_out() -> None:
+    text = (RULES / "gpu-alerts.yml").read_text()
+    for counter in ("DCGM_FI_DEV_THERMAL_VIOLATION", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"):
+        assert f"Needs {counter} enabled in dcgm-exporter's CSV" in text
+
+
+def _without_descriptions(source: Path, target: Path) -> None:
+    """promtool compares annotations exactly; the fixtures check summaries, so the long descriptions go."""
+    data = yaml.safe_load(source.read_text())
+    for group in data["groups"]:
+        for rule in group["rules"]:
+            rule.get("annotations", {}).pop("description", None)
+    target.write_text(yaml.safe_dump(data, allow_unicode=True))
+
+
+@pytest.mark.parametrize("fixture", sorted(p.name for p in PROMTOOL_FIXTURES.glob("*.test.yml")))
+def test_rules_fire_at_their_thresholds_after_their_for(fixture: str, tmp_path: Path) -> None:
+    test_file = yaml.safe_load((PROMTOOL_FIXTURES / fixture).read_text())
+    rule_files = []
+    for relative in test_file["rule_files"]:
+        source = (PROMTOOL_FIXTURES / relative).resolve()
+        assert source.parent == RULES, relative
+        _without_descriptions(source, tmp_path / source.name)
+        rule_files.append(source.name)
+    test_file["rule_files"] = rule_files
+    (tmp_path / fixture).write_text(yaml.safe_dump(test_file, allow_unicode=True))
+    result = promtool("test", "rules", fixture, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_each_gpu_rule_has_a_firing_and_a_non_firing_case() -> None:
+    tests = yaml.safe_load((PROMTOOL_FIXTURES / "gpu-alerts.test.yml").read_text())["tests"]
+    for name in SEED_GPU_RULES:
+        cases = [case for test in tests for case in test.get("alert_rule_test", []) if case["alertname"] == name]
+        assert any(case["exp_alerts"] for case in cases), name
+        assert any(not case["exp_alerts"] for case in cases), name
+
+
+def test_the_seeds_restart_loop_expression_could_never_fire(tmp_path: Path) -> None:
+    """Why ContainerRestartLoop counts changes(): rate() of a start timestamp stays near 1 however often the
+    container restarts. Here it restarts every 30 s for 20 minutes; the seed's expression stays silent."""
+    (tmp_path / "seed.yml").write_text(
+        yaml.safe_dump(
+            {
+                "groups": [
+                    {
+                        "name": "seed",
+                        "interval": "30s",
+                        "rules": [{"alert": "SeedRestartLoop", "expr": "rate(container_start_time_seconds[15m]) > 3"}],
+                    }
+                ]
+            }
+        )
+    )
+    starts = " ".join(str(1000 + (i // 2) * 30) for i in range(100))
+    (tmp_path / "seed.test.yml").write_text(
+        yaml.safe_dump(
+            {
+                "rule_files": ["seed.yml"],
+                "evaluation_interval": "30s",
+                "tests": [
+                    {
+                        "interval": "15s",
+                        "input_series": [{"series": 'container_start_time_seconds{name="vllm"}', "values": starts}],
+                        "alert_rule_test": [{"eval_time": "20m", "alertname": "SeedRestartLoop", "exp_alerts": []}],
+                        "promql_expr_test": [
+                            {
+                                "expr": "changes(container_start_time_seconds[15m])",
+                                "eval_time": "20m",
+                                "exp_samples": [{"labels": '{name="vllm"}', "value": 30}],
+                            }
+                        ],
+                    }
+                ],
+            }
+        )
+    )
+    result = promtool("test", "rules", "seed.test.yml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr

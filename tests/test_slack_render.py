@@ -1,0 +1,255 @@
+"""Slack rendering: what the message shows, and that no message content can break Block Kit's limits or
+inject mrkdwn (mentions, links) through label or annotation values."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from bot.message import ActionRef, Fact, Link, Message, Section
+from bot.render.slack import (
+    MAX_TOTAL_TEXT,
+    RelatedNote,
+    StormSummary,
+    repeat_note,
+    resolved_note,
+    shrink_for_slack,
+    slack_payload,
+    storm_batch_payload,
+    storm_line,
+    storm_summary_payload,
+)
+from tests.fakes.slack import block_kit_errors
+
+STARTED = datetime(2026, 11, 29, 13, 30, tzinfo=UTC)
+
+
+def message(**changes: Any) -> Message:
+    fields: dict[str, Any] = {
+        "alert_key": "3f2a@2026-11-29T13:30:00+00:00",
+        "fingerprint": "3f2a",
+        "group_key": "g",
+        "event": "firing",
+        "status": "firing",
+        "severity": "critical",
+        "title": "GPUXidError on k-ai-01 GPU 3",
+        "summary": "Xid 79 on GPU 3: fallen off the bus",
+        "host": "k-ai-01",
+        "gpu": "3",
+        "alertname": "GPUXidError",
+        "starts_at": STARTED,
+        "facts": [
+            Fact(label="Host", value="k-ai-01"),
+            Fact(label="GPU", value="3 · NVIDIA H100 80GB HBM3 · GPU-8c1e · 00000000:3B:00.0"),
+            Fact(label="Value", value="79"),
+            Fact(label="Started", value="2026-11-29 13:30:00 UTC"),
+        ],
+        "sections": [
+            Section(title="Evidence", lines=["NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus."]),
+            Section(title="Judgement", kind="judgement", lines=["Hardware fault: drain the node"]),
+            Section(title="Runbook", kind="steps", lines=["Drain the node", "Reset the GPU", "Open an RMA"]),
+            Section(title="Kernel log", kind="code", lines=["[12.3] NVRM: Xid 79", "[12.4] NVRM: GPU lost"]),
+        ],
+        "links": [
+            Link(text="Runbook", url="https://wiki.example.com/xid?code=79&gpu=3"),
+            Link(text="Grafana", url="http://grafana:3000/d/gpu?var-host=k-ai-01"),
+        ],
+        "actions": [ActionRef(name="silence_1h", label="Silence 1h"), ActionRef(name="reset_gpu", label="Reset GPU")],
+        "labels": {"alertname": "GPUXidError", "host": "k-ai-01", "gpu": "3", "severity": "critical"},
+    }
+    fields.update(changes)
+    return Message(**fields)
+
+
+def blocks(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(payload.get("blocks", [])) + [b for a in payload.get("attachments", []) for b in a["blocks"]]
+
+
+def texts(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        return [v for k, v in node.items() if k == "text" and isinstance(v, str)] + [
+            t for k, v in node.items() if k != "text" or not isinstance(v, str) for t in texts(v)
+        ]
+    if isinstance(node, list):
+        return [t for item in node for t in texts(item)]
+    return []
+
+
+def test_firing_message_shows_severity_facts_sections_links_and_buttons() -> None:
+    payload = slack_payload(message())
+    attachment = payload["attachments"][0]
+    assert attachment["color"] == "#D92D20"
+    assert payload["text"].startswith("🔴 [CRITICAL] GPUXidError on k-ai-01 GPU 3")
+    kinds = [b["type"] for b in attachment["blocks"]]
+    assert kinds[0] == "header" and "actions" in kinds
+    fields = next(b["fields"] for b in attachment["blocks"] if "fields" in b)
+    assert [f["text"].split("\n")[0] for f in fields] == ["*Host*", "*GPU*", "*Value*", "*Started*"]
+    body = [b["text"]["text"] for b in attachment["blocks"] if b["type"] == "section" and "text" in b]
+    # Judgement first, runbook as a numbered list, log lines in a code block.
+    assert body[1].startswith("*Judgement*")
+    assert "1. Drain the node\n2. Reset the GPU\n3. Open an RMA" in "\n".join(body)
+    assert "```\n[12.3] NVRM: Xid 79\n[12.4] NVRM: GPU lost\n```" in "\n".join(body)
+    links = "\n".join(texts(attachment["blocks"]))
+    assert "<https://wiki.example.com/xid?code=79&amp;gpu=3|Runbook>" in links
+    buttons = next(b for b in attachment["blocks"] if b["type"] == "actions")["elements"]
+    assert [(b["action_id"], b["value"]) for b in buttons] == [
+        ("silence_1h", message().alert_key),
+        ("reset_gpu", message().alert_key),
+    ]
+    assert block_kit_errors(payload) == []
+
+
+def test_resolved_message_is_green_and_says_how_long() -> None:
+    resolved = message(status="resolved", event="resolved", resolved_at=STARTED + timedelta(minutes=12), actions=[])
+    payload = slack_payload(resolved)
+    assert payload["attachments"][0]["color"] == "#12B76A"
+    assert payload["text"].startswith("✅ Resolved after 12 min")
+    assert "*Resolved after 12 min*" in "\n".join(texts(payload))
+    assert not [b for b in blocks(payload) if b["type"] == "actions"]
+
+
+def test_severity_colours_and_ack_state() -> None:
+    assert slack_payload(message(severity="warning"))["attachments"][0]["color"] == "#F79009"
+    assert slack_payload(message(severity="info"))["attachments"][0]["color"] == "#2E90FA"
+    acked = slack_payload(message(acked_by="alice"))
+    assert "acknowledged by *alice*" in "\n".join(texts(acked))
+
+
+def test_related_alerts_are_mentioned_on_the_root() -> None:
+    payload = slack_payload(message(), related=[RelatedNote("GPUTempHigh on k-ai-01 GPU 3", "resolved")])
+    assert "related in thread: GPUTempHigh on k-ai-01 GPU 3 (resolved)" in "\n".join(texts(payload))
+
+
+def test_compact_keeps_the_essentials_only() -> None:
+    full = "\n".join(texts(slack_payload(message())))
+    compact = "\n".join(texts(slack_payload(message(), compact=True)))
+    assert "Judgement" in compact and "Runbook" in full
+    assert "Reset the GPU" not in compact and "NVRM: GPU lost" not in compact
+
+
+def test_label_values_cannot_mention_or_link() -> None:
+    hostile = "<!channel> <@U123> <https://evil.example|click> & more"
+    payload = slack_payload(
+        message(
+            title=f"GPUXidError on {hostile}",
+            summary=hostile,
+            host=hostile,
+            facts=[Fact(label="Host", value=hostile)],
+            sections=[Section(title=hostile, kind="code", lines=[hostile])],
+            labels={"host": hostile},
+            links=[Link(text=hostile, url="javascript:alert(1)")],
+        )
+    )
+    rendered = "\n".join(texts(payload)) + payload["text"]
+    assert "<!channel>" not in rendered and "<@U123>" not in rendered and "<https://evil" not in rendered
+    assert "&lt;!channel&gt;" in rendered
+
+
+def test_log_lines_cannot_close_the_code_block() -> None:
+    payload = slack_payload(message(sections=[Section(title="Log", kind="code", lines=["a ``` *bold*", "b"])]))
+    code = next(t for t in texts(payload) if t.startswith("*Log*"))
+    assert code.count("```") == 2
+
+
+def test_thread_notes() -> None:
+    assert "still firing, seen 4 times" in repeat_note(message(times_seen=4), STARTED)["text"]
+    resolved = message(status="resolved", resolved_at=STARTED + timedelta(minutes=12))
+    assert "resolved after 12 min" in resolved_note(resolved)["text"]
+
+
+def test_storm_summary_and_batch_stay_within_limits() -> None:
+    summary = StormSummary(
+        started_at=STARTED,
+        last_new_at=STARTED + timedelta(seconds=9),
+        ended=False,
+        firing=480,
+        resolved=20,
+        by_name={"GPUTempHigh": 480, "GPUXidError": 20},
+        by_host={f"k-ai-{n:02d}": 8 for n in range(60)},
+        by_gpu={f"k-ai-{n:02d} GPU {g}": 1 for n in range(60) for g in range(8)},
+        by_severity={"critical": 500},
+        listed=120,
+    )
+    payload = storm_summary_payload(summary)
+    assert block_kit_errors(payload) == []
+    assert "500 alerts on 60 hosts" in payload["text"]
+    assert "and 20 more" in "\n".join(texts(payload))
+    lines = [storm_line(message(host=f"k-ai-{n:02d}", summary="x" * 500)) for n in range(60)]
+    batch = storm_batch_payload(lines, 41)
+    assert block_kit_errors(batch) == []
+    assert "41. 🔴 *GPUXidError* · `k-ai-00` GPU 3" in "\n".join(texts(batch))
+
+
+def test_shrunk_message_renders_the_same() -> None:
+    big = message(sections=[Section(title="Log", kind="code", lines=[f"line {n}" for n in range(5000)])])
+    small = shrink_for_slack(big.model_copy(update={"details": {"loki": {"entries": ["x"] * 5000}}}))
+    assert small.details == {}
+    assert len(small.model_dump_json()) < 20000
+    assert blocks(slack_payload(small))[:4] == blocks(slack_payload(big))[:4]
+
+
+# --- property: any content renders valid, escaped Block Kit ---------------------------------------------------
+_text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=4000)
+_short = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=300)
+_url = st.one_of(
+    st.builds(lambda path: f"https://grafana.example.com/{path}", _short), _short, st.just("https://x/" + "a" * 3100)
+)
+_section = st.builds(
+    Section,
+    title=_short,
+    kind=st.sampled_from(["text", "steps", "code", "judgement", "warning"]),
+    lines=st.lists(_text, max_size=60),
+)
+_messages = st.builds(
+    message,
+    title=_text,
+    summary=_text,
+    severity=st.sampled_from(["critical", "warning", "info", "", "weird"]),
+    status=st.sampled_from(["firing", "resolved"]),
+    times_seen=st.integers(1, 10**6),
+    acked_by=st.one_of(st.none(), _short),
+    facts=st.lists(st.builds(Fact, label=_short, value=_text), max_size=14),
+    sections=st.lists(_section, max_size=70),
+    links=st.lists(st.builds(Link, text=_short, url=_url), max_size=12),
+    actions=st.lists(
+        st.builds(ActionRef, name=_short, label=_short, safety=st.sampled_from(["safe", "guarded", "dangerous"])),
+        max_size=30,
+    ),
+    labels=st.dictionaries(_short, _text, max_size=40),
+)
+
+_MENTION = re.compile(r"<[!@#]")
+_HUGE = "<!here> & " + "ü😀" * 2500
+_HUGE_MESSAGE = message(
+    title=_HUGE,
+    summary=_HUGE,
+    acked_by=_HUGE,
+    facts=[Fact(label=_HUGE, value=_HUGE)] * 14,
+    sections=[Section(title=_HUGE, kind=kind, lines=[_HUGE] * 60) for kind in ("code", "steps", "text") * 25],
+    links=[Link(text=_HUGE, url="https://x.example/?q=" + "a&b|c>" * 400)] * 12,
+    actions=[ActionRef(name=f"a{n}" * 200, label=_HUGE, safety="dangerous") for n in range(30)],
+    labels={f"label{n}": _HUGE for n in range(40)},
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(_messages, st.booleans())
+@example(_HUGE_MESSAGE, False)
+@example(_HUGE_MESSAGE.model_copy(update={"status": "resolved"}), True)
+def test_any_message_renders_valid_escaped_block_kit(msg: Message, compact: bool) -> None:
+    related = [RelatedNote(msg.title, "firing")] * 7
+    payload = slack_payload(msg, compact=compact, related=related)
+    assert block_kit_errors(payload) == []
+    assert sum(len(t) for t in texts(blocks(payload))) <= MAX_TOTAL_TEXT
+    allowed_links = {link.url for link in msg.links}
+    for text in [*texts(blocks(payload)), payload["text"]]:
+        assert not _MENTION.search(text)
+        for target in re.findall(r"<([^>|]*)\|", text):
+            # Every link is one of the message's own http(s) links, escaped for mrkdwn.
+            unescaped = target.replace("&amp;", "&").replace("%7C", "|").replace("%3C", "<").replace("%3E", ">")
+            assert unescaped in allowed_links and target.startswith(("http://", "https://"))
+        assert "<" not in re.sub(r"<https?://[^>|]*\|[^>]*>", "", text)

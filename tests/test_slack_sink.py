@@ -1,0 +1,390 @@
+"""The Slack sink against the fake Slack Web API, on a real SQLite store: conversation, errors, exactly once."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot.config import SlackReceiver
+from bot.message import Fact, Link, Message
+from bot.metrics import Metrics
+from bot.models import Delivery
+from bot.sinks.base import DeliveryResult
+from bot.sinks.slack import SlackSink
+from bot.store.sqlite import SqliteStore
+from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack
+from tests.support.bot import eventually
+from tests.support.store import sqlite_store
+
+STARTED = datetime(2026, 11, 29, 13, 30, tzinfo=UTC)
+_ids = itertools.count(1)
+
+SinkFactory = Callable[..., SlackSink]
+
+
+def alert(n: int = 1, event: str = "firing", **changes: Any) -> Message:
+    status = "resolved" if event == "resolved" else "firing"
+    fields: dict[str, Any] = {
+        "alert_key": f"fp{n:04d}@2026-11-29T13:30:00+00:00",
+        "fingerprint": f"fp{n:04d}",
+        "group_key": "g",
+        "event": event,
+        "status": status,
+        "severity": "critical",
+        "title": f"GPUTempHigh on k-ai-{n:02d} GPU {n % 8}",
+        "summary": f"GPU {n % 8} at 92 °C",
+        "host": f"k-ai-{n:02d}",
+        "gpu": str(n % 8),
+        "alertname": "GPUTempHigh",
+        "starts_at": STARTED,
+        "resolved_at": STARTED + timedelta(minutes=12) if status == "resolved" else None,
+        "facts": [Fact(label="Host", value=f"k-ai-{n:02d}")],
+        "links": [Link(text="Runbook", url="https://wiki.example.com/gpu-temp")],
+    }
+    fields.update(changes)
+    return Message(**fields)
+
+
+def delivery(message: Message) -> Delivery:
+    number = next(_ids)
+    return Delivery(
+        id=number,
+        event_id=number,
+        alert_key=message.alert_key,
+        receiver="slack",
+        message=message,
+        attempts=0,
+        created_at=datetime.now(UTC),
+    )
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeSlack]:
+    async with FakeSlack() as slack:
+        yield slack
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    async with sqlite_store(tmp_path) as opened:
+        yield opened
+
+
+@pytest.fixture
+async def make_sink(tmp_path: Path, fake: FakeSlack, store: SqliteStore) -> AsyncIterator[SinkFactory]:
+    (tmp_path / "slack_token").write_text(DEFAULT_TOKEN + "\n")
+    sinks: list[SlackSink] = []
+
+    def make(metrics: Metrics | None = None, **options: Any) -> SlackSink:
+        config = {
+            "type": "slack",
+            "name": "slack",
+            "channel": "#gpu-alerts",
+            "token_file": "slack_token",
+            "api_url": fake.api_url,
+            "timeout": 2,
+            "messages_per_second": 50,
+            **options,
+        }
+        receiver = SlackReceiver.model_validate(config, context={"base_dir": tmp_path})
+        sink = SlackSink(receiver, store, metrics or Metrics())
+        sinks.append(sink)
+        return sink
+
+    yield make
+    for sink in sinks:
+        await sink.close()
+
+
+async def test_firing_repeat_resolve_is_one_message_updated_in_place(fake: FakeSlack, make_sink: SinkFactory) -> None:
+    sink = make_sink()
+    assert await sink.deliver(delivery(alert(1))) == DeliveryResult.ok()
+    assert await sink.deliver(delivery(alert(1, "repeat", times_seen=3))) == DeliveryResult.ok()
+    assert await sink.deliver(delivery(alert(1, "resolved"))) == DeliveryResult.ok()
+
+    [root] = fake.top_level()
+    assert root.colour == "#12B76A" and root.text.startswith("✅ Resolved after 12 min")
+    assert len(root.versions) == 1 and root.versions[0]["attachments"][0]["color"] == "#D92D20"
+    replies = fake.replies(root)
+    assert "still firing, seen 3 times" in replies[0].text
+    assert "resolved after 12 min" in replies[1].text
+    assert root.metadata is not None and root.metadata["event_payload"]["alert_key"] == alert(1).alert_key
+    assert [c.method for c in fake.calls] == ["chat.postMessage"] * 2 + ["chat.update", "chat.postMessage"]
+
+
+async def test_same_delivery_twice_posts_once(fake: FakeSlack, make_sink: SinkFactory) -> None:
+    sink = make_sink()
+    message = alert(1)
+    await sink.deliver(delivery(message))
+    await sink.deliver(delivery(message))
+    await sink.deliver(delivery(alert(1, "repeat", times_seen=2)))
+    await sink.deliver(delivery(alert(1, "repeat", times_seen=2)))
+    assert len(fake.top_level()) == 1 and len(fake.replies(fake.top_level()[0])) == 1
+
+
+async def test_ack_updates_the_message_and_tells_the_thread(fake: FakeSlack, make_sink: SinkFactory) -> None:
+    sink = make_sink()
+    await sink.deliver(delivery(alert(1)))
+    await sink.deliver(delivery(alert(1, "ack", acked_by="alice")))
+    [root] = fake.top_level()
+    assert "acknowledged by *alice*" in root.rendered_text()
+    assert "acknowledged by *alice*" in fake.replies(root)[0].text
+
+
+async def test_related_alert_goes_into_the_earlier_alerts_thread(fake: FakeSlack, make_sink: SinkFactory) -> None:
+    sink = make_sink()
+    await sink.deliver(delivery(alert(1, title="GPUXidError on k-ai-01 GPU 1")))
+    related = alert(2, title="GPUTempHigh on k-ai-01 GPU 1", related_to=alert(1).alert_key)
+    await sink.deliver(delivery(related))
+    await sink.deliver(delivery(alert(2, "resolved", title=related.title, related_to=related.related_to)))
+
+    [root] = fake.top_level()
+    [reply] = fake.replies(root)
+    assert reply.text.startswith("✅ Resolved after 12 min: GPUTempHigh")  # the reply itself was updated
+    assert "related in thread: GPUTempHigh on k-ai-01 GPU 1 (resolved)" in root.rendered_text()
+    assert "GPUXidError on k-ai-01 GPU 1" in root.text
+
+
+async def test_429_is_waited_out_and_delivered_once(fake: FakeSlack, make_sink: SinkFactory) -> None:
+    fake.fail_next("chat.postMessage", status=429, retry_after=1)
+    assert await make_sink().deliver(delivery(alert(1))) == DeliveryResult.ok()
+    assert [c.status for c in fake.calls_of("chat.postMessage")] == [429, 200]
+    assert len(fake.top_level()) == 1
+
+
+async def test_a_long_retry_after_is_handed_to_the_outbox(fake: FakeSlack, make_sink: SinkFactory) -> None:
+    fake.fail_next("chat.postMessage", status=429, retry_after=45)
+    result = await make_sink().deliver(delivery(alert(1)))
+    assert (result.retry, result.reason, result.delay) == (True, "ratelimited", 45.0)
+    assert fake.top_level() == []
+
+
+@pytest.mark.parametrize(
+    ("error", "channel"),
+    [
+        ("channel_not_found", "#nowhere"),
+        ("not_in_channel", None),
+        ("is_archived", None),
+        ("invalid_auth", None),
+        ("token_revoked", None),
+        ("invalid_blocks", None),
+        ("msg_too_long", None),
+    ],
+)
+async def test_permanent_slack_errors_fail_for_good(
+    fake: FakeSlack, make_sink: SinkFactory, error: str, channel: str | None
+) -> None:
+    if channel is None:
+        fake.fail_next("chat.postMessage", error=error)
+    sink = make_sink(channel=channel or "#gpu-alerts")
+    result = await sink.deliver(delivery(alert(1)))
+    assert (result.delivered, result.retry, result.reason) == (False, False, error)
+    assert error in result.detail
+    # A later event of the same alert is not lost: it posts the message that could not be posted.
+    if channel is None:
+        assert await sink.deliver(delivery(alert(1, "resolved"))) == DeliveryResult.ok()
+        assert len(fake.top_level()) == 1
+
+
+async def test_wrong_token_is_invalid_auth(fake: FakeSlack, make_sink: SinkFactory) -> None:
+    fake.token = "xoxb-another-token"
+    result = await make_sink().deliver(delivery(alert(1)))
+    assert (result.retry, result.reason) == (False, "invalid_auth")
+
+
+@pytest.mark.parametrize(
+    ("script", "reason"),
+    [
+        ({"status": 503}, "http_503"),
+        ({"status": 502, "body": "<html>bad gateway</html>", "content_type": "text/html"}, "http_502"),
+        ({"error": "internal_error"}, "internal_error"),
+        ({"error": "service_unavailable"}, "service_unavailable"),
+        ({"status": 429, "retry_after": 0, "times": 3}, "ratelimited"),
+    ],
+)
+async def test_transient_answers_are_retried_later(
+    fake: FakeSlack, make_sink: SinkFactory, script: dict[str, Any], reason: str
+) -> None:
+    fake.fail_next("chat.postMessage", **script)
+    result = await make_sink().deliver(delivery(alert(1)))
+    assert (result.delivered, result.retry, result.reason) == (False, True, reason)
+
+
+async def test_slack_down_is_retried_later_then_posted_once(fake: FakeSlack, make_sink: SinkFactory) -> None:
+    sink = make_sink()
+    await fake.go_down()
+    result = await sink.deliver(delivery(alert(1)))
+    assert (result.retry, result.reason) == (True, "connection_refused")
+    await fake.come_back()
+    assert await sink.deliver(delivery(alert(1))) == DeliveryResult.ok()
+    assert len(fake.top_level()) == 1
+
+
+async def test_a_lost_answer_is_found_again_not_posted_twice(
+    fake: FakeSlack, make_sink: SinkFactory, store: SqliteStore
+) -> None:
+    sink = make_sink()
+    await sink.deliver(delivery(alert(1)))  # the channel ID is known from here on
+    fake.lose_answer("chat.postMessage")
+    result = await sink.deliver(delivery(alert(2)))
+    assert (result.retry, result.reason) == (True, "connection_lost")
+    assert len(fake.top_level()) == 2  # Slack did post it
+    # A new process (same store) retries the delivery: it finds the post by its metadata nonce.
+    restarted = make_sink()
+    assert await restarted.deliver(delivery(alert(2))) == DeliveryResult.ok()
+    assert len(fake.top_level()) == 2
+    assert fake.calls_of("conversations.history")[0].args["include_all_metadata"] in ("1", "true", True)
+    await restarted.deliver(delivery(alert(2, "resolved")))
+    assert fake.top_level()[1].colour == "#12B76A"
+
+
+async def test_lost_answer_in_a_thread_is_found_again(fake: FakeSlack, make_sink: SinkFactory) -> None:
+    sink = make_sink()
+    await sink.deliver(delivery(alert(1)))
+    fake.lose_answer("chat.postMessage")
+    related = alert(2, related_to=alert(1).alert_key)
+    assert (await sink.deliver(delivery(related))).reason == "connection_lost"
+    assert await sink.deliver(delivery(related)) == DeliveryResult.ok()
+    assert len(fake.replies(fake.top_level()[0])) == 1
+    assert fake.calls_of("conversations.replies")
+
+
+async def test_without_history_access_a_lost_answer_is_posted_again(fake: FakeSlack, make_sink: SinkFactory) -> None:
+    sink = make_sink()
+    await sink.deliver(delivery(alert(1)))
+    fake.lose_answer("chat.postMessage")
+    await sink.deliver(delivery(alert(2)))
+    fake.fail_next("conversations.history", error="missing_scope")
+    assert await sink.deliver(delivery(alert(2))) == DeliveryResult.ok()
+    assert len(fake.top_level()) == 3  # the documented limit: at least once rather than never
+
+
+async def test_an_update_never_becomes_a_new_message(fake: FakeSlack, make_sink: SinkFactory) -> None:
+    sink = make_sink()
+    await sink.deliver(delivery(alert(1)))
+    fake.fail_next("chat.update", error="message_not_found")
+    result = await sink.deliver(delivery(alert(1, "resolved")))
+    assert (result.retry, result.reason) == (False, "message_not_found")
+    assert len(fake.top_level()) == 1
+
+
+async def test_posts_are_paced_per_channel(fake: FakeSlack, make_sink: SinkFactory) -> None:
+    rate = 10.0
+    fake.enforce_rate(rate)
+    sink = make_sink(messages_per_second=rate, storm_threshold=100)
+    for n in range(8):
+        assert await sink.deliver(delivery(alert(n))) == DeliveryResult.ok()
+    times = fake.post_times()
+    # A token bucket with a burst of one: n posts span at least (n - 1) / rate, give or take 50 ms of
+    # difference in how long two requests took to reach the fake.
+    for (i, first), (j, last) in itertools.combinations(enumerate(times), 2):
+        assert last - first >= (j - i) / rate - 0.05
+    assert len(times) == 8 and fake.rate_limited == 0
+
+
+async def test_hostile_label_values_are_escaped_in_slack(fake: FakeSlack, make_sink: SinkFactory) -> None:
+    await make_sink().deliver(delivery(alert(1, summary="<!channel> please look", host="<@U0BOSS>")))
+    text = fake.top_level()[0].rendered_text()
+    assert "<!channel>" not in text and "<@U0BOSS>" not in text and "&lt;!channel&gt;" in text
+
+
+async def test_the_fake_answers_other_methods_like_slack(fake: FakeSlack) -> None:
+    client = AsyncWebClient(token=DEFAULT_TOKEN, base_url=fake.api_url)
+    assert (await client.auth_test())["user_id"] == "U0FAKEBOT"
+    ephemeral = await client.chat_postEphemeral(channel="#gpu-alerts", user="U0ALICE", text="only you")
+    with pytest.raises(SlackApiError) as raised:
+        await client.chat_update(channel="C0GPUALERTS", ts=ephemeral["message_ts"], text="edit")
+    assert raised.value.response["error"] == "message_not_found"
+    with pytest.raises(SlackApiError) as raised:
+        await client.chat_postMessage(channel="#gpu-alerts", text="x", blocks=[{"type": "section"}])
+    assert raised.value.response["error"] == "invalid_blocks"
+    assert fake.messages == []
+
+
+# --- storms, at the sink level -----------------------------------------------------------------------------------
+async def test_storm_one_summary_every_alert_in_its_thread(fake: FakeSlack, make_sink: SinkFactory) -> None:
+    sink = make_sink(storm_threshold=3, storm_window=30)
+    for n in range(1, 61):
+        assert await sink.deliver(delivery(alert(n))) == DeliveryResult.ok()
+
+    def storm_lines() -> list[str]:
+        summary = next(m for m in fake.top_level() if "Alert storm" in m.text)
+        return [line for reply in fake.replies(summary) for line in reply.rendered_text().splitlines()]
+
+    lines = await eventually(lambda: len(storm_lines()) >= 60 and storm_lines(), timeout=15)
+    assert len(fake.top_level()) == 4  # three alerts before the storm, then one summary
+    for n in range(1, 61):
+        assert sum(f"`k-ai-{n:02d}` GPU {n % 8}" in line for line in lines) == 1
+    assert len(fake.replies(fake.top_level()[3])) <= 3  # batched: many alerts per reply
+
+    for n in range(1, 11):
+        await sink.deliver(delivery(alert(n, "resolved")))
+    await sink.deliver(delivery(alert(5, "repeat", times_seen=2)))
+    summary = fake.top_level()[3]
+    await eventually(lambda: "*Resolved*\n10" in summary.rendered_text(), timeout=15)
+    assert "*Firing*\n50" in summary.rendered_text()
+    assert fake.top_level()[0].colour == "#12B76A"  # an alert posted before the storm is still updated in place
+    assert len(fake.top_level()) == 4
+
+
+async def test_storm_ends_after_a_quiet_window(fake: FakeSlack, make_sink: SinkFactory) -> None:
+    sink = make_sink(storm_threshold=2, storm_window=1)
+    for n in range(1, 6):
+        await sink.deliver(delivery(alert(n)))
+    summary = await eventually(lambda: next((m for m in fake.top_level() if "Alert storm" in m.text), None))
+    await eventually(lambda: "Alert storm over" in summary.text, timeout=10)
+    await sink.deliver(delivery(alert(6)))
+    assert fake.top_level()[-1].text.startswith("🔴 [CRITICAL] GPUTempHigh on k-ai-06")
+
+
+async def test_storm_survives_a_restart_without_losing_or_repeating_lines(
+    fake: FakeSlack, make_sink: SinkFactory
+) -> None:
+    sink = make_sink(storm_threshold=2, storm_window=30)
+    for n in range(1, 4):
+        await sink.deliver(delivery(alert(n)))
+    summary = await eventually(lambda: next((m for m in fake.top_level() if "Alert storm" in m.text), None))
+    await eventually(lambda: fake.replies(summary), timeout=10)
+    await fake.go_down()
+    for n in range(4, 41):
+        assert await sink.deliver(delivery(alert(n))) == DeliveryResult.ok()
+    await sink.close()  # the process stops with 37 lines not yet in Slack
+
+    await fake.come_back()
+    restarted = make_sink(storm_threshold=2, storm_window=30)
+    fake.lose_answer("chat.postMessage")  # and the first batch after the restart loses its answer
+
+    def lines() -> list[str]:
+        return [
+            line for reply in fake.replies(summary) for line in reply.rendered_text().splitlines() if "`k-ai-" in line
+        ]
+
+    await eventually(lambda: len(lines()) >= 40, timeout=20)
+    await restarted.deliver(delivery(alert(41)))
+    await eventually(lambda: len(lines()) >= 41, timeout=20)
+    for n in range(1, 42):
+        assert sum(f"`k-ai-{n:02d}` GPU" in line for line in lines()) == 1, n
+    assert len(fake.top_level()) == 3
+    assert any("lost" in str(call.answer) for call in fake.calls_of("chat.postMessage"))
+    assert fake.calls_of("conversations.replies")  # the batch in doubt was looked up, not sent twice
+
+
+async def test_storm_that_cannot_post_is_counted_as_failed(fake: FakeSlack, make_sink: SinkFactory) -> None:
+    metrics = Metrics()
+    sink = make_sink(metrics, storm_threshold=1, storm_window=30)
+    await sink.deliver(delivery(alert(1)))
+    fake.channels.clear()  # the channel was deleted
+    for n in range(2, 6):
+        await sink.deliver(delivery(alert(n)))
+    labels = {"receiver": "slack", "reason": "channel_not_found"}
+    value = await eventually(
+        lambda: metrics.registry.get_sample_value("gpu_alert_bot_delivery_failures_total", labels), timeout=10
+    )
+    assert value == 5

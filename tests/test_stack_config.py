@@ -1,0 +1,192 @@
+"""The stack's configuration: Alertmanager (checked by amtool 0.25 and run for real), Prometheus (promtool), the
+management-VM docker-compose file and the bot's configuration inside it."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import subprocess
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from bot.cli import listen_host
+from bot.config import load_config
+from bot.playbooks import PlaybookSet
+from tests.support.bot import eventually, running_bot
+from tests.support.processes import REPO, Alertmanager, find_binary
+
+CONFIG = REPO / "config"
+ALERTMANAGER = CONFIG / "alertmanager.example.yml"
+PROMETHEUS = CONFIG / "prometheus.yml"
+COMPOSE = CONFIG / "docker-compose.yml"
+BOT_IN_COMPOSE = CONFIG / "bot.compose.yaml"
+SEED_JOBS = {
+    "dcgm": ["k-ai-01.lan:9400", "k-ai-02.lan:9400"],
+    "node": ["k-ai-01.lan:9100", "k-ai-02.lan:9100"],
+    "ipmi": ["k-ai-01.lan:9290", "k-ai-02.lan:9290"],
+    "smart": ["k-ai-01.lan:9633", "k-ai-02.lan:9633"],
+    "vllm": ["k-ai-01.lan:8000"],
+}
+SECRET_WORDS = re.compile(r"PASSWORD|TOKEN|SECRET|API_KEY|ROUTING_KEY", re.IGNORECASE)
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(args), capture_output=True, text=True, timeout=60, check=False)
+
+
+def load(path: Path) -> Any:
+    return yaml.safe_load(path.read_text())
+
+
+# --- Alertmanager -----------------------------------------------------------------------------------
+def test_amtool_accepts_the_alertmanager_example() -> None:
+    result = run(find_binary("amtool"), "check-config", str(ALERTMANAGER))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+def test_everything_goes_to_the_bot_with_resolutions_and_a_bearer_token_file() -> None:
+    config = load(ALERTMANAGER)
+    assert config["route"]["receiver"] == "gpu-alert-bot"
+    assert {r["receiver"] for r in config["route"]["routes"]} == {"gpu-alert-bot"}
+    [receiver] = config["receivers"]
+    [webhook] = receiver["webhook_configs"]
+    assert webhook["url"] == "http://gpu-alert-bot:9095/alertmanager"
+    assert webhook["send_resolved"] is True
+    assert "timeout" not in webhook  # Alertmanager 0.25 rejects it
+    assert webhook["http_config"]["authorization"] == {
+        "type": "Bearer",
+        "credentials_file": "/run/secrets/webhook_token",
+    }
+    bot = load(BOT_IN_COMPOSE)
+    assert bot["server"]["auth"]["bearer_token_file"] == "/run/secrets/webhook_token"
+
+
+def routes_for(*labels: str) -> str:
+    result = run(find_binary("amtool"), "config", "routes", "test", f"--config.file={ALERTMANAGER}", "--tree", *labels)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def test_the_watchdog_has_its_own_route_with_a_short_repeat_interval() -> None:
+    assert '{alertname="Watchdog"}  receiver: gpu-alert-bot' in routes_for("alertname=Watchdog")
+    assert "default-route  receiver: gpu-alert-bot" in routes_for("alertname=GPUTempCritical", "severity=critical")
+    [watchdog] = [r for r in load(ALERTMANAGER)["route"]["routes"] if r["matchers"] == ['alertname="Watchdog"']]
+    assert watchdog["repeat_interval"] == "1m"
+    assert load(ALERTMANAGER)["route"]["repeat_interval"] == "4h"
+
+
+@pytest.mark.realstack
+async def test_the_example_alertmanager_delivers_to_the_bot_with_its_token(tmp_path: Path) -> None:
+    """The shipped file as it is, with only the bot's address and the token file's path changed."""
+    token = tmp_path / "webhook_token"
+    token.write_text("a-token-only-alertmanager-and-the-bot-know\n")
+    async with running_bot(tmp_path, {"server": {"auth": {"bearer_token_file": str(token)}}}) as bot:
+        config = load(ALERTMANAGER)
+        webhook = config["receivers"][0]["webhook_configs"][0]
+        webhook["url"] = bot.webhook_url
+        webhook["http_config"]["authorization"]["credentials_file"] = str(token)
+        config["route"]["group_wait"] = "0s"
+        am = Alertmanager(tmp_path / "am", config)
+        try:
+            am.amtool("alert", "add", "Watchdog", "severity=none", f"--start={datetime.now(UTC).isoformat()}")
+            events = await eventually(lambda: bot.console_events(), timeout=20)
+            assert events[0]["alertname"] == "Watchdog"
+            assert bot.metric("gpu_alert_bot_notifications_received_total") >= 1
+        finally:
+            am.stop()
+
+
+# --- Prometheus -------------------------------------------------------------------------------------
+def test_promtool_accepts_the_prometheus_config_with_the_shipped_rules(tmp_path: Path) -> None:
+    config = load(PROMETHEUS)
+    assert config["rule_files"] == ["/etc/prometheus/rules/*.yml"]
+    config["rule_files"] = [str(CONFIG / "rules" / "*.yml")]
+    path = tmp_path / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config))
+    result = run(find_binary("promtool"), "check", "config", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "3 rule files found" in result.stdout
+
+
+def test_prometheus_keeps_the_seeds_scrape_config_and_labels_every_gpu_server_series_with_its_host() -> None:
+    config = load(PROMETHEUS)
+    assert config["global"] == {"scrape_interval": "15s", "evaluation_interval": "15s"}
+    assert config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["alertmanager:9093"]
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    for name, targets in SEED_JOBS.items():
+        assert jobs[name]["static_configs"][0]["targets"] == targets
+    for name in [*SEED_JOBS, "cadvisor"]:
+        [relabel] = jobs[name]["relabel_configs"]
+        assert relabel["target_label"] == "host"
+        prometheus_anchored = re.compile(f"^(?:{relabel['regex']})$")
+        match = prometheus_anchored.match("k-ai-01.lan:9400")
+        assert match is not None and match.group(1) == "k-ai-01.lan"
+    assert "mgmt-node" in jobs  # PrometheusDiskFilling watches the monitoring VM's own disk
+
+
+# --- docker compose ---------------------------------------------------------------------------------
+def test_compose_adds_the_bot_to_the_seeds_management_stack() -> None:
+    services = load(COMPOSE)["services"]
+    assert {"prometheus", "grafana", "alertmanager", "loki", "gpu-alert-bot"} <= set(services)
+    prometheus = services["prometheus"]
+    assert "--storage.tsdb.retention.time=30d" in prometheus["command"]
+    assert "--storage.tsdb.retention.size=20GB" in prometheus["command"]
+    assert "./prometheus.yml:/etc/prometheus/prometheus.yml:ro" in prometheus["volumes"]
+    assert "./rules:/etc/prometheus/rules:ro" in prometheus["volumes"]
+    assert "./alertmanager.example.yml:/etc/alertmanager/alertmanager.yml:ro" in services["alertmanager"]["volumes"]
+    assert "webhook_token" in services["alertmanager"]["secrets"]
+
+
+def test_compose_passes_secrets_as_files_never_as_environment_values() -> None:
+    compose = load(COMPOSE)
+    for name, service in compose["services"].items():
+        for entry in service.get("environment", []):
+            key, _, value = entry.partition("=")
+            if SECRET_WORDS.search(key):
+                assert key.endswith("__FILE") and value.startswith("/run/secrets/"), f"{name}: {entry}"
+    for secret in compose["secrets"].values():
+        assert set(secret) == {"file"} and secret["file"].startswith("./secrets/")
+    readme = (CONFIG / "secrets" / "README.md").read_text()
+    for secret in compose["secrets"].values():
+        assert Path(secret["file"]).name in readme
+    ignored = (CONFIG / "secrets" / ".gitignore").read_text().split()
+    assert ignored == ["*", "!.gitignore", "!README.md"]  # a secret file created there is never committed
+
+
+def test_the_bot_service_mounts_its_config_read_only_keeps_its_store_in_a_volume_and_has_a_healthcheck() -> None:
+    compose = load(COMPOSE)
+    bot = compose["services"]["gpu-alert-bot"]
+    assert "environment" not in bot
+    assert bot["secrets"] == ["webhook_token"]
+    volumes = {v.split(":")[1]: v for v in bot["volumes"]}
+    config_target = bot["command"][bot["command"].index("--config") + 1]
+    assert volumes[config_target] == f"./bot.compose.yaml:{config_target}:ro"
+    store_dir = str(Path(load(BOT_IN_COMPOSE)["store"]["path"]).parent)
+    volume_name = volumes[store_dir].split(":")[0]
+    assert volume_name in compose["volumes"]
+    playbooks_dir = load(BOT_IN_COMPOSE)["playbooks"]["dir"]
+    assert volumes[playbooks_dir] == f"../playbooks:{playbooks_dir}:ro"
+    assert "/readyz" in " ".join(bot["healthcheck"]["test"])
+    for source in ("./prometheus.yml", "./rules", "./alertmanager.example.yml", "./bot.compose.yaml", "../playbooks"):
+        assert (CONFIG / source).exists(), source
+
+
+def test_the_bots_compose_config_is_valid_and_listens_beyond_loopback_only_with_a_token(tmp_path: Path) -> None:
+    token = tmp_path / "webhook_token"
+    token.write_text("t0k3n\n")
+    text = BOT_IN_COMPOSE.read_text()
+    text = text.replace("/run/secrets/webhook_token", str(token))
+    text = text.replace("/var/lib/gpu-alert-bot", str(tmp_path))
+    text = text.replace("/etc/gpu-alert-bot/playbooks", str(REPO / "playbooks"))
+    path = tmp_path / "bot.yaml"
+    path.write_text(text)
+    config = load_config(path)
+    assert config.server.auth.enabled
+    assert ipaddress.ip_address(listen_host(config)).is_unspecified
+    assert config.enrichment.prometheus is not None and config.enrichment.loki is not None
+    PlaybookSet.load(config.playbooks.dir, config.playbooks.vars)

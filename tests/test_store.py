@@ -1,0 +1,223 @@
+"""The SQLite store: durable group-committed ingest, leases, outbox order, health probe, single-process lock."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.dedup import plan_events
+from bot.models import GpuEvent, NewDelivery
+from bot.store.base import StoreUnavailable
+from bot.store.sqlite import SqliteStore, StoreInUse
+from tests.support.payloads import STARTED, am_alert, distinct_webhooks, gpu_alerts, webhook
+from tests.support.store import count, incoming, ingest, ingest_and_dedup, message, query, route_all, sqlite_store
+
+
+async def test_an_acknowledged_notification_survives_a_reopen(tmp_path: Path) -> None:
+    async with sqlite_store(tmp_path) as store:
+        result = await ingest(store, webhook(gpu_alerts(3)))
+        assert result.accepted and not result.duplicate and result.notification_id == 1
+    async with sqlite_store(tmp_path) as store:
+        assert (await store.stats()).notifications_pending == 1
+        assert await store.dedup_pending(plan_events, 10) == 1
+        assert (await store.stats()).events_pending == 3
+
+
+async def test_concurrent_ingests_share_commits_and_copies_in_one_batch_are_caught(tmp_path: Path) -> None:
+    async with sqlite_store(tmp_path) as store:
+        payloads = list(distinct_webhooks(200, 2))
+        copies = [payloads[0]] * 5
+        results = await asyncio.gather(*(store.ingest(incoming(p)) for p in payloads + copies))
+        assert sum(not r.duplicate for r in results) == 200
+        assert sum(r.duplicate for r in results) == 5
+        ids = [r.notification_id for r in results if not r.duplicate]
+        assert len(set(ids)) == 200
+        assert count(store, "SELECT COUNT(*) FROM notifications") == 200
+
+
+async def test_events_are_leased_and_a_lease_expires(tmp_path: Path) -> None:
+    async with sqlite_store(tmp_path) as store:
+        await ingest_and_dedup(store, webhook(gpu_alerts(2)))
+        first = await store.claim_events(10, lease_seconds=0.2)
+        assert [e.attempts for e in first] == [1, 1]
+        assert await store.claim_events(10, lease_seconds=0.2) == []
+        await asyncio.sleep(0.25)
+        again = await store.claim_events(10, lease_seconds=60)
+        assert [e.id for e in again] == [e.id for e in first]
+        assert [e.attempts for e in again] == [2, 2]
+
+
+async def test_leases_of_a_dead_process_are_void_on_open(tmp_path: Path) -> None:
+    async with sqlite_store(tmp_path) as store:
+        await ingest_and_dedup(store, webhook(gpu_alerts(2)))
+        assert len(await store.claim_events(10, lease_seconds=3600)) == 2
+    async with sqlite_store(tmp_path) as store:
+        resumed = await store.claim_events(10, lease_seconds=60)
+        assert len(resumed) == 2
+
+
+async def test_routing_is_done_once_even_if_attempted_twice(tmp_path: Path) -> None:
+    async with sqlite_store(tmp_path) as store:
+        await ingest_and_dedup(store, webhook(gpu_alerts(1)))
+        [event] = await store.claim_events(10, 60)
+        deliveries = [NewDelivery(receiver="console", message=message(event.alert.key))]
+        await store.route_event(event.id, {"sections": []}, deliveries)
+        await store.route_event(event.id, {"sections": [{"x": 1}]}, deliveries)
+        assert count(store, "SELECT COUNT(*) FROM deliveries") == 1
+        assert (await store.alert_events(event.alert.key))[0].state == "routed"
+        alert = await store.get_alert(event.alert.key)
+        assert alert is not None and alert.enrichment == {"sections": []}
+
+
+async def test_a_failed_event_is_retried_later_or_set_aside(tmp_path: Path) -> None:
+    async with sqlite_store(tmp_path) as store:
+        await ingest_and_dedup(store, webhook(gpu_alerts(2)))
+        retry, give_up = await store.claim_events(10, 60)
+        await store.fail_event(retry.id, "boom", retry_in=0.1)
+        await store.fail_event(give_up.id, "boom for good", retry_in=None)
+        assert await store.claim_events(10, 60) == []
+        await asyncio.sleep(0.15)
+        assert [e.id for e in await store.claim_events(10, 60)] == [retry.id]
+        [record] = await store.alert_events(give_up.alert.key)
+        assert (record.state, record.error) == ("failed", "boom for good")
+        assert (await store.stats()).events_failed == 1
+
+
+async def test_an_update_never_overtakes_the_pending_post_of_the_same_alert(tmp_path: Path) -> None:
+    async with sqlite_store(tmp_path) as store:
+        await ingest_and_dedup(store, webhook([am_alert(gpu="0"), am_alert(gpu="1")]))
+        await route_all(store, ["slack"])
+        await ingest_and_dedup(store, webhook([am_alert(gpu="0", status="resolved"), am_alert(gpu="1")]))
+        await route_all(store, ["slack"])
+        due = await store.due_deliveries("slack", 10)
+        assert [d.message.event for d in due] == ["firing", "firing"]  # the resolve of gpu 0 waits
+        post_gpu0 = due[0]
+        await store.delivery_retry(post_gpu0.id, "http_503: down", datetime.now(UTC) + timedelta(hours=1))
+        await store.delivery_succeeded(due[1].id)
+        assert await store.due_deliveries("slack", 10) == []  # still behind the retried post
+        assert await store.next_delivery_due("slack") is not None
+        await store.delivery_failed(post_gpu0.id, "channel_not_found")
+        [resolve] = await store.due_deliveries("slack", 10)
+        assert resolve.message.event == "resolved" and resolve.alert_key == post_gpu0.alert_key
+        assert query(store, "SELECT attempts, state FROM deliveries WHERE id = ?", post_gpu0.id) == [(2, "failed")]
+        assert await store.due_deliveries("email", 10) == []
+
+
+async def test_sink_state_is_kept_per_receiver_and_key(tmp_path: Path) -> None:
+    async with sqlite_store(tmp_path) as store:
+        assert await store.get_sink_state("slack", "a") is None
+        await store.put_sink_state("slack", "a", {"ts": "1.2"})
+        await store.put_sink_state("slack", "a", {"ts": "3.4"})
+        await store.put_sink_state("email", "a", {"id": "<x@y>"})
+        assert await store.get_sink_state("slack", "a") == {"ts": "3.4"}
+        assert await store.get_sink_state("email", "a") == {"id": "<x@y>"}
+
+
+async def test_alert_queries(tmp_path: Path) -> None:
+    async with sqlite_store(tmp_path) as store:
+        await ingest_and_dedup(store, webhook([am_alert("GPUXidError", gpu="0"), am_alert("GPUHot", gpu="1")]))
+        await ingest_and_dedup(store, webhook([am_alert("GPUHot", gpu="1", status="resolved")], group_key="h"))
+        assert {a.alertname for a in await store.list_alerts()} == {"GPUXidError", "GPUHot"}
+        assert [a.alertname for a in await store.list_alerts("resolved")] == ["GPUHot"]
+        recent = await store.recent_alerts(["GPUHot"], datetime.now(UTC) - timedelta(minutes=1))
+        assert [a.alertname for a in recent] == ["GPUHot"]
+        assert await store.recent_alerts([], datetime.now(UTC)) == []
+        stats = await store.stats()
+        assert (stats.alerts_firing, stats.alerts_resolved) == (1, 1)
+
+
+async def test_gpu_events_are_recorded_once(tmp_path: Path) -> None:
+    event = GpuEvent(gpu_key="k-ai-01/GPU-1", host="k-ai-01", kind="xid", code="79", at=STARTED)
+    async with sqlite_store(tmp_path) as store:
+        await store.record_gpu_events([event, event])
+        await store.record_gpu_events([event])
+        assert await store.gpu_events(STARTED - timedelta(days=1)) == [event]
+        assert await store.gpu_events(STARTED - timedelta(days=1), kind="alert") == []
+
+
+async def test_prune_keeps_pending_work_and_forgets_expired_dedup_keys(tmp_path: Path) -> None:
+    async with sqlite_store(tmp_path, dedup_window=0.05) as store:
+        await ingest_and_dedup(store, webhook(gpu_alerts(1), group_key="done"))
+        await route_all(store, ["console"])
+        await ingest(store, webhook(gpu_alerts(1, host="pending"), group_key="pending"))
+        await asyncio.sleep(0.1)
+        removed = await store.prune(datetime.now(UTC) + timedelta(seconds=1))
+        assert removed == 4  # the done notification, its routed event, and both expired keys
+        assert query(store, "SELECT state FROM notifications") == [("pending",)]
+        assert count(store, "SELECT COUNT(*) FROM deliveries WHERE state = 'pending'") == 1
+        assert count(store, "SELECT COUNT(*) FROM alerts") == 1
+
+
+@pytest.mark.parametrize(
+    ("pragma", "reason"),
+    [("query_only = 1", "readonly"), ("max_page_count = {pages}", "full")],
+    ids=["read-only", "disk-full"],
+)
+async def test_a_store_that_refuses_writes_is_unavailable_then_recovers(
+    tmp_path: Path, pragma: str, reason: str
+) -> None:
+    async with sqlite_store(tmp_path) as store:
+        await store.check_writable()
+        # No free pages to reuse, so a page limit at the current size really is a full disk.
+        assert await store.pragma("freelist_count") == [(0,)]
+        pages = (await store.pragma("page_count"))[0][0]
+        await store.pragma(pragma.format(pages=pages))
+        with pytest.raises(StoreUnavailable, match=reason):
+            await store.check_writable()
+        big = webhook(gpu_alerts(100, annotations={"description": "z" * 500}))
+        with pytest.raises(StoreUnavailable, match=reason):
+            await ingest(store, big)
+        await store.pragma("query_only = 0" if "query_only" in pragma else "max_page_count = 1073741823")
+        await store.check_writable()
+        assert not (await ingest(store, big)).duplicate
+        assert (await store.stats()).notifications_pending == 1
+
+
+async def test_only_one_process_may_open_a_store_but_readers_may(tmp_path: Path) -> None:
+    async with sqlite_store(tmp_path) as store:
+        await ingest_and_dedup(store, webhook(gpu_alerts(1)))
+        second = SqliteStore(tmp_path / "bot.db")
+        with pytest.raises(StoreInUse, match="in use by another gpu-alert-bot process"):
+            await second.open()
+        await second.close()
+        async with sqlite_store(tmp_path, read_only=True) as reader:
+            assert len(await reader.list_alerts()) == 1
+    async with sqlite_store(tmp_path) as reopened:
+        assert len(await reopened.list_alerts()) == 1
+
+
+async def test_the_group_commit_survives_an_unexpected_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async with sqlite_store(tmp_path) as store:
+        original = store._ingest_batch
+        calls: list[Any] = []
+
+        def flaky(conn: Any, batch: Any) -> Any:
+            calls.append(batch)
+            if len(calls) == 1:
+                conn.execute("INSERT INTO heartbeat (id, at) VALUES (1, 0)")  # a write that must be rolled back
+                raise RuntimeError("bug")
+            return original(conn, batch)
+
+        monkeypatch.setattr(store, "_ingest_batch", flaky)
+        with pytest.raises(StoreUnavailable, match="bug"):
+            await ingest(store, webhook(gpu_alerts(1)))
+        assert count(store, "SELECT COUNT(*) FROM heartbeat") == 0
+        assert not (await ingest(store, webhook(gpu_alerts(1)))).duplicate  # not half-written, and still running
+
+
+async def test_ingest_after_close_is_unavailable(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "bot.db")
+    await store.open()
+    await store.close()
+    with pytest.raises(StoreUnavailable):
+        await ingest(store, webhook(gpu_alerts(1)))
+
+
+async def test_read_only_open_of_a_missing_store_is_unavailable(tmp_path: Path) -> None:
+    with pytest.raises(StoreUnavailable, match="no store"):
+        async with sqlite_store(tmp_path, read_only=True):
+            pass

@@ -1,0 +1,100 @@
+"""A store that cannot take writes (read-only file, full disk): 503 + Retry-After, not ready, and recovery.
+
+As root, file permissions cannot make the live database read-only, and mounting is not allowed here, so the
+real SQLite connection is told to refuse writes the way a read-only file or a full disk does:
+`PRAGMA query_only` fails writes with SQLITE_READONLY, `PRAGMA max_page_count` at the current size fails any
+write that needs a new page with SQLITE_FULL.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.bot import RunningBot, eventually, running_bot
+from tests.support.payloads import body, gpu_alerts, webhook
+
+UNWRITABLE = [
+    pytest.param("query_only = 1", "query_only = 0", "readonly", id="read-only"),
+    pytest.param("max_page_count = {pages}", "max_page_count = 1073741823", "full", id="disk-full"),
+]
+
+
+async def _make_unwritable(bot: RunningBot, pragma: str) -> None:
+    store: Any = bot.runtime.store
+    assert await store.pragma("freelist_count") == [(0,)]  # no free page to reuse: the limit really is "full"
+    pages = (await store.pragma("page_count"))[0][0]
+    await store.pragma(pragma.format(pages=pages))
+
+
+async def _ready(client: httpx.AsyncClient, bot: RunningBot) -> httpx.Response:
+    return await client.get(f"{bot.url}/readyz")
+
+
+@pytest.mark.parametrize(("break_it", "fix_it", "reason"), UNWRITABLE)
+async def test_webhook_answers_503_and_readyz_fails_until_the_store_is_writable_again(
+    tmp_path: Path, break_it: str, fix_it: str, reason: str
+) -> None:
+    # A large group: it needs new pages, as real notifications do.
+    payload = body(webhook(gpu_alerts(60, annotations={"description": "d" * 400})))
+    async with running_bot(tmp_path) as bot, httpx.AsyncClient(timeout=10) as client:
+        assert (await _ready(client, bot)).status_code == 200
+        await _make_unwritable(bot, break_it)
+
+        refused = await client.post(bot.webhook_url, content=payload, headers={"Content-Type": "application/json"})
+        assert refused.status_code == 503  # a 5xx: Alertmanager retries it; a 4xx it would not
+        assert refused.headers["Retry-After"].isdigit()
+        assert refused.json()["error"] == "store_unavailable"
+        assert bot.metric("gpu_alert_bot_errors_total", {"kind": "store_unavailable"}) >= 1
+        not_ready = await _ready(client, bot)
+        assert not_ready.status_code == 503
+        assert not_ready.json()["checks"]["store"].startswith("not writable")
+        assert reason in not_ready.json()["checks"]["store"]
+        assert (await client.get(f"{bot.url}/healthz")).status_code == 200  # alive: do not restart it for this
+
+        await bot.runtime.store.pragma(fix_it)  # type: ignore[attr-defined]
+        assert (await _ready(client, bot)).status_code == 200
+        retried = await client.post(bot.webhook_url, content=payload, headers={"Content-Type": "application/json"})
+        assert retried.status_code == 200
+        assert retried.json()["status"] == "accepted"  # the refused copy was not half-stored
+        await eventually(lambda: len(bot.console_events()) == 60)
+
+
+@pytest.mark.realstack
+async def test_alertmanager_retries_the_503_and_delivers_once_the_store_recovers(
+    tmp_path: Path, alertmanager_factory: Any
+) -> None:
+    async with running_bot(tmp_path) as bot:
+        await _make_unwritable(bot, "query_only = 1")
+        am = alertmanager_factory(bot.url, group_wait="0s", group_interval="1s")
+        am.amtool(
+            "alert", "add", "GPUFellOffTheBus", "host=k-ai-03", "gpu=5", f"--start={datetime.now(UTC).isoformat()}"
+        )
+        await eventually(
+            lambda: bot.metric("gpu_alert_bot_errors_total", {"kind": "store_unavailable"}) >= 2, timeout=20
+        )
+        assert bot.console_events() == []
+        await bot.runtime.store.pragma("query_only = 0")  # type: ignore[attr-defined]
+        events = await eventually(lambda: bot.console_events(), timeout=30)
+        assert [(e["event"], e["alertname"], e["gpu"]) for e in events] == [("firing", "GPUFellOffTheBus", "5")]
+
+
+async def test_readyz_fails_when_the_worker_or_the_outbox_stops(tmp_path: Path) -> None:
+    async with running_bot(tmp_path) as bot, httpx.AsyncClient(timeout=10) as client:
+        ready = await _ready(client, bot)
+        assert ready.status_code == 200
+        assert ready.json() == {
+            "status": "ready",
+            "checks": {"store": "writable", "worker": "running", "outbox": "running"},
+        }
+        await bot.runtime.worker.stop()
+        stopped = await _ready(client, bot)
+        assert stopped.status_code == 503
+        assert stopped.json()["checks"]["worker"] == "stopped"
+        await bot.runtime.outbox.stop()
+        assert (await _ready(client, bot)).json()["checks"]["outbox"] == "stopped"
+        assert (await client.get(f"{bot.url}/healthz")).json() == {"status": "alive"}
