@@ -53,7 +53,7 @@ async def start_runtime(
     store = await open_store(config.store)
     sinks = build_sinks(config.receivers, store, metrics, console)
     outbox = Outbox(store, sinks, config.outbox, metrics)
-    enrichers = build_enrichers(config.enrichment, store, metrics)
+    enrichers = build_enrichers(config.enrichment, store, metrics, playbooks.xid_catalog)
     pipeline = Pipeline(store, enrichers, playbooks, Router(config.routing), outbox, metrics)
     worker = Worker(pipeline, store, config.worker, config.store, metrics)
     outbox.start()

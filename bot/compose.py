@@ -13,6 +13,8 @@ from bot.models import Event, EventKind, host_from_labels
 from bot.playbooks import Advice
 
 _SUMMARY_ANNOTATIONS = ("summary", "description", "message")
+# Details travel with every delivery; the full evidence (e.g. a thousand log lines) stays with the alert.
+_MAX_DETAIL_ITEMS = 50
 
 
 def compose_message(event: Event, enrichment: Enrichment, advice: Advice) -> Message:
@@ -102,7 +104,11 @@ def _sections(event: Event, enrichment: Enrichment, advice: Advice) -> list[Sect
                 sections.append(Section(title=found.title, kind=kind, lines=lines))
         elif found.status == "unavailable":
             sections.append(
-                Section(title=found.title, kind="warning", lines=[f"{found.title} unavailable: {found.reason}"])
+                Section(
+                    title=found.title,
+                    kind="warning",
+                    lines=[f"{found.source or found.title} unavailable: {found.reason}"],
+                )
             )
     if event.alert.status == "firing":
         if advice.thresholds:
@@ -131,7 +137,18 @@ def _links(annotations: dict[str, str], generator_url: str, advice: Advice) -> l
 def _details(annotations: dict[str, str], enrichment: Enrichment, advice: Advice) -> dict[str, Any]:
     details: dict[str, Any] = {"annotations": annotations, "playbook": advice.playbook}
     for found in enrichment.sections:
-        details[found.name] = found.data if found.status == "ok" else {"unavailable": found.reason}
+        details[found.name] = _bounded(found.data) if found.status == "ok" else {"unavailable": found.reason}
     if advice.judgements:
         details["judgements"] = advice.judgements
     return details
+
+
+def _bounded(data: Any) -> Any:
+    """The same structure with every list cut to its newest _MAX_DETAIL_ITEMS items."""
+    if isinstance(data, dict):
+        return {key: _bounded(value) for key, value in data.items()}
+    if isinstance(data, list):
+        kept = [_bounded(item) for item in data[-_MAX_DETAIL_ITEMS:]]
+        left_out = len(data) - len(kept)
+        return ([f"... {left_out} earlier items left out"] if left_out else []) + kept
+    return data

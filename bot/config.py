@@ -417,7 +417,8 @@ def _ends_with_escape(text: str) -> bool:
 
 class RouteRule(StrictModel):
     matchers: list[Matcher] = Field(default_factory=list)
-    receivers: list[str] = Field(min_length=1)
+    # An empty list records the alert and notifies nobody (e.g. the always-firing Watchdog).
+    receivers: list[str]
     continue_: bool = Field(default=False, alias="continue")
 
 
@@ -461,6 +462,11 @@ class BotConfig(StrictModel):
             for where, name in referenced
             if name not in names
         ]
+        if self.store.retention < self.enrichment.recurrence_window:
+            problems.append(
+                "store.retention: shorter than enrichment.recurrence_window; the GPU history that recurrence "
+                "counts would be pruned before the window ends"
+            )
         if problems:
             raise ValueError("\n".join(problems))
         return self

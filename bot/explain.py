@@ -84,7 +84,7 @@ async def explain(
     router = Router(config.routing)
     receivers = {r.name: r for r in config.receivers}
     now = datetime.now(UTC)
-    async with _enrichment(config, enrich) as enrich_alert:
+    async with _enrichment(config, playbooks, enrich) as enrich_alert:
         alerts = []
         for am_alert in payload.alerts:
             alert = _alert_state(am_alert, payload, now)
@@ -139,12 +139,12 @@ def _alert_state(alert: AmAlert, payload: WebhookPayload, now: datetime) -> Aler
 
 # --- enrichment, only on request -------------------------------------------------------------------------
 @contextlib.asynccontextmanager
-async def _enrichment(config: BotConfig, enabled: bool) -> AsyncIterator[Enrich | None]:
+async def _enrichment(config: BotConfig, playbooks: PlaybookSet, enabled: bool) -> AsyncIterator[Enrich | None]:
     if not enabled:
         yield None
         return
     async with _read_only_store(config.store) as store:
-        runner = build_enrichers(config.enrichment, store, Metrics())
+        runner = build_enrichers(config.enrichment, store, Metrics(), playbooks.xid_catalog)
         try:
             yield runner.run
         finally:

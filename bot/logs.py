@@ -53,3 +53,5 @@ def configure_logging(level: str, secrets: Iterable[str] = ()) -> None:
     root.setLevel(level.upper())
     # aiohttp's access log would duplicate the bot's own structured request logs.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    # httpx logs every request at INFO: Loki and Prometheus queries would drown the bot's own lines.
+    logging.getLogger("httpx").setLevel(logging.WARNING)

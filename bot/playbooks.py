@@ -39,6 +39,7 @@ from bot.enrich.base import Enrichment
 from bot.message import ActionRef, Link, Safety
 from bot.models import AlertState, host_from_labels
 from bot.routing import LabelMatcher
+from bot.xid import XidCatalog, XidCatalogError, bundled_catalog, load_catalog
 
 GENERIC = "generic"
 NOT_PLAYBOOKS = frozenset({"xid_catalog.yaml"})
@@ -753,7 +754,15 @@ def _action_problems(index: int, choice: ActionChoice) -> Iterator[tuple[Loc, st
 
 # --- the set of playbooks -----------------------------------------------------------------------------
 class PlaybookSet:
-    def __init__(self, playbooks: Sequence[Playbook], variables: Mapping[str, str] | None = None) -> None:
+    """The advice data: playbooks plus the Xid catalog that lives beside them in the same directory."""
+
+    def __init__(
+        self,
+        playbooks: Sequence[Playbook],
+        variables: Mapping[str, str] | None = None,
+        xid_catalog: XidCatalog | None = None,
+    ) -> None:
+        self._xid_catalog = xid_catalog
         self._variables = {**DEFAULT_VARS, **(variables or {})}
         self._generic = next((p for p in playbooks if p.name == GENERIC), _GENERIC_FALLBACK)
         # The most specific playbook wins: more label matchers first, then by file name.
@@ -775,9 +784,19 @@ class PlaybookSet:
                 if found is not None:
                     loaded.append(found)
         _overlap_problems(loaded, problems)
+        try:
+            catalog = load_catalog(directory)
+        except XidCatalogError as exc:
+            problems.items.extend(exc.problems)
         if problems.items:
             raise PlaybookError(problems.items)
-        return cls([playbook for _, playbook in loaded], variables)
+        return cls([playbook for _, playbook in loaded], variables, catalog)
+
+    @property
+    def xid_catalog(self) -> XidCatalog:
+        if self._xid_catalog is None:
+            self._xid_catalog = bundled_catalog()
+        return self._xid_catalog
 
     def __iter__(self) -> Iterator[Playbook]:
         return iter([p for p, _ in self._specific] + [self._generic])

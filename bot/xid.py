@@ -8,6 +8,7 @@ history into verdicts such as "third Xid 79 on this GPU in 30 days: hardware sus
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import string
@@ -187,6 +188,12 @@ class XidCatalog(_Model):
             action=f"The driver asks for {change.name or 'an unknown action'} (recovery action 0x{change.value:X}): "
             "read nvidia-smi -q (GPU Recovery Action) and follow NVIDIA's guidance for it",
         )
+
+
+@functools.cache
+def bundled_catalog() -> XidCatalog:
+    """The catalog shipped with the bot, read once."""
+    return load_catalog()
 
 
 def load_catalog(location: Path | None = None) -> XidCatalog:

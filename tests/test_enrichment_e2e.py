@@ -15,6 +15,7 @@ import pytest
 from bot.config import EnrichmentConfig
 from bot.enrich import build_enrichers
 from bot.metrics import Metrics
+from bot.xid import bundled_catalog
 from tests.fakes.loki import FakeLoki
 from tests.support.bot import RunningBot, eventually, running_bot
 from tests.support.payloads import am_alert, webhook
@@ -87,7 +88,7 @@ async def test_alert_is_delivered_saying_loki_is_unavailable_and_why(
 
     assert event["alertname"] == "GPUXidError" and event["host"] == "k-ai-01"
     [warning] = event["sections"][LOKI_TITLE]
-    assert warning.startswith(f"{LOKI_TITLE} unavailable: {reason}")
+    assert warning.startswith(f"Loki unavailable: {reason}")
     assert stored is not None and stored.enrichment is not None
     [section] = [s for s in stored.enrichment["sections"] if s["name"] == "loki"]
     assert section["status"] == "unavailable" and section["reason"].startswith(reason)
@@ -126,13 +127,19 @@ async def test_64_xid_alerts_on_8_hosts_cost_8_loki_queries(tmp_path: Path) -> N
 
 def test_only_configured_sources_are_enriched() -> None:
     async def names(config: dict[str, Any]) -> list[str]:
-        runner = build_enrichers(EnrichmentConfig.model_validate(config), store=None, metrics=Metrics())  # type: ignore[arg-type]
+        runner = build_enrichers(
+            EnrichmentConfig.model_validate(config),
+            store=None,  # type: ignore[arg-type]
+            metrics=Metrics(),
+            xid_catalog=bundled_catalog(),
+        )
         try:
             return [e.name for e in runner._enrichers]
         finally:
             await runner.close()
 
-    assert asyncio.run(names({})) == []
-    assert asyncio.run(names({"loki": {"url": "http://loki:3100"}})) == ["loki"]
+    always = ["gpu", "xid", "recurrence", "related"]
+    assert asyncio.run(names({})) == always
+    assert asyncio.run(names({"loki": {"url": "http://loki:3100"}})) == [*always, "loki"]
     both = {"loki": {"url": "http://loki:3100"}, "prometheus": {"url": "http://prometheus:9090"}}
-    assert asyncio.run(names(both)) == ["loki", "prometheus"]
+    assert asyncio.run(names(both)) == ["gpu", "xid", "recurrence", "prometheus", "related", "loki"]

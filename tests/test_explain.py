@@ -164,7 +164,9 @@ def test_enrich_runs_the_configured_enrichers_within_the_budget_and_stores_nothi
     assert code == 0
     enrichment = json.loads(out)["alerts"][0]["enrichment"]
     assert enrichment["ran"] is True
-    assert [(s["name"], s["status"]) for s in enrichment["sections"]] == [("prometheus", "unavailable")]
+    sections = {s["name"]: s["status"] for s in enrichment["sections"]}
+    assert sections["prometheus"] == "unavailable"
+    assert set(sections) == {"gpu", "xid", "recurrence", "prometheus", "related"}
     assert not (tmp_path / "store").exists()
 
 

@@ -78,6 +78,14 @@ def test_default_receivers_when_no_rule_and_when_no_rules() -> None:
     assert router(RULES, ["email"]).route({"alertname": "Watchdog", "env": "test"}).receivers == ("email",)
 
 
+def test_a_rule_with_no_receivers_records_the_alert_and_notifies_nobody() -> None:
+    rules = [{"matchers": ['alertname="Watchdog"'], "receivers": []}, {"matchers": [], "receivers": ["a"]}]
+    decision = router(rules, ["console"]).route({"alertname": "Watchdog"})
+    assert decision.receivers == ()
+    assert not decision.used_default
+    assert router(rules, ["console"]).route({"alertname": "GPUTempCritical"}).receivers == ("a",)
+
+
 def test_a_missing_label_matches_like_the_empty_string() -> None:
     assert LabelMatcher.parse('team=""').matches({})
     assert LabelMatcher.parse('team!=""').matches({"team": "gpu"})

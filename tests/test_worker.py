@@ -70,8 +70,8 @@ async def running_worker(
     async with sqlite_store(config.store.path) as store:
         sinks = build_sinks(config.receivers, store, metrics, console)
         outbox = Outbox(store, sinks, config.outbox, metrics)
-        enrichers = build_enrichers(config.enrichment, store, metrics)
         playbooks = PlaybookSet.load(config.playbooks.dir, config.playbooks.vars)
+        enrichers = build_enrichers(config.enrichment, store, metrics, playbooks.xid_catalog)
         pipeline = FlakyPipeline(store, enrichers, playbooks, Router(config.routing), outbox, metrics)
         pipeline.failures = dict(failures or {})
         worker = Worker(pipeline, store, config.worker, config.store, metrics)

@@ -45,6 +45,7 @@ class Static:
     def __init__(self, section: EnrichmentSection) -> None:
         self.name = section.name
         self.title = section.title
+        self.source = section.source
         self._section = section
 
     async def enrich(self, request: EnrichmentRequest) -> EnrichmentSection:

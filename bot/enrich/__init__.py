@@ -4,10 +4,16 @@ from __future__ import annotations
 
 from bot.config import EnrichmentConfig
 from bot.enrich.base import Enricher, Enrichment, EnrichmentRequest, EnrichmentRunner, EnrichmentSection
+from bot.enrich.gpu import GpuEnricher
 from bot.enrich.loki import LokiEnricher
 from bot.enrich.prometheus import PrometheusEnricher
+from bot.enrich.recurrence import RecurrenceEnricher
+from bot.enrich.related import RelatedAlertsEnricher
+from bot.enrich.xid import XidEnricher
 from bot.metrics import Metrics
+from bot.models import DEFAULT_HOST_LABELS
 from bot.store.base import Store
+from bot.xid import XidCatalog
 
 __all__ = ["Enricher", "Enrichment", "EnrichmentRequest", "EnrichmentRunner", "EnrichmentSection", "build_enrichers"]
 
@@ -16,11 +22,19 @@ __all__ = ["Enricher", "Enrichment", "EnrichmentRequest", "EnrichmentRunner", "E
 _SOURCE_SHARE_OF_BUDGET = 0.8
 
 
-def build_enrichers(config: EnrichmentConfig, store: Store, metrics: Metrics) -> EnrichmentRunner:
-    """The enrichers whose configuration is present, in the order their sections appear in messages."""
+def build_enrichers(
+    config: EnrichmentConfig, store: Store, metrics: Metrics, xid_catalog: XidCatalog
+) -> EnrichmentRunner:
+    """The enrichers, in the order their sections appear in messages. Loki and Prometheus run only when
+    configured; the others work from the alert, those two sources and the bot's own store."""
+    host_labels = config.loki.host_labels if config.loki is not None else DEFAULT_HOST_LABELS
     enrichers: list[Enricher | None] = [
-        _loki(config),
+        GpuEnricher(host_labels),
+        XidEnricher(xid_catalog),
+        RecurrenceEnricher(store, xid_catalog, config.recurrence_window),
         _prometheus(config),
+        RelatedAlertsEnricher(store),
+        _loki(config),
     ]
     return EnrichmentRunner([e for e in enrichers if e is not None], config.budget, metrics)
 

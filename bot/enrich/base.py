@@ -36,6 +36,8 @@ class EnrichmentSection(BaseModel):
     name: str
     title: str
     status: SectionStatus
+    # The external system behind the section ("Loki"), so a failure reads "Loki unavailable: <reason>".
+    source: str = ""
     reason: str = ""
     summary: str = ""
     lines: list[str] = Field(default_factory=list)
@@ -84,6 +86,7 @@ class EnrichmentRequest:
 class Enricher(Protocol):
     name: str
     title: str
+    source: str
 
     async def enrich(self, request: EnrichmentRequest) -> EnrichmentSection: ...
 
@@ -117,7 +120,8 @@ class EnrichmentRunner:
                     )
                 )
                 self._metrics.enrichment_results.labels(enricher.name, "timeout").inc()
-            sections.append(future.result())
+            section = future.result()
+            sections.append(section.model_copy(update={"source": enricher.source}) if enricher.source else section)
         return Enrichment(sections=sections)
 
     async def _one(

@@ -192,6 +192,7 @@ async def resolve_identity(request: EnrichmentRequest) -> GpuIdentity:
 class GpuEnricher:
     name = "gpu"
     title = "GPU"
+    source = ""
 
     def __init__(self, host_labels: Sequence[str] = DEFAULT_HOST_LABELS) -> None:
         self._host_labels = tuple(host_labels)

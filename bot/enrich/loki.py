@@ -139,6 +139,7 @@ class _Fetch:
 class LokiEnricher:
     name = "loki"
     title = "Kernel log (Loki)"
+    source = "Loki"
 
     def __init__(self, config: LokiConfig, timeout: float, client: LokiClient | None = None) -> None:
         self._config = config

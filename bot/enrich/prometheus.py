@@ -422,6 +422,7 @@ class _Part:
 class PrometheusEnricher:
     name = "prometheus"
     title = "Metric history"
+    source = "Prometheus"
 
     def __init__(self, config: PrometheusConfig, timeout: float, client: PrometheusClient | None = None) -> None:
         self._config = config

@@ -56,6 +56,7 @@ def xid_history(events: Iterable[GpuEvent]) -> list[tuple[int, datetime]]:
 class RecurrenceEnricher:
     name = "recurrence"
     title = "History of this GPU"
+    source = ""
 
     def __init__(self, store: Store, catalog: XidCatalog, window: float) -> None:
         self._store = store

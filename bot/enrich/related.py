@@ -51,6 +51,7 @@ def _is_ip(value: str) -> bool:
 class RelatedAlertsEnricher:
     name = "related"
     title = "Related alerts"
+    source = ""
 
     def __init__(self, store: Store) -> None:
         self._store = store

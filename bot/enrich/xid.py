@@ -35,6 +35,7 @@ _ALERT_XID_LABELS = (("err_code", "the alert's err_code label"), ("xid", "the al
 class XidEnricher:
     name = "xid"
     title = "Kernel Xid"
+    source = ""
 
     def __init__(self, catalog: XidCatalog) -> None:
         self._catalog = catalog
@@ -61,7 +62,7 @@ class XidEnricher:
             name=self.name,
             title=self.title,
             status="ok",
-            summary=self._summary(mine, alert_xid, alert_xid_source, stale),
+            summary=self._summary(mine, alert_xid, alert_xid_source, stale, have_log=report is not None),
             lines=self._lines(mine, alert_xid, identity, scope, loki, stale_note),
             data={
                 "scope": scope,
@@ -80,7 +81,9 @@ class XidEnricher:
             },
         )
 
-    def _summary(self, mine: list[DecodedXid], alert_xid: int | None, source: str | None, stale: bool | None) -> str:
+    def _summary(
+        self, mine: list[DecodedXid], alert_xid: int | None, source: str | None, stale: bool | None, have_log: bool
+    ) -> str:
         if stale:
             return STALE_GAUGE_TEXT
         top = worst(mine)
@@ -89,6 +92,8 @@ class XidEnricher:
         if alert_xid is not None:
             entry = self._catalog.entry(alert_xid)
             return f"Xid {alert_xid} {entry.title} ({entry.severity}, from {source}): {entry.action}"
+        if not have_log:
+            return "Which Xid is unknown: no kernel log to read and no Xid code in the alert's labels"
         return "No NVRM Xid line for this GPU in the window"
 
     def _lines(

@@ -624,8 +624,10 @@ class SlackSink:
             except Exception:
                 pause = 10.0
                 log.exception("storm flusher failed", extra={"receiver": self.name})
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow the cancellation that stops this loop.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), pause)
+                async with asyncio.timeout(pause):
+                    await self._wake.wait()
 
     async def _flush_once(self) -> float | None:
         """Move every open storm one step; how long to wait before the next step (None: until woken)."""

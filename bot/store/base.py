@@ -156,7 +156,8 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def prune(self, older_than: datetime) -> int:
-        """Delete finished notifications, events and deliveries older than the given time."""
+        """Delete finished notifications, events and deliveries, sink state not touched since, and GPU history
+        older than the given time. Alerts themselves are kept."""
 
     @abc.abstractmethod
     async def close(self) -> None: ...

@@ -871,6 +871,8 @@ class SqliteStore(Store):
                 "DELETE FROM notifications WHERE state != 'pending' AND received_at < ?",
                 "DELETE FROM deliveries WHERE state != 'pending' AND created_at < ?",
                 "DELETE FROM events WHERE state != 'pending' AND created_at < ?",
+                "DELETE FROM sink_state WHERE updated_at < ?",
+                "DELETE FROM gpu_events WHERE at < ?",
             ):
                 removed += conn.execute(sql, (cutoff,)).rowcount
             # A key older than the dedup window no longer makes anything a duplicate.
