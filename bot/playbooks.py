@@ -416,12 +416,13 @@ def template_values(alert: AlertState, variables: Mapping[str, str]) -> dict[str
 
 
 def fill(template: str, values: Mapping[str, str], trusted: Mapping[str, str] | None = None) -> str:
-    """Fill a text template. Given `trusted` (configured variables such as grafana_url), the result is a URL:
-    trusted values go in as they are, label values are data and are percent-encoded."""
+    """Fill a text template; a label the alert lacks shows as <name>, never as a silent gap. Given `trusted`
+    (configured variables such as grafana_url), the result is a URL: trusted values go in as they are, label
+    values are data and are percent-encoded."""
 
     def replace(name: str) -> str:
         if trusted is None:
-            return values.get(name, "")
+            return values.get(name) or f"<{name}>"
         if name in trusted:
             return trusted[name]
         return urllib.parse.quote(values.get(name, ""), safe="")
