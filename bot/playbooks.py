@@ -38,6 +38,7 @@ from bot.config import Duration, Matcher
 from bot.enrich.base import Enrichment
 from bot.message import ActionRef, Link, Safety
 from bot.models import AlertState, host_from_labels
+from bot.querytemplate import query_template_problems
 from bot.routing import LabelMatcher
 from bot.xid import XidCatalog, XidCatalogError, bundled_catalog, load_catalog
 
@@ -50,16 +51,7 @@ DEFAULT_VARS: Mapping[str, str] = {"dcgm_dashboard_uid": "Oxed_c6Wz", "node_dash
 
 _IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
 _TEXT_TOKEN = re.compile(r"\{\{|\}\}|\{(" + _IDENTIFIER + r")\}|[{}]")
-_QUERY_PLACEHOLDER = re.compile(r"\{(" + _IDENTIFIER + r")\}")
-# Inside a query string `{` followed by a name must be a placeholder; `{2,3}` (a regex repeat) stays literal.
-_QUERY_BAD_PLACEHOLDER = re.compile(r"\{\s*[A-Za-z_][^}]*\}?")
-_DURATION = r"(?:\d+(?:ms|[smhdwy]))+"
-_RANGE = re.compile(rf"\s*{_DURATION}\s*(?::\s*(?:{_DURATION})?\s*)?")
-_LABEL_MATCHER = rf'{_IDENTIFIER}\s*(?:=~|!~|!=|=)\s*""'
-_MATCHER_LIST = re.compile(rf"\s*(?:{_LABEL_MATCHER}(?:\s*,\s*{_LABEL_MATCHER})*\s*,?)?\s*")
 _QUERY_NAME = re.compile(r"[a-z_][a-z0-9_]*")
-_PAIRS = {"(": ")", "[": "]", "{": "}"}
-_RE2_SPECIAL = frozenset("\\.+*?()|[]{}^$")
 _SHELL_WORD = re.compile(r"[A-Za-z0-9_.:@%+=,/-]+")
 _SAFETY_ORDER: dict[str, int] = {"safe": 0, "guarded": 1, "dangerous": 2}
 
@@ -440,147 +432,6 @@ def fill_command(template: str, values: Mapping[str, str]) -> str:
         return value if _SHELL_WORD.fullmatch(value) and not value.startswith("-") else f"<{name}>"
 
     return _fill_text(template, replace)
-
-
-@dataclass(frozen=True)
-class _QueryPart:
-    text: str
-    is_string: bool
-    quote: str = ""
-    regex: bool = False
-
-
-def _split_query(template: str) -> tuple[list[_QueryPart], list[str]]:
-    """Code and string-literal parts of a PromQL template (Go string syntax: "..." '...' `...`)."""
-    parts: list[_QueryPart] = []
-    problems: list[str] = []
-    code_start = position = 0
-    while position < len(template):
-        quote = template[position]
-        if quote not in "\"'`":
-            position += 1
-            continue
-        code = template[code_start:position]
-        end = _string_end(template, position)
-        if end is None:
-            problems.append(f"unterminated string starting at column {position + 1}")
-            parts.append(_QueryPart(code, False))
-            return parts, problems
-        parts.append(_QueryPart(code, False))
-        # The right side of =~ or !~ is a regular expression: values going in there are regex-escaped too.
-        parts.append(_QueryPart(template[position + 1 : end], True, quote, code.rstrip().endswith("~")))
-        position = code_start = end + 1
-    parts.append(_QueryPart(template[code_start:], False))
-    return parts, problems
-
-
-def _string_end(template: str, start: int) -> int | None:
-    quote = template[start]
-    position = start + 1
-    while position < len(template):
-        char = template[position]
-        if char == "\\" and quote != "`":
-            position += 2
-            continue
-        if char == quote:
-            return position
-        if char == "\n" and quote != "`":
-            return None
-        position += 1
-    return None
-
-
-def query_template_problems(template: str) -> list[str]:
-    """Cheap checks of a PromQL template: strings terminated, brackets balanced, `[range]` durations,
-    `{label="..."}` selectors, and `{label}` placeholders only inside double-quoted strings (where the
-    enricher escapes the alert's value; a value anywhere else would be an unescaped query fragment)."""
-    if not template.strip():
-        return ["empty query"]
-    parts, problems = _split_query(template)
-    for part in parts:
-        if part.is_string:
-            problems.extend(_string_part_problems(part))
-        else:
-            problems.extend(
-                f"placeholder {m.group(0)} outside a double-quoted string: label values only go inside strings"
-                for m in _QUERY_PLACEHOLDER.finditer(part.text)
-            )
-    if not problems:
-        problems.extend(_structure_problems("".join('""' if p.is_string else p.text for p in parts)))
-    return problems
-
-
-def _string_part_problems(part: _QueryPart) -> list[str]:
-    placeholders = _QUERY_PLACEHOLDER.findall(part.text)
-    if placeholders and part.quote != '"':
-        return [f"placeholder {{{placeholders[0]}}} in a {part.quote}-quoted string: use a double-quoted one"]
-    return [
-        f"{m.group(0)!r} is not a placeholder: write {{label}} with a label name"
-        for m in _QUERY_BAD_PLACEHOLDER.finditer(part.text)
-        if _QUERY_PLACEHOLDER.fullmatch(m.group(0)) is None
-    ]
-
-
-def _structure_problems(code: str) -> list[str]:
-    stack: list[tuple[str, int]] = []
-    for position, char in enumerate(code):
-        if char in _PAIRS:
-            stack.append((char, position))
-        elif char in _PAIRS.values():
-            if not stack or _PAIRS[stack[-1][0]] != char:
-                return [f"unbalanced {char!r} at column {position + 1}"]
-            opening, start = stack.pop()
-            inner = code[start + 1 : position]
-            if opening == "[" and not _RANGE.fullmatch(inner):
-                return [f"[{inner}] is not a range such as [5m] or a subquery such as [1h:1m]"]
-            if opening == "{" and not _MATCHER_LIST.fullmatch(inner):
-                return [f'{{{inner}}} is not a selector such as {{instance="{{instance}}", gpu="{{gpu}}"}}']
-    if stack:
-        char, position = stack[-1]
-        return [f"unclosed {char!r} at column {position + 1}"]
-    return []
-
-
-def render_query(template: str, values: Mapping[str, str]) -> str | None:
-    """Fill a validated PromQL template with the alert's values, escaped for their string (and regex-escaped
-    after =~ or !~). None when the alert lacks a value the query needs: a query with an empty matcher would
-    select the wrong series."""
-    parts, _ = _split_query(template)
-    out: list[str] = []
-    for part in parts:
-        if not part.is_string:
-            out.append(part.text)
-            continue
-        missing = [name for name in _QUERY_PLACEHOLDER.findall(part.text) if not values.get(name)]
-        if missing:
-            return None
-
-        def escaped(match: re.Match[str], regex: bool = part.regex) -> str:
-            value = values[match.group(1)]
-            return _promql_string_body(_re2_literal(value) if regex else value)
-
-        out.append('"' + _QUERY_PLACEHOLDER.sub(escaped, part.text) + '"' if part.quote == '"' else _quoted(part))
-    return "".join(out)
-
-
-def _quoted(part: _QueryPart) -> str:
-    return part.quote + part.text + part.quote
-
-
-def _promql_string_body(value: str) -> str:
-    out = []
-    for char in value:
-        if char in ('"', "\\"):
-            out.append("\\" + char)
-        elif ord(char) < 0x20 or ord(char) == 0x7F:
-            out.append(f"\\x{ord(char):02x}")
-        else:
-            out.append(char)
-    return "".join(out)
-
-
-def _re2_literal(value: str) -> str:
-    return "".join("\\" + c if c in _RE2_SPECIAL else c for c in value)
 
 
 # --- loading: YAML with line numbers ------------------------------------------------------------------

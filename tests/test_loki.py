@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 from bot.config import LokiConfig
 from bot.enrich.base import EnrichmentRequest, EnrichmentSection
 from bot.enrich.loki import LokiClient, LokiEnricher, to_ns
-from bot.enrich.queryapi import Deadline, QueryError, TemplateError, fill_query, quoted, regex_literal
+from bot.enrich.queryapi import Deadline, QueryError
 from bot.models import AlertState
+from bot.querytemplate import TemplateError, fill_query, quoted, regex_literal
 from tests.fakes.loki import LOKI_26_ERROR_CONTENT_TYPE, TEXT_PLAIN, FakeLoki, parse_logql, parse_timestamp, unquote
 
 # Alerts started an hour ago: answers fetched now may be shared by them (they were asked after the start).
@@ -422,7 +423,7 @@ def test_any_value_is_matched_literally_by_its_regex(value: str) -> None:
         ("{job=syslog, host={host}}", "placeholder {host} is not inside a double-quoted string"),
         ("{job=`syslog`, host=`{host}`}", "placeholder {host} is not inside a double-quoted string"),
         ('{job="syslog", pod="{pod}"}', "the alert has no label pod"),
-        ('{job="syslog, host="{host}"}', "placeholder {host} is not inside a double-quoted string"),
+        ('{job="syslog, host="{host}"}', "unterminated string"),
     ],
 )
 def test_templates_that_cannot_be_filled_safely_are_refused(template: str, problem: str) -> None:

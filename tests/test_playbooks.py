@@ -23,9 +23,8 @@ from bot.playbooks import (
     PlaybookError,
     PlaybookSet,
     fill_command,
-    query_template_problems,
-    render_query,
 )
+from bot.querytemplate import TemplateError, fill_query, query_template_problems
 from tests.support.processes import REPO, find_binary
 
 PLAYBOOKS = REPO / "playbooks"
@@ -141,8 +140,7 @@ def test_every_shipped_query_is_promql_that_promtool_accepts(shipped: PlaybookSe
     rules = []
     for playbook in shipped:
         for name, template in playbook.queries.items():
-            query = render_query(template, values)
-            assert query is not None, f"{playbook.name}.{name} needs a label the test does not give"
+            query = fill_query(template, values)
             rules.append({"record": f"check:{playbook.name.replace('-', '_')}:{name}", "expr": query})
     assert len(rules) > 50
     path = tmp_path / "queries.yml"
@@ -298,9 +296,10 @@ def test_bad_query_templates_are_refused(template: str, problem: str) -> None:
 
 def test_query_values_are_escaped_for_their_string_and_regex_escaped_after_tilde() -> None:
     values = {"instance": 'k"ai\\01', "host": "k-ai-01.lan"}
-    assert render_query('x{instance="{instance}"}', values) == 'x{instance="k\\"ai\\\\01"}'
-    assert render_query('x{instance=~"{host}:.*"}', values) == 'x{instance=~"k-ai-01\\\\.lan:.*"}'
-    assert render_query('x{gpu="{gpu}"}', values) is None
+    assert fill_query('x{instance="{instance}"}', values) == 'x{instance="k\\"ai\\\\01"}'
+    assert fill_query('x{instance=~"{host}:.*"}', values) == 'x{instance=~"k-ai-01\\\\.lan:.*"}'
+    with pytest.raises(TemplateError, match="no label gpu"):
+        fill_query('x{gpu="{gpu}"}', values)
 
 
 @pytest.mark.parametrize("value", ["0; rm -rf /", "$(reboot)", "`id`", "0' || true '", "-r", "a b", ""])

@@ -32,9 +32,10 @@ from bot.enrich.prometheus import (
     sparkline,
     value_expression,
 )
-from bot.enrich.queryapi import Deadline, QueryError, fill_query
+from bot.enrich.queryapi import Deadline, QueryError
 from bot.models import AlertState
 from bot.playbooks import Playbook
+from bot.querytemplate import fill_query
 from tests.support.exporter import dcgm_labels
 
 PROMETHEUS = "http://prometheus.test:9090"

@@ -19,8 +19,9 @@ from pydantic import BaseModel, Field, ValidationError
 
 from bot.config import LokiConfig
 from bot.enrich.base import EnrichmentRequest, EnrichmentSection
-from bot.enrich.queryapi import Deadline, QueryError, TemplateError, bearer_headers, body_text, fill_query, quoted, send
+from bot.enrich.queryapi import Deadline, QueryError, bearer_headers, body_text, send
 from bot.models import host_from_labels
+from bot.querytemplate import TemplateError, fill_query, quoted
 
 log = logging.getLogger(__name__)
 

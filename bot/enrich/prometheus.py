@@ -25,19 +25,10 @@ from pydantic import BaseModel, Field, ValidationError
 
 from bot.config import PrometheusConfig
 from bot.enrich.base import EnrichmentRequest, EnrichmentSection
-from bot.enrich.queryapi import (
-    Deadline,
-    QueryError,
-    TemplateError,
-    bearer_headers,
-    body_text,
-    fill_query,
-    quoted,
-    regex_literal,
-    send,
-)
+from bot.enrich.queryapi import Deadline, QueryError, bearer_headers, body_text, send
 from bot.message import format_duration
 from bot.models import AlertState, host_from_labels
+from bot.querytemplate import TemplateError, fill_query, quoted, regex_literal
 
 log = logging.getLogger(__name__)
 

@@ -11,25 +11,18 @@ carry a short stable `reason` (for logs and metrics) and a human `detail` (for t
 from __future__ import annotations
 
 import asyncio
-import email.utils
-import re
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_exponential
 from tenacity.stop import stop_base
 
-_PLACEHOLDER = re.compile(r"\{([a-zA-Z_][a-zA-Z0-9_]*)\}")
-_RE2_SPECIAL = frozenset("\\.+*?()|[]{}^$")
+from bot.retry_after import retry_after_seconds
+
 _MAX_ATTEMPTS = 3
 _MIN_ATTEMPT_TIME = 0.1
 _ERROR_BODY_CHARS = 300
-
-
-class TemplateError(ValueError):
-    """A query template that cannot be filled safely for this alert."""
 
 
 class QueryError(Exception):
@@ -41,72 +34,6 @@ class QueryError(Exception):
         self.detail = detail
         self.retryable = retryable
         self.retry_after = retry_after
-
-
-# --- query text ---------------------------------------------------------------------------------------
-def quote_string_body(value: str) -> str:
-    """`value` escaped for the inside of a double-quoted PromQL/LogQL string (Go string syntax)."""
-    out = []
-    for char in value:
-        if char in ('"', "\\"):
-            out.append("\\" + char)
-        elif char == "\n":
-            out.append("\\n")
-        elif char == "\r":
-            out.append("\\r")
-        elif char == "\t":
-            out.append("\\t")
-        elif ord(char) < 0x20 or ord(char) == 0x7F:
-            out.append(f"\\x{ord(char):02x}")
-        else:
-            out.append(char)
-    return "".join(out)
-
-
-def regex_literal(value: str) -> str:
-    """A RE2 pattern matching `value` literally."""
-    return "".join("\\" + c if c in _RE2_SPECIAL else c for c in value)
-
-
-def quoted(value: str) -> str:
-    return f'"{quote_string_body(value)}"'
-
-
-def fill_query(template: str, values: Mapping[str, str]) -> str:
-    """Fill `{label}` placeholders of a PromQL/LogQL template; raise TemplateError when that is unsafe."""
-    out: list[str] = []
-    position = 0
-    quote = ""
-    string_is_regex = False
-    while position < len(template):
-        char = template[position]
-        if quote and char == "\\" and quote != "`":
-            out.append(template[position : position + 2])
-            position += 2
-            continue
-        if char in "\"'`" and (not quote or char == quote):
-            if not quote:
-                string_is_regex = "".join(out).rstrip().endswith("~")
-            quote = "" if quote else char
-            out.append(char)
-            position += 1
-            continue
-        match = _PLACEHOLDER.match(template, position)
-        if match is None:
-            out.append(char)
-            position += 1
-            continue
-        name = match.group(1)
-        if quote != '"':
-            raise TemplateError(f"placeholder {{{name}}} is not inside a double-quoted string")
-        value = values.get(name)
-        if value is None or value == "":
-            raise TemplateError(f"the alert has no label {name}")
-        out.append(quote_string_body(regex_literal(value) if string_is_regex else value))
-        position = match.end()
-    if quote:
-        raise TemplateError("unterminated string")
-    return "".join(out)
 
 
 # --- HTTP within a deadline ---------------------------------------------------------------------------
@@ -194,7 +121,12 @@ async def _attempt(
     status = response.status_code
     detail = f"{service} answered HTTP {status}: {error_text(response)}"
     retryable = status >= 500 or status == 429
-    raise QueryError(f"http_{status}", detail, retryable=retryable, retry_after=_retry_after(response))
+    raise QueryError(
+        f"http_{status}",
+        detail,
+        retryable=retryable,
+        retry_after=retry_after_seconds(response.headers.get("Retry-After")),
+    )
 
 
 def _transport_text(exc: httpx.TransportError) -> str:
@@ -202,21 +134,6 @@ def _transport_text(exc: httpx.TransportError) -> str:
     if not text and exc.__cause__ is not None:
         text = str(exc.__cause__)
     return text or type(exc).__name__
-
-
-def _retry_after(response: httpx.Response) -> float | None:
-    value = response.headers.get("Retry-After", "").strip()
-    if not value:
-        return None
-    if value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 
 def body_text(response: httpx.Response) -> str:

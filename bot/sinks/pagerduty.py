@@ -11,15 +11,14 @@ limited, retried after Retry-After or `rate_limit_delay`; 5xx and network errors
 
 from __future__ import annotations
 
-import email.utils
 import json
-from datetime import UTC, datetime
 
 import httpx
 
 from bot.config import PagerDutyReceiver
 from bot.models import Delivery
 from bot.render.pagerduty import encode_event, pagerduty_event
+from bot.retry_after import retry_after_seconds
 from bot.sinks.base import DeliveryResult
 
 _DETAIL_LIMIT = 500
@@ -55,7 +54,9 @@ def classify_response(response: httpx.Response, rate_limit_delay: float) -> Deli
         return DeliveryResult.ok()
     detail = error_detail(response)
     if status == 429:
-        return DeliveryResult.retry_later("rate_limited", detail, delay=retry_after(response) or rate_limit_delay)
+        return DeliveryResult.retry_later(
+            "rate_limited", detail, delay=retry_after_seconds(response.headers.get("Retry-After")) or rate_limit_delay
+        )
     if status == 400:
         return DeliveryResult.failed("invalid_event", detail)
     if status >= 500 or status == 408:
@@ -77,21 +78,3 @@ def error_detail(response: httpx.Response) -> str:
     else:
         text = response.text.strip() or response.reason_phrase
     return f"HTTP {response.status_code}: {text[:_DETAIL_LIMIT]}"
-
-
-def retry_after(response: httpx.Response) -> float | None:
-    """Seconds to wait from a Retry-After header (seconds or an HTTP date), if there is one."""
-    value = response.headers.get("Retry-After", "").strip()
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - datetime.now(UTC)).total_seconds())

@@ -65,6 +65,7 @@ from bot.render.slack import (
     storm_line,
     storm_summary_payload,
 )
+from bot.retry_after import retry_after_seconds
 from bot.sinks.base import DeliveryResult
 from bot.store.base import Store, StoreUnavailable
 
@@ -156,13 +157,10 @@ class _BoundedRateLimitHandler(AsyncRateLimitErrorRetryHandler):
 
 
 def _retry_after(headers: Any) -> float | None:
+    """slack_sdk gives headers as a dict of lists, with the names as the server sent them."""
     for name, value in dict(headers or {}).items():
         if name.lower() == "retry-after":
-            raw = value[0] if isinstance(value, list) else value
-            try:
-                return max(0.0, float(raw))
-            except (TypeError, ValueError):
-                return None
+            return retry_after_seconds(value[0] if isinstance(value, list) else value)
     return None
 
 

@@ -1,0 +1,179 @@
+"""PromQL and LogQL query templates: checked when playbooks load, filled safely for each alert.
+
+A template names alert labels as `{label}` placeholders. Label values come from alerts, so they are data: a
+value goes into a query only inside a double-quoted string, escaped for it (and regex-escaped when the string
+is a regex: `=~`, `!~`, `|~`). A placeholder outside a string, or one naming a label the alert lacks, is
+refused rather than sent half-filled: a query with an empty matcher would select the wrong series.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+_PLACEHOLDER = re.compile(r"\{(" + _IDENTIFIER + r")\}")
+# Inside a query string `{` followed by a name must be a placeholder; `{2,3}` (a regex repeat) stays literal.
+_BAD_PLACEHOLDER = re.compile(r"\{\s*[A-Za-z_][^}]*\}?")
+_DURATION = r"(?:\d+(?:ms|[smhdwy]))+"
+_RANGE = re.compile(rf"\s*{_DURATION}\s*(?::\s*(?:{_DURATION})?\s*)?")
+_LABEL_MATCHER = rf'{_IDENTIFIER}\s*(?:=~|!~|!=|=)\s*""'
+_MATCHER_LIST = re.compile(rf"\s*(?:{_LABEL_MATCHER}(?:\s*,\s*{_LABEL_MATCHER})*\s*,?)?\s*")
+_PAIRS = {"(": ")", "[": "]", "{": "}"}
+_RE2_SPECIAL = frozenset("\\.+*?()|[]{}^$")
+
+
+class TemplateError(ValueError):
+    """A query template that cannot be filled safely for this alert."""
+
+
+def quote_string_body(value: str) -> str:
+    """`value` escaped for the inside of a double-quoted PromQL/LogQL string (Go string syntax)."""
+    out = []
+    for char in value:
+        if char in ('"', "\\"):
+            out.append("\\" + char)
+        elif char == "\n":
+            out.append("\\n")
+        elif char == "\r":
+            out.append("\\r")
+        elif char == "\t":
+            out.append("\\t")
+        elif ord(char) < 0x20 or ord(char) == 0x7F:
+            out.append(f"\\x{ord(char):02x}")
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def regex_literal(value: str) -> str:
+    """A RE2 pattern matching `value` literally."""
+    return "".join("\\" + c if c in _RE2_SPECIAL else c for c in value)
+
+
+def quoted(value: str) -> str:
+    return f'"{quote_string_body(value)}"'
+
+
+def fill_query(template: str, values: Mapping[str, str]) -> str:
+    """Fill `{label}` placeholders of a PromQL/LogQL template; raise TemplateError when that is unsafe."""
+    parts, problems = _split_query(template)
+    if problems:
+        raise TemplateError(problems[0])
+    out: list[str] = []
+    for part in parts:
+        names = _PLACEHOLDER.findall(part.text)
+        if names and part.quote != '"':
+            raise TemplateError(f"placeholder {{{names[0]}}} is not inside a double-quoted string")
+        missing = [name for name in names if not values.get(name)]
+        if missing:
+            raise TemplateError(f"the alert has no label {missing[0]}")
+
+        def escaped(match: re.Match[str], regex: bool = part.regex) -> str:
+            value = values[match.group(1)]
+            return quote_string_body(regex_literal(value) if regex else value)
+
+        out.append(part.quote + _PLACEHOLDER.sub(escaped, part.text) + part.quote)
+    return "".join(out)
+
+
+# --- the parts of a template: code, and string literals ---------------------------------------------------
+@dataclass(frozen=True)
+class _QueryPart:
+    text: str
+    is_string: bool
+    quote: str = ""
+    regex: bool = False
+
+
+def _split_query(template: str) -> tuple[list[_QueryPart], list[str]]:
+    """Code and string-literal parts of a PromQL template (Go string syntax: "..." '...' `...`)."""
+    parts: list[_QueryPart] = []
+    problems: list[str] = []
+    code_start = position = 0
+    while position < len(template):
+        quote = template[position]
+        if quote not in "\"'`":
+            position += 1
+            continue
+        code = template[code_start:position]
+        end = _string_end(template, position)
+        if end is None:
+            problems.append(f"unterminated string starting at column {position + 1}")
+            parts.append(_QueryPart(code, False))
+            return parts, problems
+        parts.append(_QueryPart(code, False))
+        # The right side of =~ or !~ is a regular expression: values going in there are regex-escaped too.
+        parts.append(_QueryPart(template[position + 1 : end], True, quote, code.rstrip().endswith("~")))
+        position = code_start = end + 1
+    parts.append(_QueryPart(template[code_start:], False))
+    return parts, problems
+
+
+def _string_end(template: str, start: int) -> int | None:
+    quote = template[start]
+    position = start + 1
+    while position < len(template):
+        char = template[position]
+        if char == "\\" and quote != "`":
+            position += 2
+            continue
+        if char == quote:
+            return position
+        if char == "\n" and quote != "`":
+            return None
+        position += 1
+    return None
+
+
+# --- checking a template (check-config) ---------------------------------------------------------------
+def query_template_problems(template: str) -> list[str]:
+    """Cheap checks of a PromQL template: strings terminated, brackets balanced, `[range]` durations,
+    `{label="..."}` selectors, and `{label}` placeholders only inside double-quoted strings (where the
+    enricher escapes the alert's value; a value anywhere else would be an unescaped query fragment)."""
+    if not template.strip():
+        return ["empty query"]
+    parts, problems = _split_query(template)
+    for part in parts:
+        if part.is_string:
+            problems.extend(_string_part_problems(part))
+        else:
+            problems.extend(
+                f"placeholder {m.group(0)} outside a double-quoted string: label values only go inside strings"
+                for m in _PLACEHOLDER.finditer(part.text)
+            )
+    if not problems:
+        problems.extend(_structure_problems("".join('""' if p.is_string else p.text for p in parts)))
+    return problems
+
+
+def _string_part_problems(part: _QueryPart) -> list[str]:
+    placeholders = _PLACEHOLDER.findall(part.text)
+    if placeholders and part.quote != '"':
+        return [f"placeholder {{{placeholders[0]}}} in a {part.quote}-quoted string: use a double-quoted one"]
+    return [
+        f"{m.group(0)!r} is not a placeholder: write {{label}} with a label name"
+        for m in _BAD_PLACEHOLDER.finditer(part.text)
+        if _PLACEHOLDER.fullmatch(m.group(0)) is None
+    ]
+
+
+def _structure_problems(code: str) -> list[str]:
+    stack: list[tuple[str, int]] = []
+    for position, char in enumerate(code):
+        if char in _PAIRS:
+            stack.append((char, position))
+        elif char in _PAIRS.values():
+            if not stack or _PAIRS[stack[-1][0]] != char:
+                return [f"unbalanced {char!r} at column {position + 1}"]
+            opening, start = stack.pop()
+            inner = code[start + 1 : position]
+            if opening == "[" and not _RANGE.fullmatch(inner):
+                return [f"[{inner}] is not a range such as [5m] or a subquery such as [1h:1m]"]
+            if opening == "{" and not _MATCHER_LIST.fullmatch(inner):
+                return [f'{{{inner}}} is not a selector such as {{instance="{{instance}}", gpu="{{gpu}}"}}']
+    if stack:
+        char, position = stack[-1]
+        return [f"unclosed {char!r} at column {position + 1}"]
+    return []
