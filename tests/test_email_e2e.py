@@ -87,7 +87,7 @@ async def test_pagerduty_down_never_holds_up_the_mails(tmp_path: Path, pki: Pki,
     key_file.write_text(ROUTING_KEY)
     pagerduty = FakePagerDuty(journal)
     await pagerduty.start()
-    await pagerduty.stop()  # down: its port refuses connections
+    await pagerduty.go_down()  # its port refuses connections
     with smtp_server("starttls", pki.trusted, handler=RecordingHandler(journal=journal)) as (port, handler):
         config = {
             "receivers": [
@@ -107,7 +107,7 @@ async def test_pagerduty_down_never_holds_up_the_mails(tmp_path: Path, pki: Pki,
             assert bot.metric("gpu_alert_bot_deliveries_total", {"receiver": "pd", "result": "retry"}) >= 1
             assert [source for source, _ in journal] == ["email"] * 3
 
-            await pagerduty.start()
+            await pagerduty.come_back()
             await eventually(lambda: len(pagerduty.accepted("trigger")) == 3, timeout=15)
         await pagerduty.stop()
 

@@ -47,7 +47,7 @@ def firing(bot: RunningBot) -> list[dict[str, Any]]:
 
 
 async def break_down(loki: FakeLoki) -> None:
-    await loki.down()
+    await loki.go_down()
 
 
 async def break_slow(loki: FakeLoki) -> None:

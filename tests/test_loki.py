@@ -225,7 +225,7 @@ async def test_a_slow_loki_costs_no_more_than_the_deadline(loki: FakeLoki) -> No
 
 
 async def test_a_loki_that_is_down_is_reported(loki: FakeLoki) -> None:
-    await loki.down()
+    await loki.go_down()
     enricher = LokiEnricher(config(loki), timeout=0.5)
     try:
         section = await enrich(enricher, make_alert())

@@ -209,10 +209,10 @@ async def test_500_with_a_text_body_is_retried(tmp_path: Path, fake: FakePagerDu
 
 
 async def test_pagerduty_down_is_retried(tmp_path: Path, fake: FakePagerDuty) -> None:
-    await fake.stop()
+    await fake.go_down()
     result = await deliver(receiver(tmp_path, url=fake.url), message())
     assert (result.retry, result.reason) == (True, "connection_error")
-    await fake.start()
+    await fake.come_back()
     assert (await deliver(receiver(tmp_path, url=fake.url), message())).delivered
 
 

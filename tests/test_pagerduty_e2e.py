@@ -104,7 +104,7 @@ async def test_429_is_retried_then_delivered(
 async def test_outage_across_a_restart_of_the_bot_delivers_once(
     tmp_path: Path, pagerduty: FakePagerDuty, alertmanager_factory: Any
 ) -> None:
-    await pagerduty.stop()
+    await pagerduty.go_down()
     config = bot_config(tmp_path, pagerduty)
     async with running_bot(tmp_path, config) as bot:
         am = alertmanager_factory(bot.url, group_interval="1s")
@@ -116,7 +116,7 @@ async def test_outage_across_a_restart_of_the_bot_delivers_once(
     am.stop()
     assert pagerduty.events == []
 
-    await pagerduty.start()
+    await pagerduty.come_back()
     async with running_bot(tmp_path, config) as restarted:
         await eventually(lambda: pagerduty.accepted("trigger"), timeout=15)
 

@@ -23,6 +23,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.fakes.server import LoopbackServer
+
 TEXT_PLAIN = "text/plain; charset=utf-8"
 # Loki 2.6.1 sent plain-text error bodies with this Content-Type (protocols.md 4.2).
 LOKI_26_ERROR_CONTENT_TYPE = "application/json; charset=UTF-8"
@@ -223,7 +225,7 @@ class _Failure:
 
 
 @dataclass
-class FakeLoki:
+class FakeLoki(LoopbackServer):
     """Start with `async with FakeLoki() as loki:`; push lines with `loki.push(labels, line, at)`."""
 
     auth_enabled: bool = False
@@ -235,53 +237,21 @@ class FakeLoki:
     _failures: list[_Failure] = field(default_factory=list)
     _malformed: bool = False
     _released: asyncio.Event = field(default_factory=asyncio.Event)
-    _runner: web.AppRunner | None = None
-    _site: web.TCPSite | None = None
-    port: int = 0
 
     # --- lifecycle ---
-    async def start(self) -> FakeLoki:
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         for path in ("/loki/api/v1/query_range", "/loki/api/v1/query"):
             app.router.add_route("GET", path, self._handle)
             app.router.add_route("POST", path, self._handle)
         app.router.add_get("/ready", self._ready)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await self._listen()
-        return self
-
-    async def _listen(self) -> None:
-        assert self._runner is not None
-        self._site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True)
-        await self._site.start()
-        self.port = self._runner.addresses[-1][1]
 
     async def stop(self) -> None:
         self._released.set()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def down(self) -> None:
-        """Stop listening (connection refused) while keeping the port for `up()`."""
-        if self._site is not None:
-            await self._site.stop()
-            self._site = None
-
-    async def up(self) -> None:
-        if self._site is None:
-            await self._listen()
-
-    async def __aenter__(self) -> FakeLoki:
-        return await self.start()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
+        await super().stop()
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self.base_url
 
     # --- data and behaviour ---
     def push(self, labels: dict[str, str], line: str, at: datetime | int | float, tenant: str = "fake") -> None:

@@ -25,6 +25,8 @@ from typing import Any, Literal
 
 from aiohttp import web
 
+from tests.fakes.server import LoopbackServer
+
 SEVERITIES = ("critical", "error", "warning", "info")
 ACTIONS = ("trigger", "acknowledge", "resolve")
 MAX_BODY = 512 * 1024
@@ -52,7 +54,7 @@ class Alert:
     events: list[dict[str, Any]] = field(default_factory=list)
 
 
-class FakePagerDuty:
+class FakePagerDuty(LoopbackServer):
     def __init__(self, journal: list[tuple[str, Any]] | None = None) -> None:
         """`journal`, when given, gets ("pagerduty", RecordedEvent) per request: share it with other fakes to
         check the order in which different services were reached."""
@@ -60,37 +62,17 @@ class FakePagerDuty:
         self.events: list[RecordedEvent] = []
         self.alerts: dict[str, list[Alert]] = {}  # dedup_key -> every alert opened with it, oldest first
         self._failures: deque[FailureMode] = deque()
-        self._runner: web.AppRunner | None = None
-        self._site: web.TCPSite | None = None
-        self.port = 0
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v2/enqueue"
+        return f"{self.base_url}/v2/enqueue"
 
     # --- lifecycle -------------------------------------------------------------------------------------
-    async def start(self) -> None:
-        """Listen (again) on loopback; after a stop(), on the same port."""
-        app = web.Application(client_max_size=16 * MAX_BODY)
+    def application(self) -> web.Application:
+        return web.Application(client_max_size=16 * MAX_BODY)
+
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/v2/enqueue", self._enqueue)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        self._site = web.TCPSite(self._runner, "127.0.0.1", self.port)
-        await self._site.start()
-        self.port = self._runner.addresses[0][1]
-
-    async def stop(self) -> None:
-        """Down: connections are refused until start() is called again."""
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def __aenter__(self) -> FakePagerDuty:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
 
     def fail_next(self, count: int, mode: FailureMode) -> None:
         self._failures.extend([mode] * count)

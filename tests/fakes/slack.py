@@ -26,6 +26,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.fakes.server import LoopbackServer
+
 DEFAULT_TOKEN = "xoxb-fake-bot-token"
 DEFAULT_CHANNELS = {"gpu-alerts": "C0GPUALERTS"}
 BOT_USER = "U0FAKEBOT"
@@ -149,7 +151,9 @@ class _Bucket:
         return False
 
 
-class FakeSlack:
+class FakeSlack(LoopbackServer):
+    shutdown_timeout = 0.5
+
     def __init__(
         self,
         token: str = DEFAULT_TOKEN,
@@ -170,41 +174,15 @@ class FakeSlack:
         self._rate: tuple[float, float] | None = None
         self._down = False
         self._ts = 0.0
-        self._runner: web.AppRunner | None = None
-        self._site: web.TCPSite | None = None
-        self.port = 0
 
     # --- lifecycle ----------------------------------------------------------------------------------------
-    async def start(self) -> FakeSlack:
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_route("*", "/api/{method}", self._api)
         app.router.add_post("/services/{path:.+}", self._incoming_webhook)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-        await self._runner.setup()
-        await self._listen()
-        return self
-
-    async def _listen(self) -> None:
-        assert self._runner is not None
-        self._site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True)
-        await self._site.start()
-        if not self.port:
-            self.port = self._runner.addresses[0][1]
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def __aenter__(self) -> FakeSlack:
-        return await self.start()
-
-    async def __aexit__(self, *_exc: object) -> None:
-        await self.stop()
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self.base_url
 
     @property
     def api_url(self) -> str:
@@ -251,13 +229,11 @@ class FakeSlack:
     async def go_down(self) -> None:
         """Refuse new connections and reset the open ones until `come_back`."""
         self._down = True
-        if self._site is not None:
-            await self._site.stop()
-            self._site = None
+        await super().go_down()
 
     async def come_back(self) -> None:
         self._down = False
-        await self._listen()
+        await super().come_back()
 
     # --- what happened ------------------------------------------------------------------------------------
     def calls_of(self, method: str) -> list[Call]:
