@@ -117,3 +117,27 @@ def store_counts(db: Path) -> dict[str, int]:
 
 def env_python() -> dict[str, str]:
     return dict(os.environ, PYTHONUNBUFFERED="1")
+
+
+def slack_bot_config(workdir: Path, api_url: str, token: str, log_level: str, **receiver: Any) -> Path:
+    """A bot configuration file with one Slack receiver (pointed at the Slack fake) that gets every alert."""
+    token_file = workdir / "slack_token"
+    token_file.write_text(token)
+    config = {
+        "store": {"path": str(workdir / "bot.db")},
+        "logging": {"level": log_level},
+        "receivers": [
+            {
+                "type": "slack",
+                "name": "slack",
+                "channel": "#gpu-alerts",
+                "token_file": str(token_file),
+                "api_url": api_url,
+                **receiver,
+            }
+        ],
+        "routing": {"default": ["slack"]},
+    }
+    path = workdir / "bot.yaml"
+    path.write_text(json.dumps(config))
+    return path

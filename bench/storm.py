@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
+from bench.common import slack_bot_config
 from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack
 from tests.support.payloads import am_alert, body, webhook
 from tests.support.processes import BotProcess, free_port
@@ -31,26 +31,7 @@ _LINE = re.compile(r"\*GPUTempHigh\* · `(bench-\d+)` GPU (\d+)")
 
 
 def bot_config(workdir: Path, slack: FakeSlack, rate: float) -> Path:
-    token = workdir / "slack_token"
-    token.write_text(DEFAULT_TOKEN)
-    config = {
-        "store": {"path": str(workdir / "bot.db")},
-        "logging": {"level": "error"},
-        "receivers": [
-            {
-                "type": "slack",
-                "name": "slack",
-                "channel": "#gpu-alerts",
-                "token_file": str(token),
-                "api_url": slack.api_url,
-                "messages_per_second": rate,
-            }
-        ],
-        "routing": {"default": ["slack"]},
-    }
-    path = workdir / "bot.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
+    return slack_bot_config(workdir, slack.api_url, DEFAULT_TOKEN, "error", messages_per_second=rate)
 
 
 def groups(alerts: int, hosts: int) -> dict[str, list[dict[str, Any]]]:
