@@ -164,19 +164,6 @@ class Event(BaseModel):
     attempts: int = 1
 
 
-class StoredNotification(BaseModel):
-    """A webhook body that was durably accepted and waits for the worker."""
-
-    model_config = ConfigDict(frozen=True)
-
-    id: int
-    received_at: datetime
-    body: bytes
-
-    def payload(self) -> WebhookPayload:
-        return WebhookPayload.model_validate_json(self.body)
-
-
 class NewDelivery(BaseModel):
     """A message to hand to one receiver, written to the outbox together with the event's routing."""
 

@@ -10,9 +10,9 @@ from bot.compose import compose_message
 from bot.dedup import plan_events
 from bot.enrich.base import Enrichment, EnrichmentRunner
 from bot.metrics import Metrics
-from bot.models import Event, NewDelivery
+from bot.models import AlertState, Event, NewDelivery
 from bot.outbox import Outbox
-from bot.playbooks import PlaybookSet
+from bot.playbooks import Playbook, PlaybookSet
 from bot.routing import Router
 from bot.store.base import Store
 
@@ -41,7 +41,7 @@ class Pipeline:
     async def handle(self, event: Event) -> None:
         alert = event.alert
         playbook = self._playbooks.match(alert)
-        enrichment, fresh = await self._enrich(event)
+        enrichment, fresh = await self._enrich(alert, playbook)
         advice = self._playbooks.advise(playbook, alert, enrichment)
         message = compose_message(event, enrichment, advice)
         receivers = self._router.route(alert.labels).receivers
@@ -53,9 +53,8 @@ class Pipeline:
         self._metrics.events.labels(event.kind.value).inc()
         self._outbox.wake(receivers)
 
-    async def _enrich(self, event: Event) -> tuple[Enrichment, bool]:
+    async def _enrich(self, alert: AlertState, playbook: Playbook) -> tuple[Enrichment, bool]:
         """Evidence is gathered once per alert episode; repeats and resolves show what was found then."""
-        if event.alert.enrichment is not None:
-            return Enrichment.model_validate(event.alert.enrichment), False
-        playbook = self._playbooks.match(event.alert)
-        return await self._enrichers.run(event.alert, playbook), True
+        if alert.enrichment is not None:
+            return Enrichment.model_validate(alert.enrichment), False
+        return await self._enrichers.run(alert, playbook), True

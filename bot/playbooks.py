@@ -360,9 +360,6 @@ class Playbook(_Model):
     actions: list[Annotated[ActionChoice, BeforeValidator(_name_or_mapping("name"))]] = Field(default_factory=list)
     links: list[LinkTemplate] = Field(default_factory=list)
 
-    def related_window(self, alertname: str) -> float | None:
-        return next((r.within for r in self.related_alerts if r.alert == alertname), None)
-
 
 @dataclass(frozen=True)
 class Advice:
@@ -652,10 +649,6 @@ class PlaybookSet:
 
     def __iter__(self) -> Iterator[Playbook]:
         return iter([p for p, _ in self._specific] + [self._generic])
-
-    @property
-    def generic(self) -> Playbook:
-        return self._generic
 
     def get(self, name: str) -> Playbook | None:
         return next((p for p in self if p.name == name), None)

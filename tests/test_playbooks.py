@@ -446,4 +446,4 @@ def test_playbook_objects_keep_the_interface_the_pipeline_uses(shipped: Playbook
     playbook = shipped.match(alert("GPUXIDError", **DCGM))
     assert isinstance(playbook, Playbook)
     assert all(isinstance(t, str) for t in playbook.queries.values())
-    assert playbook.related_window("PSUVoltageDrop") == 1800.0
+    assert {r.alert: r.within for r in playbook.related_alerts}["PSUVoltageDrop"] == 1800.0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TextIO
+from typing import TextIO, assert_never
 
 from bot.config import ConsoleReceiver, EmailReceiver, PagerDutyReceiver, Receiver, SlackReceiver
 from bot.metrics import Metrics
@@ -23,14 +23,21 @@ def build_sinks(
     sinks: dict[str, Sink] = {}
     slack_limits = SlackRateLimits()  # one pace per Slack channel, whichever receivers post there
     for receiver in receivers:
-        if isinstance(receiver, ConsoleReceiver):
-            sinks[receiver.name] = ConsoleSink(receiver.name, console)
-        elif isinstance(receiver, EmailReceiver):
-            sinks[receiver.name] = EmailSink(receiver, store)
-        elif isinstance(receiver, PagerDutyReceiver):
-            sinks[receiver.name] = PagerDutySink(receiver)
-        elif isinstance(receiver, SlackReceiver):
-            sinks[receiver.name] = SlackSink(receiver, store, metrics, slack_limits)
-        else:
-            raise NotImplementedError(f"receiver type {receiver.type!r} is not available yet")
+        sinks[receiver.name] = _sink(receiver, store, metrics, console, slack_limits)
     return sinks
+
+
+def _sink(
+    receiver: Receiver, store: Store, metrics: Metrics, console: TextIO | None, slack_limits: SlackRateLimits
+) -> Sink:
+    match receiver:
+        case ConsoleReceiver():
+            return ConsoleSink(receiver.name, console)
+        case EmailReceiver():
+            return EmailSink(receiver, store)
+        case PagerDutyReceiver():
+            return PagerDutySink(receiver)
+        case SlackReceiver():
+            return SlackSink(receiver, store, metrics, slack_limits)
+        case _:
+            assert_never(receiver)
