@@ -152,6 +152,22 @@ async def test_prune_keeps_pending_work_and_forgets_expired_dedup_keys(tmp_path:
         assert count(store, "SELECT COUNT(*) FROM alerts") == 1
 
 
+async def test_prune_forgets_resolved_alerts_and_old_gpu_history_but_keeps_firing_alerts(tmp_path: Path) -> None:
+    async with sqlite_store(tmp_path) as store:
+        resolved = am_alert(host="gone", status="resolved", ends_at=STARTED + timedelta(minutes=5))
+        await ingest_and_dedup(store, webhook([resolved], group_key="resolved"))
+        await ingest_and_dedup(store, webhook(gpu_alerts(1, host="still-firing"), group_key="firing"))
+        await route_all(store, ["console"])
+        await store.record_gpu_events(
+            [GpuEvent(gpu_key="GPU-1", kind="xid", code="79", at=datetime.now(UTC) - timedelta(days=40))]
+        )
+        await store.prune(datetime.now(UTC) - timedelta(days=30))
+        assert count(store, "SELECT COUNT(*) FROM gpu_events") == 0
+        assert count(store, "SELECT COUNT(*) FROM alerts") == 2  # resolved only minutes ago: kept
+        await store.prune(datetime.now(UTC) + timedelta(seconds=1))
+        assert query(store, "SELECT status FROM alerts") == [("firing",)]
+
+
 @pytest.mark.parametrize(
     ("pragma", "reason"),
     [("query_only = 1", "readonly"), ("max_page_count = {pages}", "full")],

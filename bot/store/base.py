@@ -156,8 +156,8 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def prune(self, older_than: datetime) -> int:
-        """Delete finished notifications, events and deliveries, sink state not touched since, and GPU history
-        older than the given time. Alerts themselves are kept."""
+        """Delete finished notifications, events and deliveries, alerts resolved, sink state not touched, and
+        GPU history older than the given time. Firing alerts are kept however old."""
 
     @abc.abstractmethod
     async def close(self) -> None: ...

@@ -872,6 +872,8 @@ class SqliteStore(Store):
                 "DELETE FROM deliveries WHERE state != 'pending' AND created_at < ?",
                 "DELETE FROM events WHERE state != 'pending' AND created_at < ?",
                 "DELETE FROM sink_state WHERE updated_at < ?",
+                "DELETE FROM alerts WHERE status = 'resolved' AND resolved_at < ? AND NOT EXISTS "
+                "(SELECT 1 FROM events e WHERE e.alert_key = alerts.key AND e.state = 'pending')",
                 "DELETE FROM gpu_events WHERE at < ?",
             ):
                 removed += conn.execute(sql, (cutoff,)).rowcount
