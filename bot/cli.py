@@ -22,7 +22,7 @@ from bot.explain import run as run_explain
 from bot.logs import configure_logging
 from bot.playbooks import PlaybookError, PlaybookSet
 from bot.store import StoreUnavailable
-from bot.xid import xid_command
+from bot.xid_catalog import xid_command
 
 log = logging.getLogger("bot")
 

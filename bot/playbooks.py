@@ -40,7 +40,7 @@ from bot.message import ActionRef, Link, Safety
 from bot.models import AlertState, host_from_labels
 from bot.querytemplate import query_template_problems
 from bot.routing import LabelMatcher
-from bot.xid import XidCatalog, XidCatalogError, bundled_catalog, load_catalog
+from bot.xid_catalog import XidCatalog, XidCatalogError, bundled_catalog, load_catalog
 
 GENERIC = "generic"
 NOT_PLAYBOOKS = frozenset({"xid_catalog.yaml"})

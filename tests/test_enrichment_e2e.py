@@ -15,7 +15,7 @@ import pytest
 from bot.config import EnrichmentConfig
 from bot.enrich import build_enrichers
 from bot.metrics import Metrics
-from bot.xid import bundled_catalog
+from bot.xid_catalog import bundled_catalog
 from tests.fakes.loki import FakeLoki
 from tests.support.bot import RunningBot, eventually, running_bot
 from tests.support.payloads import am_alert, webhook

@@ -13,7 +13,7 @@ from bot.enrich.gpu import GpuEnricher
 from bot.enrich.recurrence import RecurrenceEnricher
 from bot.enrich.xid import XidEnricher
 from bot.store.sqlite import SqliteStore
-from bot.xid import XidCatalog, load_catalog
+from bot.xid_catalog import XidCatalog, load_catalog
 from tests.test_xid_enricher import HOST, UUID_3B, UUID_86, Static, alert_state, loki_section, run
 
 WINDOW = 30 * 86400.0

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from bot.playbooks import PlaybookSet
-from bot.xid import BUNDLED_CATALOG, SEVERITIES, XidCatalogError, load_catalog
+from bot.xid_catalog import BUNDLED_CATALOG, SEVERITIES, XidCatalogError, load_catalog
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT.parent / "shared" / "reference" / "xid_catalog.yaml"

@@ -16,7 +16,7 @@ from bot.enrich.loki import LokiEnricher
 from bot.enrich.xid import STALE_GAUGE_TEXT, XidEnricher
 from bot.metrics import Metrics
 from bot.models import AlertState
-from bot.xid import XidCatalog, load_catalog
+from bot.xid_catalog import XidCatalog, load_catalog
 from tests.fakes.loki import FakeLoki
 
 T0 = datetime(2026, 5, 18, 19, 2, 30, tzinfo=UTC)

@@ -13,7 +13,7 @@ from bot.enrich.xid import XidEnricher
 from bot.metrics import Metrics
 from bot.models import DEFAULT_HOST_LABELS
 from bot.store.base import Store
-from bot.xid import XidCatalog
+from bot.xid_catalog import XidCatalog
 
 __all__ = ["Enricher", "Enrichment", "EnrichmentRequest", "EnrichmentRunner", "EnrichmentSection", "build_enrichers"]
 

@@ -24,7 +24,7 @@ from bot.enrich.nvrm import PciAddress
 from bot.models import AlertState, GpuEvent
 from bot.store import StoreUnavailable, open_store
 from bot.store.base import Store
-from bot.xid import (
+from bot.xid_catalog import (
     FOLLOWER_XIDS,
     Verdict,
     XidCatalog,
