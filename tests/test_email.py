@@ -14,7 +14,6 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from email.message import EmailMessage
 from email.parser import BytesParser
 from pathlib import Path
@@ -28,15 +27,15 @@ from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
 
 from bot.config import ConfigError, EmailReceiver, StoreConfig, load_config
-from bot.message import Fact, Link, Message, Section
+from bot.message import Link, Message, Section
 from bot.models import Delivery
 from bot.render.email import render_email, thread_message_id
 from bot.sinks.base import DeliveryResult
 from bot.sinks.email import EmailSink, classify_smtp_error
 from bot.store import Store, open_store
+from tests.support.messages import delivery_of, sample_message
 from tests.support.processes import free_port
 
-STARTED = datetime(2026, 11, 29, 13, 31, 59, tzinfo=UTC)
 HOSTILE = '<script>alert("x")</script>&<b>'
 
 
@@ -155,47 +154,11 @@ def smtp_server(
 
 # --- messages and sinks -------------------------------------------------------------------------------------
 def message(event: str = "firing", **changes: Any) -> Message:
-    status = "resolved" if event == "resolved" else "firing"
-    values: dict[str, Any] = {
-        "alert_key": f"0123456789abcdef@{STARTED.isoformat()}",
-        "fingerprint": "0123456789abcdef",
-        "group_key": '{}:{alertname="GPUXidError"}',
-        "event": event,
-        "status": status,
-        "severity": "critical",
-        "title": "GPUXidError on k-ai-01 GPU 3",
-        "summary": "Xid 79 on GPU 3: fell off the bus",
-        "host": "k-ai-01",
-        "gpu": "3",
-        "alertname": "GPUXidError",
-        "starts_at": STARTED,
-        "resolved_at": STARTED + timedelta(minutes=12) if status == "resolved" else None,
-        "facts": [Fact(label="Host", value="k-ai-01"), Fact(label="GPU", value="3 · NVIDIA H100 80GB HBM3")],
-        "sections": [
-            Section(title="Judgement", kind="judgement", lines=["Hardware fault: drain the node"]),
-            Section(title="What it means", lines=["The GPU stopped answering on PCIe."]),
-            Section(title="Kernel log", kind="code", lines=["NVRM: Xid (PCI:0000:3b:00): 79, pid=1234", "second"]),
-            Section(title="Runbook", kind="steps", lines=["Drain the node: `kubectl drain k-ai-01`", "Reseat"]),
-            Section(title="Prometheus", kind="warning", lines=["Prometheus unavailable: timeout"]),
-        ],
-        "links": [Link(text="Runbook", url="https://runbooks.example/xid"), Link(text="Sneaky", url="javascript:x")],
-        "labels": {"alertname": "GPUXidError", "severity": "critical", "host": "k-ai-01", "gpu": "3"},
-        "details": {"annotations": {"summary": "Xid 79 on GPU 3: fell off the bus", "description": "more words"}},
-    }
-    values.update(changes)
-    return Message(**values)
+    return sample_message(event, **changes)
 
 
 def delivery(msg: Message, delivery_id: int = 1) -> Delivery:
-    return Delivery(
-        id=delivery_id,
-        event_id=delivery_id,
-        alert_key=msg.alert_key,
-        receiver="mail",
-        message=msg,
-        attempts=0,
-        created_at=datetime.now(UTC),
-    )
+    return delivery_of(msg, "mail", delivery_id)
 
 
 def receiver(port: int, **options: Any) -> EmailReceiver:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ import httpx
 import pytest
 
 from bot.config import ConfigError, PagerDutyReceiver, load_config
-from bot.message import Fact, Link, Message, Section
+from bot.message import Fact, Message, Section
 from bot.models import Delivery
 from bot.render.pagerduty import (
     DEDUP_KEY_LIMIT,
@@ -26,35 +25,19 @@ from bot.render.pagerduty import (
 )
 from bot.sinks.pagerduty import PagerDutySink, classify_response
 from tests.fakes.pagerduty import FakePagerDuty
+from tests.support.messages import STARTED, delivery_of, sample_message
 
 ROUTING_KEY = "0123456789abcdef0123456789abcdef"
-STARTED = datetime(2026, 11, 29, 13, 31, 59, tzinfo=UTC)
 
 
 def message(event: str = "firing", **changes: Any) -> Message:
-    status = "resolved" if event == "resolved" else "firing"
-    values: dict[str, Any] = {
-        "alert_key": f"0123456789abcdef@{STARTED.isoformat()}",
-        "fingerprint": "0123456789abcdef",
-        "group_key": '{}:{alertname="GPUXidError"}',
-        "event": event,
-        "status": status,
-        "severity": "critical",
-        "title": "GPUXidError on k-ai-01 GPU 3",
+    minimal = {
         "summary": "Xid 79: GPU fell off the bus",
-        "host": "k-ai-01",
-        "gpu": "3",
-        "alertname": "GPUXidError",
-        "starts_at": STARTED,
-        "resolved_at": STARTED + timedelta(minutes=12) if status == "resolved" else None,
         "facts": [Fact(label="Host", value="k-ai-01")],
         "sections": [Section(title="Runbook", kind="steps", lines=["Drain the node"])],
-        "links": [Link(text="Runbook", url="https://runbooks.example/xid"), Link(text="Bad", url="javascript:x")],
         "labels": {"alertname": "GPUXidError", "severity": "critical", "host": "k-ai-01", "cluster": "train-a"},
-        "details": {"annotations": {"summary": "Xid 79"}, "loki": {"entries": [["t", "NVRM: Xid 79"]]}},
     }
-    values.update(changes)
-    return Message(**values)
+    return sample_message(event, **{**minimal, **changes})
 
 
 def receiver(tmp_path: Path, **options: Any) -> PagerDutyReceiver:
@@ -66,9 +49,7 @@ def receiver(tmp_path: Path, **options: Any) -> PagerDutyReceiver:
 
 
 def delivery(msg: Message) -> Delivery:
-    return Delivery(
-        id=1, event_id=1, alert_key=msg.alert_key, receiver="pd", message=msg, attempts=0, created_at=STARTED
-    )
+    return delivery_of(msg, "pd")
 
 
 @pytest.fixture
