@@ -34,10 +34,11 @@ from tests.support.exporter import (
     vllm_labels,
 )
 from tests.support.processes import REPO, Prometheus
+from tests.support.rules import SHIPPED_RULES, quick_rules
 
 pytestmark = pytest.mark.realstack
 
-RULE_FILE = REPO / "config" / "rules" / "gpu-alerts.yml"
+RULE_FILE = SHIPPED_RULES / "gpu-alerts.yml"
 # What each GPU rule's message must say: the seed's threshold, as its playbook words it.
 SEED_THRESHOLDS = {
     "GPUTempCritical": "87 °C for 30 s",
@@ -58,19 +59,6 @@ HEALTHY = {
 }
 NO_XID = {"err_code": "0", "err_msg": "No Error"}
 XID_79 = {"err_code": "79", "err_msg": "GPU has fallen off the bus"}
-
-
-def fast_rules(tmp_path: Path) -> Path:
-    """The shipped gpu and serving groups with a 1 s interval and `for: 1s`; expressions as shipped."""
-    groups = [g for g in yaml.safe_load(RULE_FILE.read_text())["groups"] if g["name"] in ("gpu", "serving")]
-    for group in groups:
-        group["interval"] = "1s"
-        for rule in group["rules"]:
-            if "for" in rule:
-                rule["for"] = "1s"
-    path = tmp_path / "gpu-alerts.yml"
-    path.write_text(yaml.safe_dump({"groups": groups}, allow_unicode=True))
-    return path
 
 
 def scrape_config_for(targets: list[str]) -> dict[str, Any]:
@@ -159,9 +147,14 @@ async def test_every_gpu_rule_fires_with_its_runbook_and_threshold_and_vllm_is_j
     tmp_path: Path, alertmanager_factory: Any
 ) -> None:
     playbooks = PlaybookSet.load(REPO / "playbooks")
+    rules = quick_rules([RULE_FILE], tmp_path / "gpu-alerts.yml", groups=("gpu", "serving"))
     with exporters() as (idle, busy):
         targets = [idle.target, f"localhost:{busy.port}"]
-        prometheus = Prometheus(tmp_path / "prom", scrape_config_for(targets), [fast_rules(tmp_path)])
+        prometheus = Prometheus(
+            tmp_path / "prom",
+            scrape_config_for(targets),
+            [rules],
+        )
         try:
             # A short history keeps the range query's step under the age of this young Prometheus's data.
             config = {"enrichment": {"budget": "5s", "prometheus": {"url": prometheus.url, "history": "2m"}}}

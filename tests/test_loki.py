@@ -21,6 +21,7 @@ from bot.enrich.queryapi import Deadline, QueryError
 from bot.models import AlertState
 from bot.querytemplate import TemplateError, fill_query, quoted, regex_literal
 from tests.fakes.loki import LOKI_26_ERROR_CONTENT_TYPE, TEXT_PLAIN, FakeLoki, parse_logql, parse_timestamp, unquote
+from tests.support.payloads import alert_state
 
 # Alerts started an hour ago: answers fetched now may be shared by them (they were asked after the start).
 T = (datetime.now(UTC) - timedelta(hours=1)).replace(second=0, microsecond=0)
@@ -38,15 +39,7 @@ async def loki() -> AsyncIterator[FakeLoki]:
 
 def make_alert(labels: dict[str, str] | None = None, starts_at: datetime = T) -> AlertState:
     labels = {"alertname": "GPUXidError", "Hostname": "k-ai-01", "gpu": "2", **(labels or {})}
-    return AlertState(
-        key=f"{labels}@{starts_at}",
-        fingerprint="f",
-        status="firing",
-        labels=labels,
-        starts_at=starts_at,
-        first_seen=starts_at,
-        last_seen=starts_at,
-    )
+    return alert_state(labels, starts_at=starts_at, key=f"{labels}@{starts_at}")
 
 
 def config(loki: FakeLoki, **options: Any) -> LokiConfig:

@@ -25,6 +25,7 @@ from bot.playbooks import (
     fill_command,
 )
 from bot.querytemplate import TemplateError, fill_query, query_template_problems
+from tests.support.payloads import alert_state
 from tests.support.processes import REPO, find_binary
 
 PLAYBOOKS = REPO / "playbooks"
@@ -48,16 +49,12 @@ DCGM = {
 
 
 def alert(alertname: str, starts_at: datetime = STARTED, **labels: str) -> AlertState:
-    all_labels = {"alertname": alertname, "severity": "critical", **labels}
-    return AlertState(
-        key=f"{alertname}-{sorted(labels.items())}@{starts_at.isoformat()}",
-        fingerprint=alertname,
-        status="firing",
-        labels=all_labels,
-        annotations={"summary": f"{alertname} fired"},
+    return alert_state(
+        {"alertname": alertname, "severity": "critical", **labels},
         starts_at=starts_at,
-        first_seen=starts_at,
-        last_seen=starts_at,
+        fingerprint=alertname,
+        key=f"{alertname}-{sorted(labels.items())}@{starts_at.isoformat()}",
+        annotations={"summary": f"{alertname} fired"},
     )
 
 

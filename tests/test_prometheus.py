@@ -37,6 +37,7 @@ from bot.models import AlertState
 from bot.playbooks import Playbook
 from bot.querytemplate import fill_query
 from tests.support.exporter import dcgm_labels
+from tests.support.payloads import alert_state
 
 PROMETHEUS = "http://prometheus.test:9090"
 # From a real Prometheus 2.42 -> Alertmanager 0.25 capture (protocols.md 3.3).
@@ -287,17 +288,7 @@ def rules(*rules: dict[str, Any]) -> httpx.Response:
 
 
 def make_alert(labels: dict[str, str], generator_url: str = "") -> AlertState:
-    now = datetime.now(UTC)
-    return AlertState(
-        key="k",
-        fingerprint="f",
-        status="firing",
-        labels=labels,
-        starts_at=now - timedelta(minutes=1),
-        first_seen=now,
-        last_seen=now,
-        generator_url=generator_url,
-    )
+    return alert_state(labels, starts_at=datetime.now(UTC) - timedelta(minutes=1), key="k", generator_url=generator_url)
 
 
 async def run(

@@ -30,34 +30,17 @@ from tests.support.exporter import (
     dcgm_labels,
     scrape_config,
 )
-from tests.support.processes import REPO, Prometheus
+from tests.support.payloads import alert_state
+from tests.support.processes import Prometheus
+from tests.support.rules import SHIPPED_RULES, quick_rules
 
 pytestmark = pytest.mark.realstack
 
-SEED_RULES = REPO / "tests" / "fixtures" / "rules" / "seed-rules.yml"
-SHIPPED_RULES = REPO / "config" / "rules"
 HOST = "k-ai-01"
 HOT_GPU = 2  # 00000000:3B:00.0 in dcgm_labels
 IDLE_TEMPERATURE = 45.0
 TEMPERATURES = (62.0, 80.0, 93.0)
 FINAL_TEMPERATURE = 91.0
-
-
-def fast_rules(tmp: Path) -> Path:
-    """The alert rules (the shipped file when there is one, else the seed copy) with every group evaluated
-    each second and every `for:` cut to 1 s, so an alert fires within seconds."""
-    shipped = sorted(SHIPPED_RULES.glob("*.yml")) + sorted(SHIPPED_RULES.glob("*.yaml"))
-    groups: list[dict[str, Any]] = []
-    for path in shipped or [SEED_RULES]:
-        groups += (yaml.safe_load(path.read_text()) or {}).get("groups", [])
-    for group in groups:
-        group["interval"] = "1s"
-        for rule in group["rules"]:
-            if "for" in rule:
-                rule["for"] = "1s"
-    out = tmp / "rules.yml"
-    out.write_text(yaml.safe_dump({"groups": groups}, allow_unicode=True))
-    return out
 
 
 @dataclass
@@ -92,7 +75,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 {DCGM_GPU_TEMP: IDLE_TEMPERATURE, DCGM_POWER_USAGE: 300 + gpu, DCGM_XID_ERRORS: 0},
             )
         exporter.set_gpu(dcgm_labels(0, hostname="k-ai-02"), {DCGM_GPU_TEMP: 40})
-        rules = fast_rules(tmp)
+        rules = quick_rules(sorted(SHIPPED_RULES.glob("*.yml")), tmp / "rules.yml")
         prometheus = Prometheus(tmp, scrape_config(exporter.target, job="dcgm"), [rules])
         try:
             stack = Stack(exporter, prometheus, rules)
@@ -167,17 +150,8 @@ async def test_alert_from_prometheus_rules_is_stored_with_its_history_and_gpu(
 
 
 def _alert(labels: dict[str, str], generator_url: str = "", started: datetime | None = None) -> AlertState:
-    now = datetime.now(UTC)
-    return AlertState(
-        key="k",
-        fingerprint="f",
-        status="firing",
-        labels=labels,
-        starts_at=started or now - timedelta(seconds=5),
-        first_seen=now,
-        last_seen=now,
-        generator_url=generator_url,
-    )
+    starts_at = started or datetime.now(UTC) - timedelta(seconds=5)
+    return alert_state(labels, starts_at=starts_at, key="k", generator_url=generator_url)
 
 
 async def test_rules_fallback_related_queries_and_inventory_against_real_prometheus(stack: Stack) -> None:

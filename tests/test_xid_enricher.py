@@ -18,6 +18,7 @@ from bot.metrics import Metrics
 from bot.models import AlertState
 from bot.xid_catalog import XidCatalog, load_catalog
 from tests.fakes.loki import FakeLoki
+from tests.support.payloads import alert_state as episode
 
 T0 = datetime(2026, 5, 18, 19, 2, 30, tzinfo=UTC)
 HOST = "k-ai-01"
@@ -28,15 +29,8 @@ GPU_LABELS = {"gpu": "3", "UUID": UUID_3B, "pci_bus_id": "00000000:3B:00.0", "mo
 
 # --- helpers shared with the GPU identity and recurrence tests -------------------------------------------
 def alert_state(labels: dict[str, str], starts_at: datetime = T0, fingerprint: str = "f00d") -> AlertState:
-    return AlertState(
-        key=f"{fingerprint}@{starts_at.isoformat()}",
-        fingerprint=fingerprint,
-        status="firing",
-        labels={"alertname": "GPUXIDError", "Hostname": HOST, **labels},
-        starts_at=starts_at,
-        first_seen=starts_at,
-        last_seen=starts_at,
-    )
+    all_labels = {"alertname": "GPUXIDError", "Hostname": HOST, **labels}
+    return episode(all_labels, starts_at=starts_at, fingerprint=fingerprint)
 
 
 class Static:

@@ -1,4 +1,5 @@
-"""Alertmanager webhook bodies for tests, shaped like the real captures (payload version 4)."""
+"""Alertmanager webhook bodies for tests, shaped like the real captures (payload version 4), and the alert
+episodes the store makes of them."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+from bot.models import AlertState, alert_key
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_CAPTURES = REPO.parent / "shared" / "reference" / "alertmanager-captures"
@@ -101,3 +104,26 @@ def distinct_webhooks(count: int, alerts_each: int, *, prefix: str = "batch") ->
     for n in range(count):
         host = f"{prefix}-{n:05d}"
         yield webhook(gpu_alerts(alerts_each, host=host), group_key=f'{{}}:{{host="{host}"}}')
+
+
+def alert_state(
+    labels: dict[str, str],
+    *,
+    starts_at: datetime = STARTED,
+    fingerprint: str = "f",
+    key: str | None = None,
+    generator_url: str = "",
+    annotations: dict[str, str] | None = None,
+) -> AlertState:
+    """A firing alert episode as the store hands it to the pipeline, first seen when it started."""
+    return AlertState(
+        key=key or alert_key(fingerprint, starts_at),
+        fingerprint=fingerprint,
+        status="firing",
+        labels=labels,
+        annotations=annotations or {},
+        starts_at=starts_at,
+        first_seen=starts_at,
+        last_seen=starts_at,
+        generator_url=generator_url,
+    )
