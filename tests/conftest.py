@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from tests.support.processes import Alertmanager, webhook_alertmanager_config
+
+# CI must not fail on an example nobody has seen before: property tests replay the same examples
+# unless HYPOTHESIS_PROFILE=explore asks for fresh ones (run it locally to hunt for new failures).
+settings.register_profile("deterministic", derandomize=True, print_blob=True)
+settings.register_profile("explore", derandomize=False, max_examples=1000, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
 
 
 @pytest.fixture
