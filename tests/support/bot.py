@@ -93,5 +93,3 @@ async def eventually(
             raise AssertionError(f"condition not met within {timeout} s")
         await asyncio.sleep(interval)
 
-
-CAPTURES = Path(__file__).resolve().parents[3] / "shared" / "reference" / "alertmanager-captures"
