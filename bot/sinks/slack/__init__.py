@@ -1,0 +1,15 @@
+"""Slack sink: one conversation per alert on slack_sdk's AsyncWebClient, paced per channel, storm-proof.
+
+- `sink`: SlackSink, the per-alert conversation (first post, repeats in the thread, resolve/ack in place,
+  related alerts threaded under their root);
+- `storm`: storm control, one summary message and batched thread replies when alerts flood the channel;
+- `channel`: the Slack Web API calls, their failures classified for the outbox, and the exactly-once lookup of
+  a post in doubt by its nonce;
+- `pacing`: a token bucket per channel and slack_sdk's 429 handler, bounded;
+- `state`: what the sink remembers in the store's sink state (JSON), so it all survives restarts.
+"""
+
+from bot.sinks.slack.pacing import SlackRateLimits
+from bot.sinks.slack.sink import SlackSink
+
+__all__ = ["SlackRateLimits", "SlackSink"]

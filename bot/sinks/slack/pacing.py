@@ -1,0 +1,86 @@
+"""Pacing of Slack calls: a token bucket per channel, and slack_sdk's 429 handler bounded to short waits.
+
+Every receiver that posts to the same channel shares that channel's bucket. slack_sdk waits out a 429 per
+Retry-After (AsyncRateLimitErrorRetryHandler) when the wait is short; a longer one is not slept inside the
+request but handed to the outbox as the delay of a retry-later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from slack_sdk.http_retry.builtin_async_handlers import AsyncRateLimitErrorRetryHandler
+from slack_sdk.http_retry.request import HttpRequest
+from slack_sdk.http_retry.response import HttpResponse
+from slack_sdk.http_retry.state import RetryState
+
+from bot.retry_after import retry_after_seconds
+
+
+class TokenBucket:
+    """At most `rate` calls per second on average, `burst` at once; `acquire` waits for its turn (FIFO)."""
+
+    def __init__(self, rate: float, burst: float = 1.0) -> None:
+        self.rate = rate
+        self.burst = burst
+        self._tokens = burst
+        self._stamp = time.monotonic()
+        self._lock = asyncio.Lock()
+
+    def _refill(self) -> None:
+        now = time.monotonic()
+        self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
+        self._stamp = now
+
+    async def acquire(self) -> None:
+        async with self._lock:
+            self._refill()
+            if self._tokens < 1:
+                await asyncio.sleep((1 - self._tokens) / self.rate)
+                self._refill()
+            self._tokens -= 1
+
+
+class SlackRateLimits:
+    """One token bucket per Slack channel, shared by every receiver that posts there."""
+
+    def __init__(self) -> None:
+        self._buckets: dict[tuple[str, str], TokenBucket] = {}
+
+    def bucket(self, api_url: str, channel: str, rate: float) -> TokenBucket:
+        key = (api_url.rstrip("/"), channel.removeprefix("#"))
+        bucket = self._buckets.setdefault(key, TokenBucket(rate))
+        bucket.rate = min(bucket.rate, rate)
+        return bucket
+
+
+class BoundedRateLimitHandler(AsyncRateLimitErrorRetryHandler):
+    """slack_sdk's 429 handler (sleeps Retry-After, then retries), for waits up to `max_wait` seconds."""
+
+    def __init__(self, max_retry_count: int, max_wait: float) -> None:
+        super().__init__(max_retry_count=max_retry_count)
+        self._max_wait = max_wait
+
+    async def _can_retry_async(
+        self,
+        *,
+        state: RetryState,
+        request: HttpRequest,
+        response: HttpResponse | None = None,
+        error: Exception | None = None,
+    ) -> bool:
+        if not await super()._can_retry_async(state=state, request=request, response=response, error=error):
+            return False
+        assert response is not None
+        wait = retry_after(response.headers)
+        return wait is None or wait <= self._max_wait
+
+
+def retry_after(headers: Any) -> float | None:
+    """slack_sdk gives headers as a dict of lists, with the names as the server sent them."""
+    for name, value in dict(headers or {}).items():
+        if name.lower() == "retry-after":
+            return retry_after_seconds(value[0] if isinstance(value, list) else value)
+    return None

@@ -1,0 +1,186 @@
+"""The Slack sink: one conversation per alert, kept in the store's sink state so it survives restarts.
+
+- a new alert is posted once, top-level; its channel and `ts` are stored;
+- a repeat is a short reply in that message's thread, never a new top-level message;
+- a resolve or an ack updates the original message in place (chat.update: green, "Resolved after 12 min"), and
+  adds a short reply to the thread;
+- an alert whose `related_to` names an earlier alert posted here goes into that alert's thread, and the earlier
+  message is updated to mention it;
+- during a storm, new alerts go to the storm's summary and thread instead (see `storm`).
+
+Exactly once: before an alert's first post (top-level, or in a related alert's thread) the sink records its
+intent, a nonce, in the alert's record; an attempt after one without a clear answer looks for that nonce in Slack
+before posting again (see `channel`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+from bot.config import SlackReceiver
+from bot.message import Message
+from bot.metrics import Metrics
+from bot.models import Delivery
+from bot.render.slack import Payload, RelatedNote, ack_note, repeat_note, resolved_note, slack_payload
+from bot.sinks.base import DeliveryResult
+from bot.sinks.slack.channel import SlackChannel, SlackFailure
+from bot.sinks.slack.pacing import SlackRateLimits
+from bot.sinks.slack.state import AlertRecord, Posting, Related, SinkState
+from bot.sinks.slack.storm import StormControl
+from bot.store.base import Store, StoreUnavailable
+
+
+class SlackSink:
+    def __init__(
+        self, receiver: SlackReceiver, store: Store, metrics: Metrics, limits: SlackRateLimits | None = None
+    ) -> None:
+        self.name = receiver.name
+        self._state = SinkState(store, receiver.name)
+        self._channel = SlackChannel(receiver, self._state, limits)
+        self._storms = StormControl(receiver, self._state, self._channel, metrics)
+        with contextlib.suppress(RuntimeError):  # no running loop: the first delivery starts the flusher
+            asyncio.get_running_loop()
+            self._storms.ensure_flusher()
+
+    # --- Sink interface ---------------------------------------------------------------------------------
+    async def deliver(self, delivery: Delivery) -> DeliveryResult:
+        self._storms.ensure_flusher()
+        try:
+            await self._handle(delivery)
+        except SlackFailure as failure:
+            return failure.result
+        except StoreUnavailable as exc:
+            return DeliveryResult.retry_later("store_unavailable", str(exc))
+        return DeliveryResult.ok()
+
+    async def close(self) -> None:
+        await self._storms.close()
+        await self._channel.close()
+
+    # --- one event ----------------------------------------------------------------------------------------
+    async def _handle(self, delivery: Delivery) -> None:
+        message = delivery.message
+        record = await self._state.record(message.alert_key)
+        if record is not None and record.mode == "storm":
+            await self._storms.handle(message, record)
+        elif record is None or not record.ts:
+            await self._first(message, record)
+        elif message.event == "repeat":
+            await self._repeat(message, record, delivery)
+        elif message.event in ("resolved", "ack"):
+            await self._update_in_place(message, record)
+        elif record.root_pending:
+            await self._show_in_root(message, record)
+
+    async def _first(self, message: Message, record: AlertRecord | None) -> None:
+        """The first time this alert shows in Slack: in a storm, in a related alert's thread, or top-level.
+
+        A post in doubt (an earlier attempt without a clear answer) keeps the decision it was made with, so the
+        nonce lookup searches the right place.
+        """
+        if record is None or record.posting is None:
+            record = await self._place(message)
+            if record is None:
+                return
+        key = message.alert_key
+        if record.mode == "related":
+            await self._post_once(key, record, slack_payload(message, compact=True), record.thread_ts)
+            record.root_pending = True
+            await self._state.save_record(key, record, message)
+            await self._show_in_root(message, record)
+            return
+        await self._post_once(key, record, slack_payload(message), "")
+        record.thread_ts = record.ts
+        record.status = message.status
+        record.told_ack = message.acked_by or ""
+        await self._state.save_record(key, record, message)
+
+    async def _place(self, message: Message) -> AlertRecord | None:
+        """Where a new alert goes: into a storm (done here, None), a related alert's thread, or top-level."""
+        if message.event == "firing":
+            storm_id = await self._storms.admit(message)
+            if storm_id:
+                await self._storms.join(storm_id, message, await self._state.record(message.alert_key))
+                return None
+        root = await self._root_for(message)
+        if root is not None:
+            return AlertRecord(mode="related", root=root[0], thread_ts=root[1].ts)
+        return AlertRecord()
+
+    async def _repeat(self, message: Message, record: AlertRecord, delivery: Delivery) -> None:
+        if message.times_seen <= record.told_seen:
+            return
+        await self._channel.post(repeat_note(message, delivery.created_at), thread_ts=record.thread_ts or record.ts)
+        record.told_seen = message.times_seen
+        await self._state.save_record(message.alert_key, record)
+
+    async def _update_in_place(self, message: Message, record: AlertRecord) -> None:
+        """Resolve or ack: the original message changes (never a new top-level one), the thread hears of it."""
+        related = [RelatedNote(r.title, r.status) for r in record.related]
+        compact = record.mode == "related"
+        await self._channel.update(record.channel, record.ts, slack_payload(message, compact=compact, related=related))
+        record.status = message.status
+        await self._state.save_record(message.alert_key, record, message)
+        if compact:
+            record.root_pending = True
+            await self._show_in_root(message, record)
+        elif message.status == "resolved" and record.told_status != "resolved":
+            await self._channel.post(resolved_note(message), thread_ts=record.ts)
+            record.told_status = "resolved"
+            await self._state.save_record(message.alert_key, record)
+        elif message.acked_by and message.acked_by != record.told_ack:
+            await self._channel.post(ack_note(message), thread_ts=record.ts)
+            record.told_ack = message.acked_by
+            await self._state.save_record(message.alert_key, record)
+        if record.storm and message.status == "resolved":
+            await self._storms.resolve(record.storm, message.alert_key)
+
+    # --- related alerts ---------------------------------------------------------------------------------
+    async def _root_for(self, message: Message) -> tuple[str, AlertRecord] | None:
+        """The earlier alert this one belongs with, when it has a message in this channel."""
+        key = message.related_to
+        for _ in range(3):  # a related alert's root is itself a message; follow at most a short chain
+            if not key or key == message.alert_key:
+                return None
+            root = await self._state.record(key)
+            if root is None or not root.ts:
+                return None
+            if root.mode == "message":
+                return key, root
+            key = root.root
+        return None
+
+    async def _show_in_root(self, message: Message, record: AlertRecord) -> None:
+        """Mention (or refresh) this related alert on its root message."""
+        root = await self._state.record(record.root)
+        if root is not None and root.message is not None:
+            mention = Related(key=message.alert_key, title=message.title, status=message.status)
+            root.related = [r for r in root.related if r.key != mention.key] + [mention]
+            await self._state.save_record(record.root, root)
+            shown = Message.model_validate(root.message)
+            notes = [RelatedNote(r.title, r.status) for r in root.related]
+            await self._channel.update(root.channel, root.ts, slack_payload(shown, related=notes))
+        record.root_pending = False
+        await self._state.save_record(message.alert_key, record)
+
+    # --- exactly-once posting ---------------------------------------------------------------------------------
+    async def _post_once(self, key: str, record: AlertRecord, payload: Payload, thread_ts: str) -> None:
+        """Post unless an earlier attempt already did (found by nonce); record channel and ts."""
+        nonce = f"alert:{key}"
+        if record.posting is not None:
+            found = await self._channel.find_posted(record.posting)
+            if found is not None:
+                record.channel, record.ts, record.posting = found[0], found[1], None
+                return
+        record.posting = Posting(nonce=nonce, at=time.time(), thread_ts=thread_ts)
+        await self._state.save_record(key, record)
+        try:
+            channel, ts = await self._channel.post(payload, thread_ts=thread_ts, nonce=nonce, key=key)
+        except SlackFailure as failure:
+            if failure.sent is False:
+                record.posting = None
+                await self._state.save_record(key, record)
+            raise
+        record.channel, record.ts, record.posting = channel, ts, None

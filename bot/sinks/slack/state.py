@@ -1,0 +1,181 @@
+"""What the Slack sink remembers, as JSON in the store's sink state, so its conversations survive restarts.
+
+Keys, per receiver: `alert:<alert key>` (an AlertRecord), `channel` (the ChannelState), `storm:<id>` (a Storm)
+and `storm:<id>:<seq>` (a StormItem: one line listed in that storm).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from bot.message import Message
+from bot.render.slack import StormSummary, shrink_for_slack
+from bot.store.base import Store
+
+
+class Posting(BaseModel):
+    """A post whose outcome is unknown until proven: its nonce is in the message metadata."""
+
+    nonce: str
+    at: float
+    thread_ts: str = ""
+    # For a storm batch: the lines it carried.
+    first: int = 0
+    last: int = 0
+
+
+class Related(BaseModel):
+    key: str
+    title: str
+    status: str
+
+
+class AlertRecord(BaseModel):
+    mode: Literal["message", "related", "storm"] = "message"
+    channel: str = ""
+    ts: str = ""
+    # The thread this alert's replies go to: its own ts, or the root's for a related alert.
+    thread_ts: str = ""
+    posting: Posting | None = None
+    status: str = "firing"
+    # The message as last shown (without details), to re-render it when a related alert joins its thread.
+    message: dict[str, Any] | None = None
+    related: list[Related] = Field(default_factory=list)
+    root: str = ""
+    root_pending: bool = False
+    told_seen: int = 0
+    told_status: str = ""
+    told_ack: str = ""
+    storm: str = ""
+    seq: int = 0
+
+
+class Arrival(BaseModel):
+    at: float
+    key: str
+
+
+class ChannelState(BaseModel):
+    channel_id: str = ""
+    arrivals: list[Arrival] = Field(default_factory=list)
+    storm: str = ""
+    open_storms: list[str] = Field(default_factory=list)
+
+
+class Storm(BaseModel):
+    id: str
+    started_at: float
+    last_new_at: float
+    ended: bool = False
+    failed: str = ""
+    summary_channel: str = ""
+    summary_ts: str = ""
+    posting: Posting | None = None
+    batch_posting: Posting | None = None
+    next_seq: int = 1
+    posted_seq: int = 0
+    pending_since: float = 0.0
+    firing: int = 0
+    resolved: int = 0
+    by_name: dict[str, int] = Field(default_factory=dict)
+    by_host: dict[str, int] = Field(default_factory=dict)
+    by_gpu: dict[str, int] = Field(default_factory=dict)
+    by_severity: dict[str, int] = Field(default_factory=dict)
+    recent_resolves: list[str] = Field(default_factory=list)
+    version: int = 0
+    shown_version: int = 0
+    summary_at: float = 0.0
+
+    @property
+    def pending(self) -> int:
+        return self.next_seq - 1 - self.posted_seq
+
+    def summary(self) -> StormSummary:
+        return StormSummary(
+            started_at=datetime.fromtimestamp(self.started_at, UTC),
+            last_new_at=datetime.fromtimestamp(self.last_new_at, UTC),
+            ended=self.ended,
+            firing=self.firing,
+            resolved=self.resolved,
+            by_name=self.by_name,
+            by_host=self.by_host,
+            by_gpu=self.by_gpu,
+            by_severity=self.by_severity,
+            listed=self.posted_seq,
+        )
+
+    def count(self, message: Message, status: str) -> None:
+        def bump(counts: dict[str, int], name: str) -> None:
+            if name:
+                counts[name] = counts.get(name, 0) + 1
+
+        bump(self.by_name, message.alertname or message.title)
+        bump(self.by_host, message.host)
+        bump(self.by_gpu, f"{message.host} GPU {message.gpu}".strip() if message.gpu else "")
+        bump(self.by_severity, message.severity or "unknown")
+        if status == "resolved":
+            self.resolved += 1
+        else:
+            self.firing += 1
+        self.version += 1
+
+
+class StormItem(BaseModel):
+    key: str
+    line: str
+
+
+class SinkState:
+    """One receiver's sink state. `lock` guards every read-modify-write: deliveries and the storm flusher share it."""
+
+    def __init__(self, store: Store, receiver: str) -> None:
+        self._store = store
+        self._receiver = receiver
+        self.lock = asyncio.Lock()
+
+    async def record(self, key: str) -> AlertRecord | None:
+        raw = await self._store.get_sink_state(self._receiver, f"alert:{key}")
+        return None if raw is None else AlertRecord.model_validate(raw)
+
+    async def save_record(self, key: str, record: AlertRecord, message: Message | None = None) -> None:
+        if message is not None and record.mode != "storm":
+            record.message = shrink_for_slack(message).model_dump(mode="json")
+        await self._store.put_sink_state(self._receiver, f"alert:{key}", record.model_dump(mode="json"))
+
+    async def channel_state(self) -> ChannelState:
+        raw = await self._store.get_sink_state(self._receiver, "channel")
+        return ChannelState() if raw is None else ChannelState.model_validate(raw)
+
+    async def save_channel_state(self, state: ChannelState) -> None:
+        await self._store.put_sink_state(self._receiver, "channel", state.model_dump(mode="json"))
+
+    async def storm(self, storm_id: str) -> Storm | None:
+        raw = await self._store.get_sink_state(self._receiver, f"storm:{storm_id}")
+        return None if raw is None else Storm.model_validate(raw)
+
+    async def save_storm(self, storm: Storm) -> None:
+        await self._store.put_sink_state(self._receiver, f"storm:{storm.id}", storm.model_dump(mode="json"))
+
+    async def update_storm(self, storm_id: str, change: Callable[[Storm], None]) -> None:
+        """Read-modify-write of a storm under the lock: deliveries and the flusher both change it."""
+        async with self.lock:
+            storm = await self.storm(storm_id)
+            if storm is not None:
+                change(storm)
+                await self.save_storm(storm)
+
+    async def storm_item(self, storm_id: str, seq: int) -> StormItem | None:
+        raw = await self._store.get_sink_state(self._receiver, _item_key(storm_id, seq))
+        return None if raw is None else StormItem.model_validate(raw)
+
+    async def save_storm_item(self, storm_id: str, seq: int, item: StormItem) -> None:
+        await self._store.put_sink_state(self._receiver, _item_key(storm_id, seq), item.model_dump())
+
+
+def _item_key(storm_id: str, seq: int) -> str:
+    return f"storm:{storm_id}:{seq}"
