@@ -78,6 +78,10 @@ class Outbox:
                 self._metrics.errors.labels("store_unavailable").inc()
                 log.warning("outbox cannot read the store", extra={"receiver": sink.name, "reason": str(exc)})
                 timeout = self._config.initial_backoff
+            except Exception:  # a bug must not silence this receiver until the next restart
+                self._metrics.errors.labels("outbox").inc()
+                log.exception("outbox dispatcher error; will try again", extra={"receiver": sink.name})
+                timeout = self._config.max_backoff
             # asyncio.timeout, not wait_for, which on Python 3.11 can swallow the cancellation of stop().
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
@@ -97,7 +101,9 @@ class Outbox:
 
         def wait(state: RetryCallState) -> float:
             result: DeliveryResult = state.outcome.result()  # type: ignore[union-attr]
-            return result.delay if result.delay is not None else backoff(state)
+            # A Retry-After past the deadline is only a late give-up: never wait beyond the deadline.
+            asked = result.delay if result.delay is not None else backoff(state)
+            return max(0.0, min(asked, (deadline - datetime.now(UTC)).total_seconds()))
 
         async def persist_retry(state: RetryCallState) -> None:
             result: DeliveryResult = state.outcome.result()  # type: ignore[union-attr]

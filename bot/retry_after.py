@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import email.utils
+import math
 from datetime import UTC, datetime
 
 
@@ -12,9 +13,11 @@ def retry_after_seconds(value: str | None) -> float | None:
     if not text:
         return None
     try:
-        return max(0.0, float(text))
+        seconds = float(text)
     except ValueError:
         pass
+    else:
+        return max(0.0, seconds) if math.isfinite(seconds) else None
     try:
         when = email.utils.parsedate_to_datetime(text)
     except (TypeError, ValueError):

@@ -132,6 +132,54 @@ async def test_a_delivery_still_failing_after_give_up_after_is_given_up(tmp_path
         assert len(sink.attempts) > 1
 
 
+async def test_a_delay_hint_beyond_the_deadline_only_waits_until_the_deadline(tmp_path: Path) -> None:
+    sink = ScriptedSink("slack", lambda _d, _n: DeliveryResult.retry_later("http_429", "slow down", delay=1e12))
+    config = OutboxConfig(initial_backoff=0.01, max_backoff=0.02, give_up_after=0.3, attempt_timeout=1)
+    async with sqlite_store(tmp_path) as store:
+        await ingest_and_dedup(store, webhook(gpu_alerts(1)))
+        await route_all(store, ["slack"])
+        async with running_outbox(store, [sink], config) as (outbox, metrics):
+            await eventually(lambda: query(store, "SELECT state FROM deliveries") == [("failed",)])
+            assert outbox.running
+            labels = {"receiver": "slack", "reason": "gave_up_http_429"}
+            assert _metric(metrics, "gpu_alert_bot_delivery_failures_total", labels) == 1
+
+
+async def test_the_dispatcher_outlives_an_unexpected_error(tmp_path: Path) -> None:
+    sink = ScriptedSink("slack")
+    async with sqlite_store(tmp_path) as store:
+        await ingest_and_dedup(store, webhook(gpu_alerts(1)))
+        await route_all(store, ["slack"])
+        real_due = store.due_deliveries
+        calls = itertools.count()
+
+        async def due_once_broken(receiver: str, limit: int) -> list[Delivery]:
+            if next(calls) == 0:
+                raise RuntimeError("a bug")
+            return await real_due(receiver, limit)
+
+        store.due_deliveries = due_once_broken  # type: ignore[method-assign]
+        config = OutboxConfig(initial_backoff=0.01, max_backoff=0.05, give_up_after=60, attempt_timeout=1)
+        async with running_outbox(store, [sink], config) as (outbox, metrics):
+            await eventually(lambda: len(sink.delivered) == 1)
+            assert outbox.running
+            assert _metric(metrics, "gpu_alert_bot_errors_total", {"kind": "outbox"}) == 1
+
+
+async def test_a_stored_delivery_this_version_cannot_read_is_set_aside(tmp_path: Path) -> None:
+    sink = ScriptedSink("slack")
+    async with sqlite_store(tmp_path) as store:
+        await ingest_and_dedup(store, webhook(gpu_alerts(2)))
+        await route_all(store, ["slack"])
+        await store._run(store._execute, "UPDATE deliveries SET message = '{\"future\": 1}' WHERE id = 1", ())
+        async with running_outbox(store, [sink]):
+            await eventually(lambda: len(sink.delivered) == 1)
+        assert query(store, "SELECT state, substr(error, 1, 19) FROM deliveries ORDER BY id") == [
+            ("failed", "unreadable message:"),
+            ("delivered", None),
+        ]
+
+
 async def test_order_is_kept_per_alert_while_its_first_message_is_retried(tmp_path: Path) -> None:
     def script(delivery: Delivery, attempt: int) -> DeliveryResult:
         if delivery.message.event == "firing" and delivery.alert_key.startswith(gpu0) and attempt < 3:

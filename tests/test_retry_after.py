@@ -10,7 +10,8 @@ from bot.retry_after import retry_after_seconds
 
 
 @pytest.mark.parametrize(
-    ("value", "seconds"), [("7", 7.0), (" 1.5 ", 1.5), ("-3", 0.0), ("", None), (None, None), ("soon", None)]
+    ("value", "seconds"),
+    [("7", 7.0), (" 1.5 ", 1.5), ("-3", 0.0), ("", None), (None, None), ("soon", None), ("inf", None), ("nan", None)],
 )
 def test_seconds_and_unreadable_values(value: str | None, seconds: float | None) -> None:
     assert retry_after_seconds(value) == seconds

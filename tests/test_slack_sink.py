@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
+from slack_sdk.web.slack_response import SlackResponse
 
 from bot.config import SlackReceiver
 from bot.message import Fact, Link, Message
@@ -18,6 +19,8 @@ from bot.metrics import Metrics
 from bot.models import Delivery
 from bot.sinks.base import DeliveryResult
 from bot.sinks.slack import SlackSink
+from bot.sinks.slack.channel import _api_failure
+from bot.sinks.slack.pacing import retry_after
 from bot.store.sqlite import SqliteStore
 from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack
 from tests.support.bot import eventually
@@ -388,3 +391,19 @@ async def test_storm_that_cannot_post_is_counted_as_failed(fake: FakeSlack, make
         lambda: metrics.registry.get_sample_value("gpu_alert_bot_delivery_failures_total", labels), timeout=10
     )
     assert value == 5
+
+
+def test_retry_after_headers_in_slack_sdks_shapes() -> None:
+    assert retry_after({"retry-after": ["3"]}) == 3.0
+    assert retry_after({"Retry-After": "2"}) == 2.0
+    assert retry_after({"Retry-After": []}) is None
+    assert retry_after(None) is None
+
+
+def test_an_error_without_metadata_messages_is_still_classified() -> None:
+    answer = {"ok": False, "error": "channel_not_found", "response_metadata": {"messages": None}}
+    response = SlackResponse(
+        client=None, http_verb="POST", api_url="", req_args={}, data=answer, headers={}, status_code=200
+    )
+    failure = _api_failure("chat.postMessage", SlackApiError("channel_not_found", response))
+    assert (failure.result.retry, failure.result.reason) == (False, "channel_not_found")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 
 from bot.dedup import plan_events
-from bot.models import GpuEvent, NewDelivery
+from bot.models import EventKind, GpuEvent, NewDelivery
 from bot.store.base import StoreUnavailable
 from bot.store.sqlite import SqliteStore, StoreInUse
 from tests.support.payloads import STARTED, am_alert, distinct_webhooks, gpu_alerts, webhook
@@ -107,6 +108,35 @@ async def test_an_update_never_overtakes_the_pending_post_of_the_same_alert(tmp_
         assert await store.due_deliveries("email", 10) == []
 
 
+async def test_an_event_waits_while_an_earlier_event_of_the_same_alert_is_pending(tmp_path: Path) -> None:
+    async with sqlite_store(tmp_path) as store:
+        await ingest_and_dedup(store, webhook([am_alert(gpu="0"), am_alert(gpu="1")]))
+        await ingest_and_dedup(store, webhook([am_alert(gpu="0", status="resolved"), am_alert(gpu="1")]))
+        firing_gpu0, firing_gpu1 = await store.claim_events(10, 60)
+        await store.fail_event(firing_gpu0.id, "database is locked", retry_in=0.05)
+        await store.route_event(firing_gpu1.id, None, [])
+        assert await store.claim_events(10, 60) == []  # the resolve of gpu 0 waits for its firing
+        await asyncio.sleep(0.1)
+        [retried] = await store.claim_events(10, 60)
+        assert retried.id == firing_gpu0.id
+        await store.route_event(retried.id, None, [])
+        [resolve] = await store.claim_events(10, 60)
+        assert resolve.kind == EventKind.RESOLVED and resolve.alert.key == firing_gpu0.alert.key
+
+
+async def test_the_next_due_delivery_is_one_that_may_go(tmp_path: Path) -> None:
+    async with sqlite_store(tmp_path) as store:
+        await ingest_and_dedup(store, webhook([am_alert(gpu="0")]))
+        await route_all(store, ["slack"])
+        await ingest_and_dedup(store, webhook([am_alert(gpu="0", status="resolved")]))
+        await route_all(store, ["slack"])
+        [post] = await store.due_deliveries("slack", 10)
+        retry_at = (datetime.now(UTC) + timedelta(minutes=5)).replace(microsecond=0)
+        await store.delivery_retry(post.id, "http_503: down", retry_at)
+        # The resolve was due at once, but it waits behind the post: waking for it would only spin.
+        assert await store.next_delivery_due("slack") == retry_at
+
+
 async def test_sink_state_is_kept_per_receiver_and_key(tmp_path: Path) -> None:
     async with sqlite_store(tmp_path) as store:
         assert await store.get_sink_state("slack", "a") is None
@@ -146,13 +176,12 @@ async def test_prune_keeps_pending_work_and_forgets_expired_dedup_keys(tmp_path:
         await ingest(store, webhook(gpu_alerts(1, host="pending"), group_key="pending"))
         await asyncio.sleep(0.1)
         removed = await store.prune(datetime.now(UTC) + timedelta(seconds=1))
-        assert removed == 4  # the done notification, its routed event, and both expired keys
+        assert removed == 5  # the done notification, its routed event, its alert and both expired keys
         assert query(store, "SELECT state FROM notifications") == [("pending",)]
         assert count(store, "SELECT COUNT(*) FROM deliveries WHERE state = 'pending'") == 1
-        assert count(store, "SELECT COUNT(*) FROM alerts") == 1
 
 
-async def test_prune_forgets_resolved_alerts_and_old_gpu_history_but_keeps_firing_alerts(tmp_path: Path) -> None:
+async def test_prune_forgets_resolved_alerts_and_old_gpu_history_but_keeps_live_firing_alerts(tmp_path: Path) -> None:
     async with sqlite_store(tmp_path) as store:
         resolved = am_alert(host="gone", status="resolved", ends_at=STARTED + timedelta(minutes=5))
         await ingest_and_dedup(store, webhook([resolved], group_key="resolved"))
@@ -163,9 +192,21 @@ async def test_prune_forgets_resolved_alerts_and_old_gpu_history_but_keeps_firin
         )
         await store.prune(datetime.now(UTC) - timedelta(days=30))
         assert count(store, "SELECT COUNT(*) FROM gpu_events") == 0
-        assert count(store, "SELECT COUNT(*) FROM alerts") == 2  # resolved only minutes ago: kept
-        await store.prune(datetime.now(UTC) + timedelta(seconds=1))
-        assert query(store, "SELECT status FROM alerts") == [("firing",)]
+        assert count(store, "SELECT COUNT(*) FROM alerts") == 2  # resolved within retention: kept
+        await store.prune(datetime.now(UTC) - timedelta(minutes=1))
+        assert query(store, "SELECT status FROM alerts") == [("firing",)]  # heard of within retention
+
+
+async def test_prune_forgets_a_firing_alert_whose_resolve_never_came(tmp_path: Path) -> None:
+    async with sqlite_store(tmp_path) as store:
+        await ingest_and_dedup(store, webhook(gpu_alerts(1, host="resolve-lost"), group_key="lost"))
+        await route_all(store, ["console"])
+        await ingest_and_dedup(store, webhook(gpu_alerts(1, host="not-routed-yet"), group_key="pending"))
+        await store.prune(datetime.now(UTC) + timedelta(seconds=1))  # nothing heard of either within retention
+        assert [json.loads(labels)["host"] for (labels,) in query(store, "SELECT labels FROM alerts")] == [
+            "not-routed-yet"
+        ]
+        assert (await store.stats()).alerts_firing == 1
 
 
 @pytest.mark.parametrize(

@@ -112,6 +112,7 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_pending ON events(id) WHERE state = 'pending';
 CREATE INDEX IF NOT EXISTS events_failed ON events(id) WHERE state = 'failed';
 CREATE INDEX IF NOT EXISTS events_alert ON events(alert_key);
+CREATE INDEX IF NOT EXISTS events_alert_pending ON events(alert_key, id) WHERE state = 'pending';
 
 CREATE TABLE IF NOT EXISTS deliveries (
     id INTEGER PRIMARY KEY,
@@ -163,6 +164,15 @@ CREATE TABLE IF NOT EXISTS write_probe (
     data BLOB NOT NULL
 );
 """
+
+
+# A delivery waits while an earlier one for the same alert is pending: an update never overtakes a post.
+_NOT_BLOCKED = """NOT EXISTS (SELECT 1 FROM deliveries p WHERE p.receiver = d.receiver AND p.state = 'pending'
+                               AND p.alert_key = d.alert_key AND p.id < d.id)"""
+_NEXT_DUE = (
+    "SELECT MIN(d.next_attempt_at) AS due FROM deliveries d WHERE d.receiver = ? AND d.state = 'pending' AND "  # noqa: S608
+    + _NOT_BLOCKED
+)
 
 
 def _ts(value: datetime | None) -> float | None:
@@ -593,12 +603,17 @@ class SqliteStore(Store):
         return await self._run(self._claim_events_sync, limit, lease_seconds)
 
     def _claim_events_sync(self, limit: int, lease_seconds: float) -> list[Event]:
+        # An event waits while an earlier one of the same alert is pending (a retried firing, say): a resolve
+        # routed first would reach PagerDuty before the trigger and leave an incident open for good.
         def claim(conn: sqlite3.Connection) -> list[Event]:
             now = _now()
             rows = conn.execute(
                 """SELECT e.id, e.kind, e.created_at, e.attempts AS event_attempts, a.*
                    FROM events e JOIN alerts a ON a.key = e.alert_key
-                   WHERE e.state = 'pending' AND e.lease_until <= ? ORDER BY e.id LIMIT ?""",
+                   WHERE e.state = 'pending' AND e.lease_until <= ?
+                     AND NOT EXISTS (SELECT 1 FROM events p WHERE p.alert_key = e.alert_key AND p.state = 'pending'
+                                     AND p.id < e.id)
+                   ORDER BY e.id LIMIT ?""",
                 (now, limit),
             ).fetchall()
             conn.executemany(
@@ -662,26 +677,35 @@ class SqliteStore(Store):
         return await self._run(self._due_deliveries_sync, receiver, limit)
 
     def _due_deliveries_sync(self, receiver: str, limit: int) -> list[Delivery]:
-        # A delivery waits while an earlier one for the same alert is pending: an update never overtakes a post.
         rows = self.connection.execute(
-            """SELECT * FROM deliveries d WHERE d.receiver = ? AND d.state = 'pending' AND d.next_attempt_at <= ?
-                 AND NOT EXISTS (SELECT 1 FROM deliveries p WHERE p.receiver = d.receiver AND p.state = 'pending'
-                                 AND p.alert_key = d.alert_key AND p.id < d.id)
-               ORDER BY d.id LIMIT ?""",
+            f"""SELECT * FROM deliveries d WHERE d.receiver = ? AND d.state = 'pending' AND d.next_attempt_at <= ?
+                 AND {_NOT_BLOCKED} ORDER BY d.id LIMIT ?""",  # noqa: S608
             (receiver, _now(), limit),
         ).fetchall()
-        return [
-            Delivery(
-                id=row["id"],
-                event_id=row["event_id"],
-                alert_key=row["alert_key"],
-                receiver=row["receiver"],
-                message=Message.model_validate_json(row["message"]),
-                attempts=row["attempts"],
-                created_at=datetime.fromtimestamp(row["created_at"], UTC),
+        deliveries: list[Delivery] = []
+        for row in rows:
+            try:
+                message = Message.model_validate_json(row["message"])
+            except ValueError as exc:
+                # Written by a version whose messages this one cannot read: set aside, never block the queue.
+                log.error("cannot read a stored delivery; set aside", extra={"delivery_id": row["id"]})
+                self._execute(
+                    "UPDATE deliveries SET state = 'failed', error = ? WHERE id = ?",
+                    (f"unreadable message: {exc}"[:2000], row["id"]),
+                )
+                continue
+            deliveries.append(
+                Delivery(
+                    id=row["id"],
+                    event_id=row["event_id"],
+                    alert_key=row["alert_key"],
+                    receiver=row["receiver"],
+                    message=message,
+                    attempts=row["attempts"],
+                    created_at=datetime.fromtimestamp(row["created_at"], UTC),
+                )
             )
-            for row in rows
-        ]
+        return deliveries
 
     async def delivery_succeeded(self, delivery_id: int) -> None:
         await self._run(
@@ -708,7 +732,8 @@ class SqliteStore(Store):
     async def next_delivery_due(self, receiver: str) -> datetime | None:
         row = await self._run(
             self._fetchone,
-            "SELECT MIN(next_attempt_at) AS due FROM deliveries WHERE receiver = ? AND state = 'pending'",
+            # Only deliveries free to go: one waiting behind an earlier delivery is not due, whatever its time.
+            _NEXT_DUE,
             (receiver,),
         )
         return None if row is None else _dt(row["due"])
@@ -868,15 +893,17 @@ class SqliteStore(Store):
         def prune(conn: sqlite3.Connection) -> int:
             removed = 0
             for sql in (
-                "DELETE FROM notifications WHERE state != 'pending' AND received_at < ?",
-                "DELETE FROM deliveries WHERE state != 'pending' AND created_at < ?",
-                "DELETE FROM events WHERE state != 'pending' AND created_at < ?",
-                "DELETE FROM sink_state WHERE updated_at < ?",
-                "DELETE FROM alerts WHERE status = 'resolved' AND resolved_at < ? AND NOT EXISTS "
-                "(SELECT 1 FROM events e WHERE e.alert_key = alerts.key AND e.state = 'pending')",
-                "DELETE FROM gpu_events WHERE at < ?",
+                "DELETE FROM notifications WHERE state != 'pending' AND received_at < :cutoff",
+                "DELETE FROM deliveries WHERE state != 'pending' AND created_at < :cutoff",
+                "DELETE FROM events WHERE state != 'pending' AND created_at < :cutoff",
+                "DELETE FROM sink_state WHERE updated_at < :cutoff",
+                # A firing episode nobody mentioned for the whole retention is dead (its resolve was lost:
+                # Alertmanager lost its state, or send_resolved is off); Alertmanager's repeats keep live ones.
+                "DELETE FROM alerts WHERE (resolved_at < :cutoff OR (status = 'firing' AND last_seen < :cutoff)) "
+                "AND NOT EXISTS (SELECT 1 FROM events e WHERE e.alert_key = alerts.key AND e.state = 'pending')",
+                "DELETE FROM gpu_events WHERE at < :cutoff",
             ):
-                removed += conn.execute(sql, (cutoff,)).rowcount
+                removed += conn.execute(sql, {"cutoff": cutoff}).rowcount
             # A key older than the dedup window no longer makes anything a duplicate.
             expired = _now() - self._dedup_window
             removed += conn.execute("DELETE FROM notification_keys WHERE accepted_at < ?", (expired,)).rowcount

@@ -92,4 +92,3 @@ async def eventually(
                 raise failure
             raise AssertionError(f"condition not met within {timeout} s")
         await asyncio.sleep(interval)
-

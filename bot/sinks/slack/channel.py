@@ -208,7 +208,7 @@ def _api_failure(method: str, exc: SlackApiError) -> SlackFailure:
     status = int(response.status_code)
     data = response.data if isinstance(response.data, dict) else {}
     error = str(data.get("error") or "")
-    details = "; ".join(str(m) for m in (data.get("response_metadata") or {}).get("messages", []))
+    details = "; ".join(str(m) for m in (data.get("response_metadata") or {}).get("messages") or [])
     detail = f"{method}: {error or 'HTTP ' + str(status)}" + (f" ({details})" if details else "")
     if status == 429 or error in ("ratelimited", "rate_limited"):
         delay = retry_after(response.headers)

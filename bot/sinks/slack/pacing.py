@@ -82,5 +82,7 @@ def retry_after(headers: Any) -> float | None:
     """slack_sdk gives headers as a dict of lists, with the names as the server sent them."""
     for name, value in dict(headers or {}).items():
         if name.lower() == "retry-after":
-            return retry_after_seconds(value[0] if isinstance(value, list) else value)
+            if isinstance(value, list):
+                value = value[0] if value else None
+            return retry_after_seconds(value)
     return None
