@@ -54,7 +54,15 @@ async def start_runtime(
     sinks = build_sinks(config.receivers, store, metrics, console)
     outbox = Outbox(store, sinks, config.outbox, metrics)
     enrichers = build_enrichers(config.enrichment, store, metrics, playbooks.xid_catalog)
-    pipeline = Pipeline(store, enrichers, playbooks, Router(config.routing), outbox, metrics)
+    pipeline = Pipeline(
+        store,
+        enrichers,
+        playbooks,
+        Router(config.routing),
+        outbox,
+        metrics,
+        late_copy_window=config.store.late_copy_window,
+    )
     worker = Worker(pipeline, store, config.worker, config.store, metrics)
     outbox.start()
     worker.start()

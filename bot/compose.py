@@ -85,6 +85,8 @@ def _facts(event: Event, host: str, gpu: str, enrichment: Enrichment) -> list[Fa
     if alert.status == "resolved" and alert.resolved_at is not None:
         lasted = format_duration((alert.resolved_at - alert.starts_at).total_seconds())
         facts.append(Fact(label="Resolved", value=f"after {lasted}"))
+    if event.kind is EventKind.REFIRING:
+        facts.append(Fact(label="Firing again", value="after it was resolved; Alertmanager re-sent it"))
     if event.kind is EventKind.REPEAT or alert.times_seen > 1:
         facts.append(Fact(label="Seen", value=f"{alert.times_seen} times"))
     return facts

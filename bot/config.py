@@ -172,6 +172,7 @@ class StoreConfig(StrictModel):
     path: ConfigPath = Field(default=Path("gpu-alert-bot.db"), validate_default=True)
     synchronous: Literal["full", "normal"] = "full"
     dedup_window: Duration = 600.0
+    late_copy_window: Duration = 60.0
     retention: Duration = 30 * 86400.0
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 from bot.models import AlertState, AmAlert, EventKind
 
@@ -20,14 +21,23 @@ class AlertDecision:
     stale: bool = False
 
 
-def plan_events(known: Mapping[str, AlertState], alerts: Sequence[AmAlert]) -> list[AlertDecision]:
+def plan_events(
+    known: Mapping[str, AlertState],
+    alerts: Sequence[AmAlert],
+    *,
+    late_copy_window: float = 60.0,
+    now: datetime | None = None,
+) -> list[AlertDecision]:
     """Decide, for each alert of one notification, the event it produces (or none).
 
     A new episode fires; a known firing episode that arrives resolved resolves. A notification in which
     nothing changed at all is Alertmanager's repeat, so its firing alerts become repeats; inside a
     notification where something did change, unchanged alerts are only carried along with the group.
+    A resolved episode that arrives firing within `late_copy_window` of the last news of it is a late copy
+    from a slower replica; later, it is firing again.
     """
-    decisions = [_decide(known.get(alert.key), alert) for alert in alerts]
+    late_copy_until = (now or datetime.now(UTC)) - timedelta(seconds=late_copy_window)
+    decisions = [_decide(known.get(alert.key), alert, late_copy_until) for alert in alerts]
     if any(d.event is not None for d in decisions):
         return decisions
     return [
@@ -35,12 +45,13 @@ def plan_events(known: Mapping[str, AlertState], alerts: Sequence[AmAlert]) -> l
     ]
 
 
-def _decide(previous: AlertState | None, alert: AmAlert) -> AlertDecision:
+def _decide(previous: AlertState | None, alert: AmAlert, late_copy_until: datetime) -> AlertDecision:
     if previous is None:
         return AlertDecision(alert, EventKind.FIRING if alert.status == "firing" else EventKind.RESOLVED)
     if previous.status == "firing" and alert.status == "resolved":
         return AlertDecision(alert, EventKind.RESOLVED)
     if previous.status == "resolved" and alert.status == "firing":
-        # A late copy from a slower replica: this episode already ended, never reopen it.
-        return AlertDecision(alert, None, stale=True)
+        if previous.last_seen >= late_copy_until:
+            return AlertDecision(alert, None, stale=True)
+        return AlertDecision(alert, EventKind.REFIRING)
     return AlertDecision(alert, None)

@@ -116,6 +116,9 @@ class EventKind(StrEnum):
     FIRING = "firing"
     REPEAT = "repeat"
     RESOLVED = "resolved"
+    # The same episode firing again after its resolve (Alertmanager re-sends an alert with the same start
+    # when Prometheus could not reach it for longer than the alert's endsAt margin).
+    REFIRING = "refiring"
     ACK = "ack"
 
 

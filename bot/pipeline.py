@@ -6,6 +6,8 @@ worker (bot/worker.py) calls `dedup` for stored notifications, then `handle` for
 
 from __future__ import annotations
 
+import functools
+
 from bot.compose import compose_message
 from bot.dedup import plan_events
 from bot.enrich.base import Enrichment, EnrichmentRunner
@@ -26,6 +28,8 @@ class Pipeline:
         router: Router,
         outbox: Outbox,
         metrics: Metrics,
+        *,
+        late_copy_window: float,
     ) -> None:
         self._store = store
         self._enrichers = enrichers
@@ -33,10 +37,12 @@ class Pipeline:
         self._router = router
         self._outbox = outbox
         self._metrics = metrics
+        self._late_copy_window = late_copy_window
 
     async def dedup(self, limit: int) -> int:
         """Turn stored notifications into events: new alerts, resolves, repeats; copies produce nothing."""
-        return await self._store.dedup_pending(plan_events, limit)
+        planner = functools.partial(plan_events, late_copy_window=self._late_copy_window)
+        return await self._store.dedup_pending(planner, limit)
 
     async def handle(self, event: Event) -> None:
         alert = event.alert

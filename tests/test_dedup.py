@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,8 +20,8 @@ def _am(**kwargs: object) -> AmAlert:
     return AmAlert.model_validate_json(json.dumps(am_alert(**kwargs)))  # type: ignore[arg-type]
 
 
-def _known(alert: AmAlert, status: str) -> AlertState:
-    now = datetime.now(UTC)
+def _known(alert: AmAlert, status: str, last_heard: timedelta = timedelta(0)) -> AlertState:
+    now = datetime.now(UTC) - last_heard
     return AlertState(
         key=alert.key,
         fingerprint=alert.fingerprint,
@@ -60,6 +61,12 @@ class TestPlanEvents:
         alert = _am(gpu="0")
         decisions = plan_events({alert.key: _known(alert, "resolved")}, [alert])
         assert [(d.event, d.stale) for d in decisions] == [(None, True)]
+
+    def test_the_same_episode_firing_after_the_late_copy_window_fires_again(self) -> None:
+        alert = _am(gpu="0")
+        known = {alert.key: _known(alert, "resolved", last_heard=timedelta(seconds=61))}
+        decisions = plan_events(known, [alert], late_copy_window=60.0)
+        assert [(d.event, d.stale) for d in decisions] == [(EventKind.REFIRING, False)]
 
     def test_a_new_start_of_the_same_labels_is_a_new_episode(self) -> None:
         old = _am(gpu="0")
@@ -140,6 +147,32 @@ async def test_a_late_copy_from_a_slower_replica_does_not_reopen_a_resolved_aler
         alert = await store.get_alert(_am(gpu="0").key)
         assert alert is not None and alert.status == "resolved" and alert.resolved_at is not None
         assert await _events(store, _am(gpu="0").key) == ["firing", "resolved"]
+
+
+async def test_an_alert_firing_again_with_the_same_start_reopens_its_episode(tmp_path: Path) -> None:
+    """Alertmanager resolved it (Prometheus could not reach it), then got it again with the same start."""
+    planner = functools.partial(plan_events, late_copy_window=0.05)
+    async with sqlite_store(tmp_path, dedup_window=600.0) as store:
+        firing = webhook([am_alert(gpu="0"), am_alert(gpu="1")])
+        await ingest(store, firing)
+        await ingest(store, webhook([am_alert(gpu="0", status="resolved"), am_alert(gpu="1")]))
+        await store.dedup_pending(planner, 100)
+        await asyncio.sleep(0.1)
+        # Identical to the first notification, within the dedup window, yet no copy: gpu 0 resolved since.
+        assert not (await ingest(store, firing)).duplicate
+        await store.dedup_pending(planner, 100)
+        assert await _events(store, _am(gpu="0").key) == ["firing", "resolved", "refiring"]
+        assert await _events(store, _am(gpu="1").key) == ["firing"]
+        reopened = await store.get_alert(_am(gpu="0").key)
+        assert reopened is not None and (reopened.status, reopened.resolved_at) == ("firing", None)
+        assert (await ingest(store, firing)).duplicate  # and a copy of the re-fire is a copy again
+
+        ends = STARTED + timedelta(hours=2)
+        await ingest(store, webhook([am_alert(gpu="0", status="resolved", ends_at=ends), am_alert(gpu="1")]))
+        await store.dedup_pending(planner, 100)
+        resolved = await store.get_alert(_am(gpu="0").key)
+        assert resolved is not None and (resolved.status, resolved.resolved_at) == ("resolved", ends)
+        assert await _events(store, _am(gpu="0").key) == ["firing", "resolved", "refiring", "resolved"]
 
 
 async def test_an_alert_repeated_inside_one_body_is_one_alert(tmp_path: Path) -> None:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 from contextlib import closing
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -109,3 +110,20 @@ async def test_a_repeat_after_the_dedup_window_is_a_reminder_not_a_new_alert(
         [repeat, *_] = _events(bot, "repeat")
         assert repeat["alert_key"] == _events(bot, "firing")[0]["alert_key"]
         assert repeat["times_seen"] >= 2
+
+
+async def test_an_alert_alertmanager_resolved_then_got_again_fires_again(
+    tmp_path: Any, alertmanager_factory: Any
+) -> None:
+    """Prometheus could not reach Alertmanager past the alert's endsAt, so Alertmanager resolved it; once the
+    link is back Prometheus re-sends it with the same start, and Alertmanager notifies it firing again."""
+    async with running_bot(tmp_path, {"store": {"late_copy_window": "1s"}}) as bot:
+        am = alertmanager_factory(bot.url, group_interval="1s")
+        start = f"--start={datetime.now(UTC).replace(microsecond=0).isoformat()}"
+        am.amtool("alert", "add", *LABELS, start, f"--end={(datetime.now(UTC) + timedelta(seconds=2)).isoformat()}")
+        await eventually(lambda: _events(bot, "resolved"), timeout=20)
+        await asyncio.sleep(1.5)  # past the late-copy window
+        am.amtool("alert", "add", *LABELS, start, f"--end={(datetime.now(UTC) + timedelta(minutes=10)).isoformat()}")
+        [again] = await eventually(lambda: _events(bot, "refiring"), timeout=20)
+        assert again["alert_key"] == _events(bot, "firing")[0]["alert_key"] and again["status"] == "firing"
+        assert [e["event"] for e in bot.console_events()] == ["firing", "resolved", "refiring"]

@@ -204,6 +204,16 @@ def test_subjects_say_the_status_and_the_resolve_is_a_reply_in_the_firing_thread
     assert firing.thread_topic == resolved.thread_topic == "GPUXidError on k-ai-01 GPU 3"
 
 
+def test_firing_again_is_a_reply_and_every_later_mail_has_its_own_message_id() -> None:
+    firing = render_email(message(), "example.com")
+    resolved = render_email(message("resolved", times_seen=2), "example.com")
+    again = render_email(message("refiring", times_seen=3), "example.com")
+    resolved_again = render_email(message("resolved", times_seen=4), "example.com")
+    assert again.subject == "Re: [FIRING AGAIN] GPUXidError on k-ai-01 GPU 3"
+    assert again.in_reply_to == resolved_again.in_reply_to == firing.message_id
+    assert len({m.message_id for m in (firing, resolved, again, resolved_again)}) == 4
+
+
 def test_message_ids_are_derived_from_the_alert_key() -> None:
     first = render_email(message(), "example.com").message_id
     assert render_email(message(), "example.com").message_id == first

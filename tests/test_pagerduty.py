@@ -162,6 +162,16 @@ async def test_trigger_acknowledge_resolve_drive_one_alert(tmp_path: Path, fake:
     assert len(fake.alerts[message().alert_key]) == 1
 
 
+async def test_firing_again_after_a_resolve_opens_a_new_incident_on_the_same_key(
+    tmp_path: Path, fake: FakePagerDuty
+) -> None:
+    config = receiver(tmp_path, url=fake.url)
+    for event in ("firing", "resolved", "refiring"):
+        assert (await deliver(config, message(event))).delivered
+    first, second = fake.alerts[message().alert_key]
+    assert (first.status, second.status) == ("resolved", "triggered")
+
+
 async def test_400_fails_for_good_with_pagerdutys_errors(tmp_path: Path, fake: FakePagerDuty) -> None:
     fake.fail_next(1, "invalid")
     result = await deliver(receiver(tmp_path, url=fake.url), message())

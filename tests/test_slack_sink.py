@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
@@ -120,6 +121,43 @@ async def test_firing_repeat_resolve_is_one_message_updated_in_place(fake: FakeS
     assert "resolved after 12 min" in replies[1].text
     assert root.metadata is not None and root.metadata["event_payload"]["alert_key"] == alert(1).alert_key
     assert [c.method for c in fake.calls] == ["chat.postMessage"] * 2 + ["chat.update", "chat.postMessage"]
+
+
+async def test_firing_again_after_a_resolve_reopens_the_same_message(fake: FakeSlack, make_sink: SinkFactory) -> None:
+    sink = make_sink()
+    await sink.deliver(delivery(alert(1)))
+    await sink.deliver(delivery(alert(1, "resolved")))
+    refiring = delivery(alert(1, "refiring", times_seen=3))
+    assert await sink.deliver(refiring) == DeliveryResult.ok()
+    assert await sink.deliver(refiring) == DeliveryResult.ok()  # a retry tells nobody twice
+    [root] = fake.top_level()
+    assert root.colour == "#D92D20" and not root.text.startswith("✅")
+    await sink.deliver(delivery(alert(1, "resolved", times_seen=4)))
+    assert [r.text.split("*")[2].strip() for r in fake.replies(root)] == [
+        "resolved after 12 min",
+        "firing again after it was resolved",
+        "resolved after 12 min",
+    ]
+    assert root.colour == "#12B76A" and len(fake.top_level()) == 1
+
+
+async def test_an_alert_listed_in_a_storm_that_fires_again_is_shown_again(
+    fake: FakeSlack, make_sink: SinkFactory
+) -> None:
+    sink = make_sink(storm_threshold=3, storm_window="1s")
+    for n in range(1, 6):
+        await sink.deliver(delivery(alert(n)))
+    await sink.deliver(delivery(alert(5, "resolved")))
+    await sink.close()
+    assert not any("k-ai-05" in call.args.get("text", "") for call in fake.calls_of("chat.postMessage"))
+    fake.calls.clear()
+    await asyncio.sleep(1.1)  # the storm is over
+    sink = make_sink(storm_threshold=3, storm_window="1s")
+    refiring = delivery(alert(5, "refiring", times_seen=3))
+    assert await sink.deliver(refiring) == DeliveryResult.ok()
+    assert await sink.deliver(refiring) == DeliveryResult.ok()
+    [post] = fake.calls_of("chat.postMessage")
+    assert "thread_ts" not in post.args and "GPUTempHigh on k-ai-05" in post.args["text"]
 
 
 async def test_same_delivery_twice_posts_once(fake: FakeSlack, make_sink: SinkFactory) -> None:

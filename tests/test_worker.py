@@ -72,7 +72,9 @@ async def running_worker(
         outbox = Outbox(store, sinks, config.outbox, metrics)
         playbooks = PlaybookSet.load(config.playbooks.dir, config.playbooks.vars)
         enrichers = build_enrichers(config.enrichment, store, metrics, playbooks.xid_catalog)
-        pipeline = FlakyPipeline(store, enrichers, playbooks, Router(config.routing), outbox, metrics)
+        pipeline = FlakyPipeline(
+            store, enrichers, playbooks, Router(config.routing), outbox, metrics, late_copy_window=60.0
+        )
         pipeline.failures = dict(failures or {})
         worker = Worker(pipeline, store, config.worker, config.store, metrics)
         outbox.start()

@@ -23,7 +23,13 @@ from email.utils import format_datetime, parseaddr
 
 from bot.message import Message, SectionKind
 
-_STATUS_WORDS = {"firing": "FIRING", "repeat": "FIRING", "resolved": "RESOLVED", "ack": "ACKNOWLEDGED"}
+_STATUS_WORDS = {
+    "firing": "FIRING",
+    "repeat": "FIRING",
+    "refiring": "FIRING AGAIN",
+    "resolved": "RESOLVED",
+    "ack": "ACKNOWLEDGED",
+}
 _SEVERITY_COLOURS = {"critical": "#c62828", "error": "#d84315", "warning": "#f9a825", "info": "#1565c0"}
 _RESOLVED_COLOUR = "#2e7d32"
 _ACK_COLOUR = "#6a1b9a"
@@ -57,7 +63,7 @@ class _Block:
 
 
 def thread_message_id(alert_key: str, domain: str, event: str = "firing") -> str:
-    """The deterministic Message-ID of one mail about one alert episode (`event`: firing, resolved, ack)."""
+    """The deterministic Message-ID of one mail about one alert episode (`event` names which mail)."""
     digest = hashlib.sha256(alert_key.encode()).hexdigest()[:32]
     return f"<gpu-alert-bot.{digest}.{event}@{domain}>"
 
@@ -75,12 +81,18 @@ def render_email(message: Message, domain: str) -> RenderedEmail:
         subject=_subject(message, title, is_reply),
         text=_text(headline, blocks, message),
         html=_html(headline, blocks, message),
-        message_id=thread_message_id(message.alert_key, domain, message.event) if is_reply else firing_id,
+        message_id=_reply_id(message, domain) if is_reply else firing_id,
         in_reply_to=parents[-1] if parents else None,
         references=parents,
         thread_topic=title,
         status=_STATUS_WORDS.get(message.event, message.event.upper()),
     )
+
+
+def _reply_id(message: Message, domain: str) -> str:
+    # Per notification of the episode, so a second resolve (after firing again) is no copy of the first one,
+    # which mail systems would drop; a retry of the same delivery keeps its ID.
+    return thread_message_id(message.alert_key, domain, f"{message.event}.{message.times_seen}")
 
 
 def build_email(rendered: RenderedEmail, sender: str, to: Sequence[str], date: datetime) -> EmailMessage:

@@ -24,7 +24,12 @@ EVENT_SIZE_LIMIT = 512_000
 _OMIT_THRESHOLD = 256
 
 EventAction = Literal["trigger", "acknowledge", "resolve"]
-_ACTIONS: dict[str, EventAction] = {"firing": "trigger", "ack": "acknowledge", "resolved": "resolve"}
+_ACTIONS: dict[str, EventAction] = {
+    "firing": "trigger",
+    "refiring": "trigger",
+    "ack": "acknowledge",
+    "resolved": "resolve",
+}
 _GROUP_LABELS = ("cluster", "job")
 _WHITESPACE = re.compile(r"\s+")
 

@@ -462,6 +462,11 @@ def resolved_note(message: Message) -> Payload:
     return note_payload(f"{_RESOLVED_EMOJI} *{escape(message.title)}* resolved{lasted}", RESOLVED_COLOUR)
 
 
+def refiring_note(message: Message) -> Payload:
+    emoji = severity_emoji(message.severity)
+    return note_payload(f"{emoji} *{escape(message.title)}* firing again after it was resolved")
+
+
 def ack_note(message: Message) -> Payload:
     who = escape(message.acked_by or "someone")
     return note_payload(f"{_ACK_EMOJI} *{escape(message.title)}* acknowledged by *{who}*")

@@ -63,6 +63,13 @@ CREATE TABLE IF NOT EXISTS notification_keys (
     duplicates INTEGER NOT NULL DEFAULT 0
 ) WITHOUT ROWID;
 
+-- When an alert of the group last resolved: a notification accepted before that is no copy of one sent after
+-- it, even if identical (the same alert firing again, with the same start).
+CREATE TABLE IF NOT EXISTS group_resolves (
+    group_key TEXT PRIMARY KEY,
+    resolved_at REAL NOT NULL
+) WITHOUT ROWID;
+
 CREATE TABLE IF NOT EXISTS notifications (
     id INTEGER PRIMARY KEY,
     received_at REAL NOT NULL,
@@ -433,14 +440,17 @@ class SqliteStore(Store):
 
     def _ingest_batch(self, conn: sqlite3.Connection, batch: list[IncomingNotification]) -> list[IngestResult]:
         now = _now()
-        keys = list(dict.fromkeys(n.idempotency_key for n in batch))
-        marks = ",".join("?" * len(keys))
-        # A key accepted within the window makes a copy; so does a key earlier in this same batch.
+        keys = {n.idempotency_key: n.group_key for n in batch}
+        # A key accepted within the window, and since its group last resolved, makes a copy; so does a key
+        # earlier in this same batch.
         taken = {
             row[0]
             for row in conn.execute(
-                f"SELECT key FROM notification_keys WHERE key IN ({marks}) AND accepted_at >= ?",  # noqa: S608
-                [*keys, now - self._dedup_window],
+                f"""WITH incoming(key, group_key) AS (VALUES {",".join("(?, ?)" for _ in keys)})
+                    SELECT k.key FROM incoming i JOIN notification_keys k ON k.key = i.key
+                    LEFT JOIN group_resolves r ON r.group_key = i.group_key
+                    WHERE k.accepted_at >= ? AND (r.resolved_at IS NULL OR k.accepted_at > r.resolved_at)""",  # noqa: S608
+                [*(value for pair in keys.items() for value in pair), now - self._dedup_window],
             )
         }
         fresh: list[IncomingNotification] = []
@@ -539,6 +549,11 @@ class SqliteStore(Store):
                     "INSERT INTO events (alert_key, kind, created_at) VALUES (?, ?, ?)",
                     (alert.key, decision.event.value, now),
                 )
+            if decision.event is EventKind.RESOLVED:
+                conn.execute(
+                    "INSERT OR REPLACE INTO group_resolves (group_key, resolved_at) VALUES (?, ?)",
+                    (payload.group_key, now),
+                )
         conn.execute("UPDATE notifications SET state = 'done' WHERE id = ?", (notification_id,))
 
     @staticmethod
@@ -573,9 +588,9 @@ class SqliteStore(Store):
         conn: sqlite3.Connection, previous: AlertState, alert: AmAlert, now: float, keep_status: bool
     ) -> None:
         status = previous.status if keep_status else alert.status
-        resolved_at = _ts(previous.resolved_at)
-        if status == "resolved" and resolved_at is None:
-            resolved_at = _ts(alert.ends_at) or now
+        resolved_at = None
+        if status == "resolved":
+            resolved_at = _ts(previous.resolved_at) or _ts(alert.ends_at) or now
         conn.execute(
             """UPDATE alerts SET status = ?, annotations = ?, ends_at = COALESCE(?, ends_at), last_seen = ?,
                    times_seen = times_seen + 1, resolved_at = ? WHERE key = ?""",
@@ -907,6 +922,7 @@ class SqliteStore(Store):
             # A key older than the dedup window no longer makes anything a duplicate.
             expired = _now() - self._dedup_window
             removed += conn.execute("DELETE FROM notification_keys WHERE accepted_at < ?", (expired,)).rowcount
+            removed += conn.execute("DELETE FROM group_resolves WHERE resolved_at < ?", (expired,)).rowcount
             return removed
 
         return self._transaction(prune)

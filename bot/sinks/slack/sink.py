@@ -23,7 +23,15 @@ from bot.config import SlackReceiver
 from bot.message import Message
 from bot.metrics import Metrics
 from bot.models import Delivery
-from bot.render.slack import Payload, RelatedNote, ack_note, repeat_note, resolved_note, slack_payload
+from bot.render.slack import (
+    Payload,
+    RelatedNote,
+    ack_note,
+    refiring_note,
+    repeat_note,
+    resolved_note,
+    slack_payload,
+)
 from bot.sinks.base import DeliveryResult
 from bot.sinks.slack.channel import SlackChannel, SlackFailure
 from bot.sinks.slack.pacing import SlackRateLimits
@@ -63,13 +71,20 @@ class SlackSink:
     async def _handle(self, delivery: Delivery) -> None:
         message = delivery.message
         record = await self._state.record(message.alert_key)
-        if record is not None and record.mode == "storm":
+        if (
+            record is not None
+            and record.mode == "storm"
+            and message.event == "refiring"
+            and record.status == "resolved"
+        ):
+            await self._first(message, None)  # its storm may be long over: shown again like a new alert
+        elif record is not None and record.mode == "storm":
             await self._storms.handle(message, record)
         elif record is None or not record.ts:
             await self._first(message, record)
         elif message.event == "repeat":
             await self._repeat(message, record, delivery)
-        elif message.event in ("resolved", "ack"):
+        elif message.event in ("resolved", "ack", "refiring"):
             await self._update_in_place(message, record)
         elif record.root_pending:
             await self._show_in_root(message, record)
@@ -99,10 +114,12 @@ class SlackSink:
 
     async def _place(self, message: Message) -> AlertRecord | None:
         """Where a new alert goes: into a storm (done here, None), a related alert's thread, or top-level."""
-        if message.event == "firing":
+        if message.event in ("firing", "refiring"):
             storm_id = await self._storms.admit(message)
             if storm_id:
-                await self._storms.join(storm_id, message, await self._state.record(message.alert_key))
+                # Firing again, it is a new line even in the storm that listed it before.
+                earlier = await self._state.record(message.alert_key) if message.event == "firing" else None
+                await self._storms.join(storm_id, message, earlier)
                 return None
         root = await self._root_for(message)
         if root is not None:
@@ -117,7 +134,8 @@ class SlackSink:
         await self._state.save_record(message.alert_key, record)
 
     async def _update_in_place(self, message: Message, record: AlertRecord) -> None:
-        """Resolve or ack: the original message changes (never a new top-level one), the thread hears of it."""
+        """Resolve, ack or firing again: the original message changes (never a new top-level one), the thread
+        hears of it."""
         related = [RelatedNote(r.title, r.status) for r in record.related]
         compact = record.mode == "related"
         await self._channel.update(record.channel, record.ts, slack_payload(message, compact=compact, related=related))
@@ -129,6 +147,10 @@ class SlackSink:
         elif message.status == "resolved" and record.told_status != "resolved":
             await self._channel.post(resolved_note(message), thread_ts=record.ts)
             record.told_status = "resolved"
+            await self._state.save_record(message.alert_key, record)
+        elif message.event == "refiring" and record.told_status == "resolved":
+            await self._channel.post(refiring_note(message), thread_ts=record.ts)
+            record.told_status = "firing"
             await self._state.save_record(message.alert_key, record)
         elif message.acked_by and message.acked_by != record.told_ack:
             await self._channel.post(ack_note(message), thread_ts=record.ts)

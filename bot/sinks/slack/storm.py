@@ -127,7 +127,7 @@ class StormControl:
 
     async def handle(self, message: Message, record: AlertRecord) -> None:
         """An event of an alert listed in a storm."""
-        if message.event == "firing":
+        if message.event in ("firing", "refiring"):
             await self.join(record.storm, message, record)
         elif message.status == "resolved" and record.status != "resolved":
             await self.resolve(record.storm, message.alert_key)
