@@ -24,25 +24,31 @@ class AlertDecision:
 def plan_events(
     known: Mapping[str, AlertState],
     alerts: Sequence[AmAlert],
+    group_key: str = "",
     *,
     late_copy_window: float = 60.0,
-    now: datetime | None = None,
 ) -> list[AlertDecision]:
     """Decide, for each alert of one notification, the event it produces (or none).
 
     A new episode fires; a known firing episode that arrives resolved resolves. A notification in which
     nothing changed at all is Alertmanager's repeat, so its firing alerts become repeats; inside a
-    notification where something did change, unchanged alerts are only carried along with the group.
-    A resolved episode that arrives firing within `late_copy_window` of the last news of it is a late copy
-    from a slower replica; later, it is firing again.
+    notification where something did change, unchanged alerts are only carried along with the group. Only the
+    group that first told of an alert repeats it: another route's group (`continue: true`) sending the same
+    alert is no reminder. A resolved episode that arrives firing within `late_copy_window` of the last news of
+    it is a late copy from a slower replica; later, it is firing again.
     """
-    late_copy_until = (now or datetime.now(UTC)) - timedelta(seconds=late_copy_window)
+    late_copy_until = datetime.now(UTC) - timedelta(seconds=late_copy_window)
     decisions = [_decide(known.get(alert.key), alert, late_copy_until) for alert in alerts]
     if any(d.event is not None for d in decisions):
         return decisions
-    return [
-        AlertDecision(d.alert, EventKind.REPEAT) if d.alert.status == "firing" and not d.stale else d for d in decisions
-    ]
+    return [AlertDecision(d.alert, EventKind.REPEAT) if _repeats(d, known, group_key) else d for d in decisions]
+
+
+def _repeats(decision: AlertDecision, known: Mapping[str, AlertState], group_key: str) -> bool:
+    if decision.alert.status != "firing" or decision.stale:
+        return False
+    previous = known.get(decision.alert.key)
+    return not group_key or previous is None or previous.group_key == group_key
 
 
 def _decide(previous: AlertState | None, alert: AmAlert, late_copy_until: datetime) -> AlertDecision:

@@ -53,6 +53,12 @@ class TestPlanEvents:
         known = {a.key: _known(a, "firing"), b.key: _known(b, "resolved")}
         assert [d.event for d in plan_events(known, [a, b])] == [EventKind.REPEAT, None]
 
+    def test_only_the_group_that_first_told_of_an_alert_repeats_it(self) -> None:
+        alert = _am(gpu="0")
+        known = {alert.key: _known(alert, "firing").model_copy(update={"group_key": "route-a"})}
+        assert [d.event for d in plan_events(known, [alert], "route-a")] == [EventKind.REPEAT]
+        assert [d.event for d in plan_events(known, [alert], "route-b")] == [None]
+
     def test_unchanged_alerts_ride_along_when_another_member_is_news(self) -> None:
         a, b = _am(gpu="0"), _am(gpu="1")
         assert [d.event for d in plan_events({a.key: _known(a, "firing")}, [a, b])] == [None, EventKind.FIRING]
@@ -175,6 +181,14 @@ async def test_an_alert_firing_again_with_the_same_start_reopens_its_episode(tmp
         assert await _events(store, _am(gpu="0").key) == ["firing", "resolved", "refiring", "resolved"]
 
 
+async def test_a_second_route_sending_the_same_alert_is_no_reminder(tmp_path: Path) -> None:
+    async with sqlite_store(tmp_path) as store:
+        await ingest_and_dedup(store, webhook([am_alert(gpu="0")], group_key='{}/{severity=~"critical"}'))
+        await ingest_and_dedup(store, webhook([am_alert(gpu="0")], group_key='{}/{alertname=~"GPU.*"}'))
+        await ingest_and_dedup(store, webhook([am_alert(gpu="0", status="resolved")], group_key="{}/{x}"))
+        assert await _events(store, _am(gpu="0").key) == ["firing", "resolved"]
+
+
 async def test_an_alert_repeated_inside_one_body_is_one_alert(tmp_path: Path) -> None:
     async with sqlite_store(tmp_path) as store:
         alert = am_alert(gpu="0")
@@ -188,10 +202,10 @@ async def test_an_alert_repeated_inside_one_body_is_one_alert(tmp_path: Path) ->
 async def test_a_notification_that_cannot_be_applied_is_set_aside_and_the_rest_goes_on(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def planner(known: object, alerts: list[AmAlert]) -> object:
+    def planner(known: object, alerts: list[AmAlert], group_key: str) -> object:
         if any(a.labels.get("gpu") == "13" for a in alerts):
             raise RuntimeError("unlucky alert")
-        return plan_events(known, alerts)  # type: ignore[arg-type]
+        return plan_events(known, alerts, group_key)  # type: ignore[arg-type]
 
     async with sqlite_store(tmp_path) as store:
         for gpu in ("1", "13", "2"):

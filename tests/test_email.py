@@ -316,6 +316,17 @@ async def test_a_server_without_starttls_is_refused_rather_than_used_in_clear_te
     assert handler.received() == []
 
 
+class _FailingGoodbye(RecordingHandler):
+    async def handle_QUIT(self, server: Any, session: Any, envelope: Any) -> str:
+        return "421 4.3.2 Shutting down"
+
+
+async def test_a_failed_goodbye_after_the_mail_was_accepted_is_a_delivery(store: Store) -> None:
+    with smtp_server("plain", handler=_FailingGoodbye()) as (port, handler):
+        result = await send(receiver(port, security="none", allow_plaintext=True), store)
+    assert result.delivered and len(handler.received()) == 1
+
+
 async def test_plaintext_relay_works_when_explicitly_allowed(store: Store) -> None:
     with smtp_server("plain") as (port, handler):
         result = await send(receiver(port, security="none", allow_plaintext=True), store)

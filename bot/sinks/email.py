@@ -19,6 +19,7 @@ If only some recipients are refused with a 4xx, the others keep their copy and t
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import ssl
 from datetime import UTC, datetime
@@ -98,7 +99,9 @@ class EmailSink:
             if self._config.username is not None and self._config.password_file is not None:
                 await self._login(smtp, self._config.username, self._config.password_file.get())
             refused, _reply = await smtp.send_message(mail, sender=self._envelope_sender, recipients=recipients)
-            await smtp.quit()
+            # The server has the mail: a failed goodbye must not make the outbox send it again.
+            with contextlib.suppress(aiosmtplib.SMTPException, OSError):
+                await smtp.quit()
         finally:
             smtp.close()
         return refused

@@ -61,7 +61,8 @@ class StoreStats:
     alerts_resolved: int
 
 
-Planner = Callable[[Mapping[str, AlertState], Sequence[AmAlert]], list[AlertDecision]]
+# (what the store knows of the notification's alerts, its alerts, its groupKey) -> one decision per alert
+Planner = Callable[[Mapping[str, AlertState], Sequence[AmAlert], str], list[AlertDecision]]
 
 
 class Store(abc.ABC):

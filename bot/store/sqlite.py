@@ -537,7 +537,7 @@ class SqliteStore(Store):
         alerts = list({alert.key: alert for alert in payload.alerts}.values())
         known = {state.key: state for state in self._alerts_by_keys(conn, [a.key for a in alerts])}
         now = _now()
-        for decision in planner(known, alerts):
+        for decision in planner(known, alerts, payload.group_key):
             alert = decision.alert
             previous = known.get(alert.key)
             if previous is None:
