@@ -29,6 +29,8 @@ from pydantic import (
     model_validator,
 )
 
+from bot.models import DEFAULT_HOST_LABELS
+
 BUNDLED_PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
@@ -205,7 +207,7 @@ class LokiConfig(StrictModel):
     selector: str = '{job="syslog", host="{host}"}'
     line_filter: str = "NVRM:"
     # Alert labels that name the host, first present wins; the port of an `instance` is dropped.
-    host_labels: list[str] = Field(default_factory=lambda: ["Hostname", "hostname", "host", "node", "instance"])
+    host_labels: list[str] = Field(default_factory=lambda: list(DEFAULT_HOST_LABELS))
     host_map: dict[str, str] = Field(default_factory=dict)
     before: Duration = 900.0
     after: Duration = 120.0

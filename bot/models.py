@@ -88,7 +88,9 @@ class WebhookPayload(BaseModel):
         return hashlib.sha256("\x00".join([self.group_key, *members]).encode()).hexdigest()
 
 
-DEFAULT_HOST_LABELS = ("Hostname", "hostname", "host", "node", "instance")
+# `host` first: the label config/prometheus.yml puts on every series of a GPU server. dcgm-exporter's own
+# `Hostname` is the container's ID unless its container is given a hostname (or NODE_NAME).
+DEFAULT_HOST_LABELS = ("host", "Hostname", "hostname", "node", "instance")
 
 
 def host_from_labels(labels: dict[str, str], candidates: tuple[str, ...] | list[str] = DEFAULT_HOST_LABELS) -> str:

@@ -190,6 +190,8 @@ def test_alert_key_is_fingerprint_and_start_of_the_episode() -> None:
     ("labels", "host"),
     [
         ({"Hostname": "k-ai-01", "instance": "10.0.0.1:9400"}, "k-ai-01"),
+        # dcgm-exporter in a container without a hostname reports the container ID; prometheus.yml's `host` wins
+        ({"Hostname": "3f2a9c1e77b0", "host": "k-ai-01.lan", "instance": "k-ai-01.lan:9400"}, "k-ai-01.lan"),
         ({"instance": "10.0.0.1:9400"}, "10.0.0.1"),
         ({"instance": "[::1]:9400"}, "::1"),
         ({"instance": "k-ai-02"}, "k-ai-02"),

@@ -160,6 +160,15 @@ async def test_an_alert_listed_in_a_storm_that_fires_again_is_shown_again(
     assert "thread_ts" not in post.args and "GPUTempHigh on k-ai-05" in post.args["text"]
 
 
+async def test_a_related_alert_of_a_resolved_alert_is_posted_top_level(fake: FakeSlack, make_sink: SinkFactory) -> None:
+    sink = make_sink()
+    await sink.deliver(delivery(alert(1)))
+    await sink.deliver(delivery(alert(1, "resolved")))
+    await sink.deliver(delivery(alert(2, related_to=alert(1).alert_key)))
+    resolved_root, new = fake.top_level()
+    assert "k-ai-02" in new.text and new.colour == "#D92D20" and fake.replies(resolved_root)[-1].text.startswith("✅")
+
+
 async def test_same_delivery_twice_posts_once(fake: FakeSlack, make_sink: SinkFactory) -> None:
     sink = make_sink()
     message = alert(1)
@@ -191,6 +200,14 @@ async def test_related_alert_goes_into_the_earlier_alerts_thread(fake: FakeSlack
     assert reply.text.startswith("✅ Resolved after 12 min: GPUTempHigh")  # the reply itself was updated
     assert "related in thread: GPUTempHigh on k-ai-01 GPU 1 (resolved)" in root.rendered_text()
     assert "GPUXidError on k-ai-01 GPU 1" in root.text
+
+
+async def test_a_fractional_retry_after_goes_back_to_the_outbox_with_its_wait(
+    fake: FakeSlack, make_sink: SinkFactory
+) -> None:
+    fake.fail_next("chat.postMessage", status=429, retry_after=1.5)
+    result = await make_sink().deliver(delivery(alert(1)))
+    assert (result.retry, result.reason, result.delay) == (True, "ratelimited", 1.5)
 
 
 async def test_429_is_waited_out_and_delivered_once(fake: FakeSlack, make_sink: SinkFactory) -> None:
@@ -286,6 +303,20 @@ async def test_a_lost_answer_is_found_again_not_posted_twice(
     assert fake.top_level()[1].colour == "#12B76A"
 
 
+@pytest.mark.parametrize("event", ["repeat", "resolved", "ack"])
+async def test_a_thread_note_whose_answer_was_lost_is_not_posted_twice(
+    fake: FakeSlack, make_sink: SinkFactory, event: str
+) -> None:
+    sink = make_sink()
+    await sink.deliver(delivery(alert(1)))
+    note = delivery(alert(1, event, times_seen=3, acked_by="alice" if event == "ack" else None))
+    fake.lose_answer("chat.postMessage")
+    assert (await sink.deliver(note)).retry
+    assert await make_sink().deliver(note) == DeliveryResult.ok()  # the outbox's retry, after a restart
+    [root] = fake.top_level()
+    assert len(fake.replies(root)) == 1
+
+
 async def test_lost_answer_in_a_thread_is_found_again(fake: FakeSlack, make_sink: SinkFactory) -> None:
     sink = make_sink()
     await sink.deliver(delivery(alert(1)))
@@ -373,6 +404,21 @@ async def test_storm_one_summary_every_alert_in_its_thread(fake: FakeSlack, make
     assert "*Firing*\n50" in summary.rendered_text()
     assert fake.top_level()[0].colour == "#12B76A"  # an alert posted before the storm is still updated in place
     assert len(fake.top_level()) == 4
+
+
+async def test_storm_counts_follow_alerts_that_fire_again(fake: FakeSlack, make_sink: SinkFactory) -> None:
+    sink = make_sink(storm_threshold=2, storm_window=30)
+    for n in range(1, 6):
+        await sink.deliver(delivery(alert(n)))  # 1 and 2 are posted, the others listed in the storm
+    for n in (1, 4):  # one posted above the storm, one listed in it: each resolves, fires again, resolves
+        await sink.deliver(delivery(alert(n, "resolved")))
+        await sink.deliver(delivery(alert(n, "refiring", times_seen=2)))
+        await sink.deliver(delivery(alert(n, "resolved", times_seen=3)))
+    for n in (2, 3, 5):
+        await sink.deliver(delivery(alert(n, "resolved")))
+    summary = next(m for m in fake.top_level() if "Alert storm" in m.text)
+    await eventually(lambda: "*Resolved*\n5" in summary.rendered_text(), timeout=15)
+    assert "*Firing*\n0" in summary.rendered_text() and "5 alerts" in summary.text
 
 
 async def test_storm_ends_after_a_quiet_window(fake: FakeSlack, make_sink: SinkFactory) -> None:

@@ -199,7 +199,7 @@ class FakeSlack(LoopbackServer):
         *,
         status: int = 200,
         error: str | None = None,
-        retry_after: int | None = None,
+        retry_after: float | None = None,
         body: str | None = None,
         content_type: str | None = None,
         times: int = 1,

@@ -57,7 +57,11 @@ class SlackRateLimits:
 
 
 class BoundedRateLimitHandler(AsyncRateLimitErrorRetryHandler):
-    """slack_sdk's 429 handler (sleeps Retry-After, then retries), for waits up to `max_wait` seconds."""
+    """slack_sdk's 429 handler (sleeps Retry-After, then retries), for waits up to `max_wait` seconds.
+
+    Only whole seconds, or no Retry-After at all, are waited out here (slack_sdk reads the header as an int);
+    anything else goes back to the outbox with the wait it asked for.
+    """
 
     def __init__(self, max_retry_count: int, max_wait: float) -> None:
         super().__init__(max_retry_count=max_retry_count)
@@ -74,15 +78,21 @@ class BoundedRateLimitHandler(AsyncRateLimitErrorRetryHandler):
         if not await super()._can_retry_async(state=state, request=request, response=response, error=error):
             return False
         assert response is not None
-        wait = retry_after(response.headers)
-        return wait is None or wait <= self._max_wait
+        raw = _retry_after_header(response.headers)
+        if raw is None:
+            return True
+        return raw.strip().isdigit() and int(raw) <= self._max_wait
 
 
 def retry_after(headers: Any) -> float | None:
-    """slack_sdk gives headers as a dict of lists, with the names as the server sent them."""
+    """Seconds from a Retry-After header in slack_sdk's headers (a dict of lists, names as the server sent)."""
+    return retry_after_seconds(_retry_after_header(headers))
+
+
+def _retry_after_header(headers: Any) -> str | None:
     for name, value in dict(headers or {}).items():
         if name.lower() == "retry-after":
             if isinstance(value, list):
-                value = value[0] if value else None
-            return retry_after_seconds(value)
+                return str(value[0]) if value else None
+            return str(value)
     return None

@@ -85,7 +85,7 @@ class SlackSink:
         elif message.event == "repeat":
             await self._repeat(message, record, delivery)
         elif message.event in ("resolved", "ack", "refiring"):
-            await self._update_in_place(message, record)
+            await self._update_in_place(message, record, delivery)
         elif record.root_pending:
             await self._show_in_root(message, record)
 
@@ -101,12 +101,12 @@ class SlackSink:
                 return
         key = message.alert_key
         if record.mode == "related":
-            await self._post_once(key, record, slack_payload(message, compact=True), record.thread_ts)
+            await self._post_alert_once(key, record, slack_payload(message, compact=True), record.thread_ts)
             record.root_pending = True
             await self._state.save_record(key, record, message)
             await self._show_in_root(message, record)
             return
-        await self._post_once(key, record, slack_payload(message), "")
+        await self._post_alert_once(key, record, slack_payload(message), "")
         record.thread_ts = record.ts
         record.status = message.status
         record.told_ack = message.acked_by or ""
@@ -129,11 +129,11 @@ class SlackSink:
     async def _repeat(self, message: Message, record: AlertRecord, delivery: Delivery) -> None:
         if message.times_seen <= record.told_seen:
             return
-        await self._channel.post(repeat_note(message, delivery.created_at), thread_ts=record.thread_ts or record.ts)
+        await self._note_once(message.alert_key, record, repeat_note(message, delivery.created_at), delivery)
         record.told_seen = message.times_seen
         await self._state.save_record(message.alert_key, record)
 
-    async def _update_in_place(self, message: Message, record: AlertRecord) -> None:
+    async def _update_in_place(self, message: Message, record: AlertRecord, delivery: Delivery) -> None:
         """Resolve, ack or firing again: the original message changes (never a new top-level one), the thread
         hears of it."""
         related = [RelatedNote(r.title, r.status) for r in record.related]
@@ -145,23 +145,26 @@ class SlackSink:
             record.root_pending = True
             await self._show_in_root(message, record)
         elif message.status == "resolved" and record.told_status != "resolved":
-            await self._channel.post(resolved_note(message), thread_ts=record.ts)
+            await self._note_once(message.alert_key, record, resolved_note(message), delivery)
             record.told_status = "resolved"
             await self._state.save_record(message.alert_key, record)
         elif message.event == "refiring" and record.told_status == "resolved":
-            await self._channel.post(refiring_note(message), thread_ts=record.ts)
+            await self._note_once(message.alert_key, record, refiring_note(message), delivery)
             record.told_status = "firing"
             await self._state.save_record(message.alert_key, record)
         elif message.acked_by and message.acked_by != record.told_ack:
-            await self._channel.post(ack_note(message), thread_ts=record.ts)
+            await self._note_once(message.alert_key, record, ack_note(message), delivery)
             record.told_ack = message.acked_by
             await self._state.save_record(message.alert_key, record)
         if record.storm and message.status == "resolved":
             await self._storms.resolve(record.storm, message.alert_key)
+        elif record.storm and message.event == "refiring":
+            await self._storms.reopen(record.storm, message.alert_key)
 
     # --- related alerts ---------------------------------------------------------------------------------
     async def _root_for(self, message: Message) -> tuple[str, AlertRecord] | None:
-        """The earlier alert this one belongs with, when it has a message in this channel."""
+        """The earlier alert this one belongs with, when it has a message in this channel and still fires: a new
+        alert under a resolved (green) message would go unseen."""
         key = message.related_to
         for _ in range(3):  # a related alert's root is itself a message; follow at most a short chain
             if not key or key == message.alert_key:
@@ -170,7 +173,7 @@ class SlackSink:
             if root is None or not root.ts:
                 return None
             if root.mode == "message":
-                return key, root
+                return (key, root) if root.status == "firing" else None
             key = root.root
         return None
 
@@ -188,21 +191,35 @@ class SlackSink:
         await self._state.save_record(message.alert_key, record)
 
     # --- exactly-once posting ---------------------------------------------------------------------------------
-    async def _post_once(self, key: str, record: AlertRecord, payload: Payload, thread_ts: str) -> None:
-        """Post unless an earlier attempt already did (found by nonce); record channel and ts."""
-        nonce = f"alert:{key}"
-        if record.posting is not None:
+    async def _post_alert_once(self, key: str, record: AlertRecord, payload: Payload, thread_ts: str) -> None:
+        """The alert's own message, posted once; its channel and ts are recorded."""
+        record.channel, record.ts = await self._post_once(key, record, payload, thread_ts, f"alert:{key}")
+
+    async def _note_once(self, key: str, record: AlertRecord, payload: Payload, delivery: Delivery) -> None:
+        """A reply in the alert's thread (repeat, resolve, ack...), posted once per delivery."""
+        await self._post_once(key, record, payload, record.thread_ts or record.ts, f"note:{key}:{delivery.id}")
+
+    async def _post_once(
+        self, key: str, record: AlertRecord, payload: Payload, thread_ts: str, nonce: str
+    ) -> tuple[str, str]:
+        """Post unless an earlier attempt with this nonce already did (found in Slack); (channel, ts) of the post.
+
+        The intent is recorded before the post, so an attempt that ended without an answer (timeout, lost
+        connection, crash, store error after the post) is looked up instead of posted again.
+        """
+        if record.posting is not None and record.posting.nonce == nonce:
             found = await self._channel.find_posted(record.posting)
             if found is not None:
-                record.channel, record.ts, record.posting = found[0], found[1], None
-                return
+                record.posting = None
+                return found
         record.posting = Posting(nonce=nonce, at=time.time(), thread_ts=thread_ts)
         await self._state.save_record(key, record)
         try:
-            channel, ts = await self._channel.post(payload, thread_ts=thread_ts, nonce=nonce, key=key)
+            posted = await self._channel.post(payload, thread_ts=thread_ts, nonce=nonce, key=key)
         except SlackFailure as failure:
             if failure.sent is False:
                 record.posting = None
                 await self._state.save_record(key, record)
             raise
-        record.channel, record.ts, record.posting = channel, ts, None
+        record.posting = None
+        return posted

@@ -109,6 +109,16 @@ class Storm(BaseModel):
             listed=self.posted_seq,
         )
 
+    def reopen(self, key: str) -> bool:
+        """A listed alert that resolved fires again: firing once more, and its next resolve counts again."""
+        if key not in self.recent_resolves:
+            return False
+        self.recent_resolves = [k for k in self.recent_resolves if k != key]
+        self.firing += 1
+        self.resolved = max(0, self.resolved - 1)
+        self.version += 1
+        return True
+
     def count(self, message: Message, status: str) -> None:
         def bump(counts: dict[str, int], name: str) -> None:
             if name:

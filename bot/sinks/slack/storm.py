@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 from bot.config import SlackReceiver
 from bot.message import Message
@@ -119,7 +120,8 @@ class StormControl:
                 return
             await self._state.save_storm_item(storm_id, seq, StormItem(key=key, line=storm_line(message)))
             storm.next_seq = seq + 1
-            storm.count(message, message.status)
+            if not storm.reopen(key):
+                storm.count(message, message.status)
             storm.last_new_at = time.time()
             storm.pending_since = storm.pending_since or storm.last_new_at
             await self._state.save_storm(storm)
@@ -136,14 +138,27 @@ class StormControl:
         # Repeats and acks of an alert listed in a storm change nothing people need to see.
 
     async def resolve(self, storm_id: str, key: str) -> None:
-        async with self._state.lock:
-            storm = await self._state.storm(storm_id)
-            if storm is None or key in storm.recent_resolves:
-                return
+        def resolved(storm: Storm) -> bool:
+            if key in storm.recent_resolves:
+                return False
             storm.firing = max(0, storm.firing - 1)
             storm.resolved += 1
             storm.recent_resolves = [*storm.recent_resolves, key][-_RECENT_RESOLVES:]
             storm.version += 1
+            return True
+
+        await self._recount(storm_id, resolved)
+
+    async def reopen(self, storm_id: str, key: str) -> None:
+        """An alert counted in the storm (posted above it) fires again after its resolve."""
+        await self._recount(storm_id, lambda storm: storm.reopen(key))
+
+    async def _recount(self, storm_id: str, change: Callable[[Storm], bool]) -> None:
+        """Change a storm's counts; a changed storm's summary is refreshed, even after the storm ended."""
+        async with self._state.lock:
+            storm = await self._state.storm(storm_id)
+            if storm is None or not change(storm):
+                return
             await self._state.save_storm(storm)
             state = await self._state.channel_state()
             if storm_id not in state.open_storms:
