@@ -62,8 +62,8 @@ def _gpu_text(labels: dict[str, str], enrichment: Enrichment) -> str:
 
 def _summary(annotations: dict[str, str], advice: Advice) -> str:
     for name in _SUMMARY_ANNOTATIONS:
-        if annotations.get(name):
-            return annotations[name]
+        if annotations.get(name, "").strip():
+            return annotations[name].strip()
     return advice.title
 
 

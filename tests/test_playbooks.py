@@ -439,6 +439,17 @@ def test_compose_renders_thresholds_judgement_and_runbook(shipped: PlaybookSet) 
     assert [a.name for a in message.actions] == ["ack", "silence-1h", "restart-inference-server"]
 
 
+def test_a_blank_summary_annotation_gives_way_to_the_next_one(shipped: PlaybookSet) -> None:
+    firing = alert("GPUXIDError", **DCGM).model_copy(
+        update={"annotations": {"summary": " \n ", "description": " Xid 79 on GPU 3 "}}
+    )
+    advice = shipped.advise(shipped.match(firing), firing, Enrichment())
+    message = compose_message(
+        Event(id=1, kind=EventKind.FIRING, created_at=STARTED, alert=firing), Enrichment(), advice
+    )
+    assert message.summary == "Xid 79 on GPU 3"
+
+
 def test_playbook_objects_keep_the_interface_the_pipeline_uses(shipped: PlaybookSet) -> None:
     playbook = shipped.match(alert("GPUXIDError", **DCGM))
     assert isinstance(playbook, Playbook)

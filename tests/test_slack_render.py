@@ -147,6 +147,17 @@ def test_label_values_cannot_mention_or_link() -> None:
     rendered = "\n".join(texts(payload)) + payload["text"]
     assert "<!channel>" not in rendered and "<@U123>" not in rendered and "<https://evil" not in rendered
     assert "&lt;!channel&gt;" in rendered
+    # "@channel" or "#ops" typed as plain text are left as text only where Slack's automatic parsing is off.
+    assert all(obj.get("verbatim") is True for obj in _text_objects(payload) if obj["type"] == "mrkdwn")
+
+
+def _text_objects(node: Any) -> list[dict[str, Any]]:
+    if isinstance(node, dict):
+        own = [node] if node.get("type") in ("mrkdwn", "plain_text") else []
+        return own + [obj for value in node.values() for obj in _text_objects(value)]
+    if isinstance(node, list):
+        return [obj for item in node for obj in _text_objects(item)]
+    return []
 
 
 def test_log_lines_cannot_close_the_code_block() -> None:

@@ -127,7 +127,8 @@ def _plain(text: str, limit: int) -> Block:
 
 
 def _mrkdwn(text: str) -> Block:
-    return {"type": "mrkdwn", "text": text}
+    # verbatim: Slack's automatic parsing would turn a label value's "@channel" or "#ops" into a mention or link.
+    return {"type": "mrkdwn", "text": text, "verbatim": True}
 
 
 def _section(text: str) -> Block:
@@ -252,7 +253,7 @@ def _head_blocks(message: Message, related: Sequence[RelatedNote]) -> list[Block
     fields = [_fact_field(fact.label, fact.value) for fact in message.facts[:MAX_FIELDS]]
     if fields:
         blocks.append({"type": "section", "fields": fields})
-    if message.summary:
+    if message.summary.strip():
         blocks.append(_section(clip(escape(message.summary), _SUMMARY_BUDGET)))
     return blocks
 
