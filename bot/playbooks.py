@@ -43,7 +43,7 @@ from bot.routing import LabelMatcher
 from bot.xid_catalog import XidCatalog, XidCatalogError, bundled_catalog, load_catalog
 
 GENERIC = "generic"
-NOT_PLAYBOOKS = frozenset({"xid_catalog.yaml"})
+NOT_PLAYBOOKS = frozenset({"xid_catalog.yaml", "xid74_registers.yaml"})
 DEFAULT_RELATED_WINDOW = 1800.0
 # Grafana UIDs of the community dashboards the seed imports: 12239 (NVIDIA DCGM Exporter) and 1860 (Node
 # Exporter Full). `playbooks.vars` overrides them when a site re-imported the dashboards under other UIDs.

@@ -4,6 +4,8 @@ The catalog says what each Xid means and what to do. On top of it: an Xid 154 li
 the driver wants, which overrides the catalog's advice for the Xids of that GPU; an Xid 45 is only the clean-up
 of the Xid before it on the same GPU; and escalation rules (thresholds in the catalog, not here) turn one GPU's
 history into verdicts such as "third Xid 79 on this GPU in 30 days: hardware suspect, prepare an RMA".
+NVLink lines get decode lines of their own: each set bit of an Xid 74 line's registers, per the register table
+(playbooks/xid74_registers.yaml) that lives beside the catalog; the unit, link and Fatal token of an NVLink5 line.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ import sys
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import Annotated, Any, Literal, TextIO, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
@@ -29,6 +31,10 @@ from bot.enrich.nvrm import XID_PREEMPTIVE_CLEANUP, XID_RECOVERY_ACTION, Recover
 
 CATALOG_FILE = "xid_catalog.yaml"
 BUNDLED_CATALOG = BUNDLED_PLAYBOOKS / CATALOG_FILE
+NVLINK_REGISTERS_FILE = "xid74_registers.yaml"
+BUNDLED_NVLINK_REGISTERS = BUNDLED_PLAYBOOKS / NVLINK_REGISTERS_FILE
+XID_NVLINK_ERROR = 74
+NVLINK5_XIDS = frozenset(range(144, 151))
 
 Severity = Literal["info", "warning", "critical", "fatal"]
 SEVERITIES: tuple[Severity, ...] = ("info", "warning", "critical", "fatal")
@@ -137,6 +143,68 @@ class EscalationRule(_Model):
         return code in self.xids or catalog.entry(code).severity in self.severities
 
 
+Register = Annotated[int, Field(ge=0, le=6)]
+RegisterBit = Annotated[int, Field(ge=0, le=31)]
+
+
+class RegisterBitClass(_Model):
+    """Some bits of one Xid 74 register that mean the same thing and call for the same action."""
+
+    # `register` in the file (a pydantic model cannot have a field of that name).
+    number: Register = Field(alias="register")
+    bits: list[RegisterBit] = Field(min_length=1)
+    name: str = Field(min_length=1)
+    meaning: str = Field(min_length=1)
+    action: str = Field(min_length=1)
+    ignore: bool = False
+    # Said instead of `action` when these are the only bits set on the line that are not ignorable.
+    solo_action: str = ""
+    # The action applies once these bits were seen this many times on the same link.
+    repeats: int | None = Field(default=None, ge=2)
+
+
+class RegisterValidity(_Model):
+    """The registers that mean something on one GPU architecture (on Hopper only 0, 2, 3 and 4)."""
+
+    architecture: str = Field(min_length=1)
+    registers: list[Register] = Field(min_length=1)
+
+
+class NvlinkRegisterTable(_Model):
+    """What each bit of an Xid 74 line's registers means (playbooks/xid74_registers.yaml)."""
+
+    version: int
+    workflow: str = ""
+    sources: list[str] = Field(min_length=1)
+    valid_registers: list[RegisterValidity] = Field(default_factory=list)
+    classes: list[RegisterBitClass] = Field(min_length=1)
+
+    _by_bit: dict[tuple[int, int], int] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _each_bit_once(self) -> NvlinkRegisterTable:
+        seen: set[tuple[int, int]] = set()
+        twice: set[tuple[int, int]] = set()
+        for bit_class in self.classes:
+            for bit in bit_class.bits:
+                key = (bit_class.number, bit)
+                (twice if key in seen else seen).add(key)
+        if twice:
+            raise ValueError(f"bits in two classes: {', '.join(f'REG{r} bit {b}' for r, b in sorted(twice))}")
+        return self
+
+    def model_post_init(self, __context: Any) -> None:
+        self._by_bit = {(c.number, bit): index for index, c in enumerate(self.classes) for bit in c.bits}
+
+    def class_index(self, register: int, bit: int) -> int | None:
+        """Which of `classes` this bit belongs to; None for a bit the table does not classify."""
+        return self._by_bit.get((register, bit))
+
+    def invalid_on(self, register: int) -> list[str]:
+        """The architectures on which this register means nothing."""
+        return [v.architecture for v in self.valid_registers if register not in v.registers]
+
+
 class XidCatalog(_Model):
     version: int
     compiled: str = ""
@@ -149,6 +217,7 @@ class XidCatalog(_Model):
     xids: list[XidEntry] = Field(min_length=1)
 
     _by_code: dict[int, XidEntry] = PrivateAttr(default_factory=dict)
+    _nvlink_registers: NvlinkRegisterTable | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _unique(self) -> XidCatalog:
@@ -167,6 +236,16 @@ class XidCatalog(_Model):
 
     def get(self, code: int) -> XidEntry | None:
         return self._by_code.get(code)
+
+    @property
+    def nvlink_registers(self) -> NvlinkRegisterTable:
+        """The Xid 74 register table read beside this catalog; the bundled one for a catalog built in code."""
+        return self._nvlink_registers or bundled_nvlink_registers()
+
+    def with_nvlink_registers(self, table: NvlinkRegisterTable) -> XidCatalog:
+        catalog = self.model_copy()
+        catalog._nvlink_registers = table
+        return catalog
 
     def entry(self, code: int) -> XidEntry:
         """The catalog entry, or a stand-in that says the code is unknown."""
@@ -196,12 +275,51 @@ def bundled_catalog() -> XidCatalog:
     return load_catalog()
 
 
+@functools.cache
+def bundled_nvlink_registers() -> NvlinkRegisterTable:
+    """The Xid 74 register table shipped with the bot, read once."""
+    return load_nvlink_registers()
+
+
 def load_catalog(location: Path | None = None) -> XidCatalog:
     """The catalog from a file, from `xid_catalog.yaml` in a playbook directory (the bundled one when that
-    directory has none), or the bundled catalog when no location is given."""
-    path = BUNDLED_CATALOG if location is None else location
-    if path.is_dir():
-        path = path / CATALOG_FILE if (path / CATALOG_FILE).is_file() else BUNDLED_CATALOG
+    directory has none), or the bundled catalog when no location is given. The Xid 74 register table comes
+    from beside it the same way (see `load_nvlink_registers`)."""
+    path = _data_file(location, CATALOG_FILE, BUNDLED_CATALOG)
+    problems: list[str] = []
+    catalog = table = None
+    try:
+        catalog = _load_model(path, XidCatalog)
+    except XidCatalogError as exc:
+        problems.extend(exc.problems)
+    try:
+        table = load_nvlink_registers(location if location is not None and location.is_dir() else path.parent)
+    except XidCatalogError as exc:
+        problems.extend(exc.problems)
+    if catalog is None or table is None:
+        raise XidCatalogError(problems)
+    return catalog.with_nvlink_registers(table)
+
+
+def load_nvlink_registers(location: Path | None = None) -> NvlinkRegisterTable:
+    """The register table from a file, from `xid74_registers.yaml` in a directory (the bundled one when that
+    directory has none), or the bundled table when no location is given."""
+    return _load_model(_data_file(location, NVLINK_REGISTERS_FILE, BUNDLED_NVLINK_REGISTERS), NvlinkRegisterTable)
+
+
+def _data_file(location: Path | None, name: str, bundled: Path) -> Path:
+    if location is None:
+        return bundled
+    if location.is_dir():
+        return location / name if (location / name).is_file() else bundled
+    return location
+
+
+_Loaded = TypeVar("_Loaded", bound=BaseModel)
+
+
+def _load_model(path: Path, model: type[_Loaded]) -> _Loaded:
+    """A YAML data file checked by its model; every problem names the file."""
     try:
         data = yaml.load(path.read_text(encoding="utf-8"), Loader=_YAML_LOADER)  # noqa: S506 (a safe loader)
     except OSError as exc:
@@ -209,11 +327,13 @@ def load_catalog(location: Path | None = None) -> XidCatalog:
     except yaml.YAMLError as exc:
         raise XidCatalogError([f"{path}: not valid YAML: {exc}"]) from None
     try:
-        return XidCatalog.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
-        raise XidCatalogError(
-            [f"{path}: {'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()]
-        ) from None
+        raise XidCatalogError([f"{path}: {_where(err['loc'])}{err['msg']}" for err in exc.errors()]) from None
+
+
+def _where(location: Sequence[int | str]) -> str:
+    return f"{'.'.join(str(part) for part in location)}: " if location else ""
 
 
 # --- decoding: catalog + the Xid 154 override + Xid 45 -> its cause ---------------------------------------
@@ -229,6 +349,9 @@ class DecodedXid:
     basis: Basis = "catalog"
     cause_xid: int | None = None
     recovery: RecoveryActionEntry | None = None
+    # What the line itself says beyond its code: the set bits of an Xid 74 line's registers, the unit, link
+    # and Fatal token of an NVLink5 line. One finding per string.
+    details: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -242,6 +365,7 @@ class DecodedXid:
             "basis": self.basis,
             "caused_by": self.cause_xid,
             "causes": list(self.entry.causes),
+            "details": list(self.details),
         }
 
 
@@ -276,7 +400,9 @@ def _decode_gpu(events: list[XidEvent], catalog: XidCatalog) -> list[DecodedXid]
             override = override or item.recovery
         elif override is not None and item.basis == "catalog":
             results[position] = _overridden(item, override)
-    return results
+    table = catalog.nvlink_registers
+    sightings = _link_sightings(events, table)
+    return [_with_details(item, table, sightings) for item in results]
 
 
 def _xid_of(event: XidEvent | None) -> int | None:
@@ -313,6 +439,103 @@ def _overridden(item: DecodedXid, recovery: RecoveryActionEntry) -> DecodedXid:
     return DecodedXid(
         item.event, item.entry, severity, action, item.follow_up, "recovery_action", item.cause_xid, recovery
     )
+
+
+# --- NVLink decode lines ----------------------------------------------------------------------------------
+# Set bits grouped by register and class: (register, index of the class in the table or None) -> bits.
+_BitGroups = dict[tuple[int, int | None], list[int]]
+# How many times (lines, repeats included) each class was set on each link of one GPU: (link, class) -> n.
+_Sightings = dict[tuple[int, int], int]
+
+
+def _with_details(item: DecodedXid, table: NvlinkRegisterTable, sightings: _Sightings) -> DecodedXid:
+    details = nvlink_details(item.event, table, sightings)
+    return replace(item, details=details) if details else item
+
+
+def nvlink_details(event: XidEvent, table: NvlinkRegisterTable, sightings: _Sightings | None = None) -> tuple[str, ...]:
+    """The decode lines of an NVLink event (none for any other): `sightings` counts the repeats of a class on
+    the same link among the events read with it (this event alone when not given)."""
+    if event.nvlink_unit is not None and event.fatal is not None:
+        return (_nvlink5_detail(event),)
+    if event.xid != XID_NVLINK_ERROR or event.link is None or not event.nvlink_registers:
+        return ()
+    seen = sightings if sightings is not None else _link_sightings([event], table)
+    return tuple(_register_details(event.link, _bit_groups(event.nvlink_registers, table), table, seen))
+
+
+def _nvlink5_detail(event: XidEvent) -> str:
+    token = "Fatal" if event.fatal else "Nonfatal"
+    where = {None: [], -1: ["not link-specific"]}.get(event.link, [f"link {event.link}"])
+    head = ", ".join([*where, f"unit {event.nvlink_unit}", token])
+    return f"{head}: the advice follows the line's {token} token (the NVLink5 subcode is not decoded)"
+
+
+def _link_sightings(events: Iterable[XidEvent], table: NvlinkRegisterTable) -> _Sightings:
+    sightings: _Sightings = defaultdict(int)
+    for event in events:
+        if event.xid == XID_NVLINK_ERROR and event.link is not None and event.nvlink_registers:
+            for _, index in _bit_groups(event.nvlink_registers, table):
+                if index is not None:
+                    sightings[(event.link, index)] += event.count
+    return sightings
+
+
+def _bit_groups(registers: Sequence[int], table: NvlinkRegisterTable) -> _BitGroups:
+    groups: _BitGroups = {}
+    for register, word in enumerate(registers):
+        for bit in range(word.bit_length()):
+            if word >> bit & 1:
+                groups.setdefault((register, table.class_index(register, bit)), []).append(bit)
+    return groups
+
+
+def _register_details(link: int, groups: _BitGroups, table: NvlinkRegisterTable, sightings: _Sightings) -> list[str]:
+    """One line per register and class of the bits set, in the table's order, unclassified bits last."""
+    if not groups:
+        return []
+    keys = sorted(groups, key=lambda key: (key[0], len(table.classes) if key[1] is None else key[1]))
+    ignorable = [key for key in keys if key[1] is not None and table.classes[key[1]].ignore]
+    relevant = [key for key in keys if key not in ignorable]
+    if not relevant:
+        where = "; ".join(_bits_text(register, groups[(register, index)]) for register, index in ignorable)
+        action = next(table.classes[index].action for _, index in ignorable if index is not None)
+        return [f"link {link}: only ignorable bits are set ({where}): {action}"]
+    solo = len(relevant) == 1
+    return [_register_detail(link, key, groups[key], table, sightings, solo=solo) for key in relevant]
+
+
+def _register_detail(
+    link: int,
+    key: tuple[int, int | None],
+    bits: list[int],
+    table: NvlinkRegisterTable,
+    sightings: _Sightings,
+    *,
+    solo: bool,
+) -> str:
+    register, index = key
+    head = f"link {link}: {_bits_text(register, bits)} — "
+    if index is None:
+        invalid = table.invalid_on(register)
+        where = f" (REG{register} is not valid on {', '.join(invalid)})" if invalid else ""
+        return f"{head}unclassified: not in the register table{where}; follow the Xid {XID_NVLINK_ERROR} advice"
+    bit_class = table.classes[index]
+    action = bit_class.solo_action if solo and bit_class.solo_action else bit_class.action
+    text = f"{head}{bit_class.name}: {action}"
+    if bit_class.repeats is not None:
+        seen = sightings.get((link, index), 1)
+        reached = ": threshold reached" if seen >= bit_class.repeats else ""
+        text += f" (seen {_times(seen)} on this link in this log{reached})"
+    return text
+
+
+def _bits_text(register: int, bits: Sequence[int]) -> str:
+    return f"REG{register} bit{'s' if len(bits) > 1 else ''} {', '.join(str(bit) for bit in bits)}"
+
+
+def _times(count: int) -> str:
+    return {1: "once", 2: "twice"}.get(count, f"{count} times")
 
 
 def worst(decoded: Iterable[DecodedXid]) -> DecodedXid | None:
@@ -463,6 +686,13 @@ def explain(entry: XidEntry, catalog: XidCatalog) -> str:
     if entry.code == XID_RECOVERY_ACTION:
         for recovery in catalog.recovery_actions:
             lines.append(f"  0x{recovery.value:X} {' / '.join(recovery.names)}: {recovery.action}")
+    if entry.code == XID_NVLINK_ERROR:
+        lines.extend(_register_table_text(catalog.nvlink_registers))
+    if entry.code in NVLINK5_XIDS:
+        lines.append(
+            "  decode:     the line's unit, link and Fatal/Nonfatal token are shown; the advice follows the token "
+            "(NVIDIA's Xid 144-150 subcode sheet is not bundled)"
+        )
     if entry.notes:
         lines.append("  notes:")
         lines.extend(f"    - {note}" for note in entry.notes)
@@ -470,6 +700,20 @@ def explain(entry: XidEntry, catalog: XidCatalog) -> str:
         lines.append("  sources:")
         lines.extend(f"    - {source}" for source in entry.sources)
     return "\n".join(lines)
+
+
+def _register_table_text(table: NvlinkRegisterTable) -> list[str]:
+    lines = [f"  registers:  each set bit of REG0-REG6 in `link N(REG0, ..., REG6)` ({table.workflow})".rstrip()]
+    for bit_class in table.classes:
+        rule = f"{bit_class.name}: {bit_class.action}"
+        if bit_class.solo_action:
+            rule += f"; alone: {bit_class.solo_action}"
+        lines.append(f"    {_bits_text(bit_class.number, bit_class.bits)}: {rule}")
+    for validity in table.valid_registers:
+        valid = ", ".join(f"REG{register}" for register in validity.registers)
+        lines.append(f"    on {validity.architecture} only {valid} are valid")
+    lines.extend(f"    source: {source}" for source in table.sources)
+    return lines
 
 
 def _rule_text(rule: EscalationRule) -> str:
@@ -512,8 +756,9 @@ def format_table(decoded: Sequence[DecodedXid]) -> str:
 
     indent = " " * (sum(widths) + 2 * len(widths))
     lines = [line(rows[0])]
-    for row, action in zip(rows[1:], actions, strict=True):
+    for row, action, item in zip(rows[1:], actions, decoded, strict=True):
         lines.extend((line(row), f"{indent}-> {action}"))
+        lines.extend(f"{indent}   {detail}" for detail in item.details)
     return "\n".join(lines)
 
 

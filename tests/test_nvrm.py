@@ -39,6 +39,7 @@ def only(*lines: str) -> XidEvent:
         ),
         ("NVRM: Xid (PCI:0018:01:00): 145, RLW_RXPIPE Nonfatal XC0 i0 Link 13 (0x0409a0c2)", 145, "00000018:01:00.0"),
         ("NVRM: Xid (PCI:0019:01:00): 62, 223b6a66 00002100 00000000 00000000", 62, "00000019:01:00.0"),
+        ("NVRM: Xid (PCI:0000:10:1c): 74, pid=37, NVLink: fatal error detected on link 0(0x0)", 74, "00000000:10:1C.0"),
         ("NVRM: Xid (PCI:0000:00:06): 119, pid='<unknown>', name=<unknown>, Timeout", 119, "00000000:00:06.0"),
     ],
 )
@@ -94,6 +95,12 @@ def test_device_tag_any_domain_with_or_without_pci_prefix(line: str, xid: int, b
             36055,
             "dcgm-exporter",
             "Timeout after 6s of waiting",
+        ),
+        (
+            "NVRM: Xid (PCI:0000:c1:00): 74, pid='<unknown>', name=<unknown>, NVLink: fatal error detected on link 1",
+            None,
+            None,
+            "NVLink: fatal error detected on link 1",
         ),
     ],
 )
@@ -357,15 +364,16 @@ def test_154_sequence_keeps_each_step() -> None:
 
 
 @pytest.mark.parametrize(
-    ("line", "fatal"),
+    ("line", "fatal", "unit", "link"),
     [
-        ("NVRM: Xid (PCI:0018:01:00): 149, NETIR_LINK_EVT  Fatal   XC0 i0 Link 08 (0x004505c6 0x00000000)", True),
-        ("NVRM: Xid (PCI:0018:01:00): 145, pid=1, name=x, RLW_RXPIPE Nonfatal XC0 i0 Link 13 (0x0409a0c2)", False),
-        ("NVRM: Xid (PCI:0018:01:00): 74, NVLink: fatal error detected on link 3(0x0, 0x0, 0x0)", None),
+        ("NVRM: Xid (PCI:0018:01:00): 149, NETIR_LINK_EVT  Fatal   XC0 i0 Link 08 (0x0)", True, "NETIR_LINK_EVT", 8),
+        ("NVRM: Xid (PCI:0018:01:00): 145, pid=1, name=x, RLW_RXPIPE Nonfatal XC0 i0 Link 13", False, "RLW_RXPIPE", 13),
+        ("NVRM: Xid (PCI:0018:01:00): 74, NVLink: fatal error detected on link 3(0x0, 0x0, 0x0)", None, None, 3),
     ],
 )
-def test_nvlink5_fatal_token(line: str, fatal: bool | None) -> None:
-    assert only(line).fatal is fatal
+def test_nvlink5_fatal_token(line: str, fatal: bool | None, unit: str | None, link: int) -> None:
+    event = only(line)
+    assert (event.fatal, event.nvlink_unit, event.link) == (fatal, unit, link)
 
 
 XID = "NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."

@@ -44,7 +44,19 @@ _RECOVERY = re.compile(
     r"\s*to 0x(?P<new>[0-9a-fA-F]{1,8})\s*\((?P<new_name>[^)]*)\)",
     re.IGNORECASE,
 )
-_FATAL_TOKEN = re.compile(r"^[A-Z0-9_]+\s+(?P<token>Fatal|Nonfatal|Non-fatal)\b")
+# NVLink5 (Xids 144-150): `NETIR_LINK_EVT  Fatal XC0 i0 Link 08 (0x004505c6 0x00000000 ...)`, any spacing.
+_NVLINK5 = re.compile(
+    r"^(?P<unit>[A-Z0-9_]+)\s+(?P<token>Fatal|Nonfatal|Non-fatal)\b"
+    r"(?:[^(]{0,80}?\bLink\s+(?P<link>-?\d{1,4})\b\s*(?:\((?P<words>[^)]{0,400})\))?)?"
+)
+# Xid 74: `NVLink: fatal error detected on link 3(0x10000, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0)`; older drivers stop
+# after the link number.
+_NVLINK_ERROR = re.compile(
+    r"NVLink:\s*(?:[\w-]+\s+)?error detected on link\s*(?P<link>\d{1,4})\b\s*(?:\((?P<words>[^)]{0,400})\))?",
+    re.IGNORECASE,
+)
+_REGISTER_WORD = re.compile(r"(?:0[xX])?(?P<hex>[0-9a-fA-F]{1,16})")
+_WORD_SEPARATORS = re.compile(r"[\s,]+")
 
 _GPU_AT = re.compile(rf"NVRM:\s*GPU at (?P<pci>{_BDF}):\s*(?P<uuid>GPU-[0-9a-fA-F][0-9a-fA-F-]{{7,}})")
 _BOARD_SERIAL = re.compile(r"NVRM:\s*GPU Board Serial Number:\s*(?P<serial>[0-9A-Za-z-]+)\s*$")
@@ -120,6 +132,11 @@ class XidEvent:
     recovery: RecoveryChange | None = None
     # The line's own Fatal/Nonfatal token (NVLink5 Xids 144-150); None when the line has none.
     fatal: bool | None = None
+    # NVLink lines (Xid 74, NVLink5): the link (-1: not link-specific), the hex words in the parentheses after
+    # it (Xid 74: registers 0-6; NVLink5: intrinfo, error status...), and the NVLink5 unit mnemonic.
+    link: int | None = None
+    nvlink_registers: tuple[int, ...] | None = None
+    nvlink_unit: str | None = None
     timestamp: datetime | None = None
     last_timestamp: datetime | None = None
     log_time: str | None = None
@@ -160,6 +177,9 @@ class XidEvent:
                 "previous_name": self.recovery.previous_name,
             },
             "fatal": self.fatal,
+            "link": self.link,
+            "nvlink_registers": None if self.nvlink_registers is None else list(self.nvlink_registers),
+            "nvlink_unit": self.nvlink_unit,
             "source": self.source,
             "raw": self.raw,
         }
@@ -180,6 +200,18 @@ class KernelLogReport:
     def pci_for_uuid(self, uuid: str) -> PciAddress | None:
         wanted = uuid.strip().lower()
         return next((pci for pci, known in self.uuids.items() if known.lower() == wanted), None)
+
+
+@dataclass(frozen=True)
+class _Nvlink:
+    """What an NVLink line says beyond its code: see the `link`, `nvlink_*` fields of `XidEvent`."""
+
+    link: int | None = None
+    registers: tuple[int, ...] | None = None
+    unit: str | None = None
+
+
+_NO_NVLINK = _Nvlink()
 
 
 @dataclass(frozen=True)
@@ -205,6 +237,7 @@ class _Occurrence:
     previous_xid: int | None = None
     recovery: RecoveryChange | None = None
     fatal: bool | None = None
+    nvlink: _Nvlink = _NO_NVLINK
 
 
 @dataclass
@@ -287,6 +320,7 @@ class _Parser:
                 previous_xid=_caused_by(message),
                 recovery=_recovery(message) if code == XID_RECOVERY_ACTION else None,
                 fatal=_fatal_token(message),
+                nvlink=_nvlink(message),
             )
         )
 
@@ -425,6 +459,9 @@ class _Parser:
             previous_xid=first.previous_xid,
             recovery=first.recovery,
             fatal=first.fatal,
+            link=first.nvlink.link,
+            nvlink_registers=first.nvlink.registers,
+            nvlink_unit=first.nvlink.unit,
             timestamp=first.prefix.timestamp,
             last_timestamp=acc.last_prefix.timestamp if acc.count > 1 else None,
             log_time=first.prefix.log_time,
@@ -544,5 +581,30 @@ def _recovery(message: str) -> RecoveryChange | None:
 
 
 def _fatal_token(message: str) -> bool | None:
-    match = _FATAL_TOKEN.match(message)
+    match = _NVLINK5.match(message)
     return None if match is None else match.group("token") == "Fatal"
+
+
+def _nvlink(message: str) -> _Nvlink:
+    """The link, register words and unit of an Xid 74 or NVLink5 line; empty for any other line."""
+    nvlink5 = _NVLINK5.match(message)
+    if nvlink5 is not None:
+        link = nvlink5.group("link")
+        return _Nvlink(
+            link=None if link is None else int(link),
+            registers=_register_words(nvlink5.group("words")),
+            unit=nvlink5.group("unit"),
+        )
+    error = _NVLINK_ERROR.search(message)
+    if error is not None:
+        return _Nvlink(link=int(error.group("link")), registers=_register_words(error.group("words")))
+    return _NO_NVLINK
+
+
+def _register_words(text: str | None) -> tuple[int, ...] | None:
+    """`0x10000, 0x0` or `10000 0` as numbers; None when absent or when any word is not hex."""
+    words = _WORD_SEPARATORS.split(text.strip()) if text else []
+    matches = [_REGISTER_WORD.fullmatch(word) for word in words if word]
+    if not matches or any(match is None for match in matches):
+        return None
+    return tuple(int(match.group("hex"), 16) for match in matches if match is not None)

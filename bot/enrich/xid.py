@@ -2,8 +2,9 @@
 
 It parses the `loki` section's kernel lines, keeps the Xids of the alert's GPU (every GPU of the host for a
 host-level alert), decodes them (catalog advice, the Xid 154 recovery action overriding it, Xid 45 pointing
-at its cause), decodes the alert's own `err_code`/`xid` label, and judges whether the alert may come from a
-stale `DCGM_FI_DEV_XID_ERRORS` gauge (it keeps its last value until the exporter restarts).
+at its cause, the set bits of an Xid 74 line's registers), decodes the alert's own `err_code`/`xid` label,
+and judges whether the alert may come from a stale `DCGM_FI_DEV_XID_ERRORS` gauge (it keeps its last value
+until the exporter restarts).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ STALE_GAUGE_TEXT = (
 # At most this many decoded events are kept in the section (the most severe); the message shows fewer.
 MAX_EVENTS_KEPT = 50
 MAX_EVENTS_SHOWN = 8
+# Decode lines (Xid 74 register bits, NVLink5 unit and link) shown under each event; the section keeps them all.
+MAX_DETAILS_SHOWN = 3
 
 _PLAIN_GAUGE_EXPR = re.compile(rf"^\s*{XID_GAUGE}\s*(?:\{{[^}}]*\}})?\s*(?:(?:[<>]=?|[!=]=)\s*[0-9.eE+-]+)?\s*$")
 _ALERT_XID_LABELS = (("err_code", "the alert's err_code label"), ("xid", "the alert's xid label"))
@@ -120,6 +123,7 @@ class XidEnricher:
         for item in _most_severe(mine, MAX_EVENTS_SHOWN):
             lines.append(_event_line(item))
             lines.append(f"  -> {item.action}")
+            lines.extend(_detail_lines(item.details))
         if len(mine) > MAX_EVENTS_SHOWN:
             lines.append(f"... and {len(mine) - MAX_EVENTS_SHOWN} more Xid events")
         return lines
@@ -234,6 +238,13 @@ def _worst_data(decoded: Sequence[DecodedXid]) -> dict[str, Any] | None:
     if top is None:
         return None
     return {"xid": top.event.xid, "title": top.entry.title, "severity": top.severity, "action": top.action}
+
+
+def _detail_lines(details: Sequence[str]) -> list[str]:
+    shown = [f"     {detail}" for detail in details[:MAX_DETAILS_SHOWN]]
+    if len(details) > MAX_DETAILS_SHOWN:
+        shown.append(f"     ... and {len(details) - MAX_DETAILS_SHOWN} more register findings")
+    return shown
 
 
 def _event_line(item: DecodedXid) -> str:
