@@ -202,6 +202,19 @@ async def test_related_alert_goes_into_the_earlier_alerts_thread(fake: FakeSlack
     assert "GPUXidError on k-ai-01 GPU 1" in root.text
 
 
+async def test_a_related_alert_whose_root_message_is_gone_is_still_delivered(
+    fake: FakeSlack, make_sink: SinkFactory
+) -> None:
+    sink = make_sink()
+    await sink.deliver(delivery(alert(1)))
+    fake.fail_next("chat.update", error="message_not_found")
+    assert await sink.deliver(delivery(alert(2, related_to=alert(1).alert_key))) == DeliveryResult.ok()
+    resolved = alert(2, "resolved", related_to=alert(1).alert_key)
+    assert await sink.deliver(delivery(resolved)) == DeliveryResult.ok()
+    [reply] = fake.replies(fake.top_level()[0])
+    assert reply.text.startswith("✅ Resolved after 12 min")
+
+
 async def test_a_fractional_retry_after_goes_back_to_the_outbox_with_its_wait(
     fake: FakeSlack, make_sink: SinkFactory
 ) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 
 from bot.config import SlackReceiver
@@ -38,6 +39,8 @@ from bot.sinks.slack.pacing import SlackRateLimits
 from bot.sinks.slack.state import AlertRecord, Posting, Related, SinkState
 from bot.sinks.slack.storm import StormControl
 from bot.store.base import Store, StoreUnavailable
+
+log = logging.getLogger(__package__)
 
 
 class SlackSink:
@@ -186,7 +189,16 @@ class SlackSink:
             await self._state.save_record(record.root, root)
             shown = Message.model_validate(root.message)
             notes = [RelatedNote(r.title, r.status) for r in root.related]
-            await self._channel.update(root.channel, root.ts, slack_payload(shown, related=notes))
+            try:
+                await self._channel.update(root.channel, root.ts, slack_payload(shown, related=notes))
+            except SlackFailure as failure:
+                if failure.result.retry:
+                    raise
+                # The root message is gone (deleted, channel archived): the alert's own reply says it all.
+                log.warning(
+                    "cannot mention a related alert on its root message",
+                    extra={"receiver": self.name, "reason": failure.result.reason, "alert_key": message.alert_key},
+                )
         record.root_pending = False
         await self._state.save_record(message.alert_key, record)
 
