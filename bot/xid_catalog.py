@@ -4,8 +4,8 @@ The catalog says what each Xid means and what to do. On top of it: an Xid 154 li
 the driver wants, which overrides the catalog's advice for the Xids of that GPU; an Xid 45 is only the clean-up
 of the Xid before it on the same GPU; and escalation rules (thresholds in the catalog, not here) turn one GPU's
 history into verdicts such as "third Xid 79 on this GPU in 30 days: hardware suspect, prepare an RMA".
-NVLink lines get decode lines of their own: each set bit of an Xid 74 line's registers, per the register table
-(playbooks/xid74_registers.yaml) that lives beside the catalog; the unit, link and Fatal token of an NVLink5 line.
+Decoded NVLink events carry the decode lines of `bot.nvlink`, whose register table is read beside the catalog.
+Also the operator's views of all this: `explain` and the `xid` command.
 """
 
 from __future__ import annotations
@@ -21,20 +21,28 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any, Literal, TextIO, TypeVar
+from typing import Any, Literal, TextIO
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from bot.config import BUNDLED_PLAYBOOKS, Duration
+from bot.datafile import DataModel, data_file, load_model
+from bot.datafile import XidCatalogError as XidCatalogError  # what `load_catalog` raises: part of this API
 from bot.enrich.nvrm import XID_PREEMPTIVE_CLEANUP, XID_RECOVERY_ACTION, RecoveryChange, XidEvent, parse_kernel_log
+from bot.nvlink import (
+    NVLINK5_XIDS,
+    XID_NVLINK_ERROR,
+    NvlinkRegisterTable,
+    Sightings,
+    bundled_nvlink_registers,
+    link_sightings,
+    load_nvlink_registers,
+    nvlink_details,
+    register_table_text,
+)
 
 CATALOG_FILE = "xid_catalog.yaml"
 BUNDLED_CATALOG = BUNDLED_PLAYBOOKS / CATALOG_FILE
-NVLINK_REGISTERS_FILE = "xid74_registers.yaml"
-BUNDLED_NVLINK_REGISTERS = BUNDLED_PLAYBOOKS / NVLINK_REGISTERS_FILE
-XID_NVLINK_ERROR = 74
-NVLINK5_XIDS = frozenset(range(144, 151))
 
 Severity = Literal["info", "warning", "critical", "fatal"]
 SEVERITIES: tuple[Severity, ...] = ("info", "warning", "critical", "fatal")
@@ -45,8 +53,6 @@ Basis = Literal["catalog", "recovery_action", "cause", "nonfatal"]
 # Xids that only follow another one: the driver's recovery directive and the clean-up after an error.
 FOLLOWER_XIDS = frozenset({XID_RECOVERY_ACTION, XID_PREEMPTIVE_CLEANUP})
 
-# libyaml's loader when PyYAML has it: ten times faster on the 172-code catalog.
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _VERDICT_FIELDS = {"nth", "xid", "count", "window", "next"}
 _ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth")
 
@@ -56,22 +62,12 @@ def severity_rank(severity: str) -> int:
     return SEVERITIES.index(severity) if severity in SEVERITIES else -1
 
 
-class XidCatalogError(Exception):
-    def __init__(self, problems: list[str]) -> None:
-        super().__init__("\n".join(problems))
-        self.problems = problems
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class NvidiaBuckets(_Model):
+class NvidiaBuckets(DataModel):
     immediate: str = ""
     investigatory: str = ""
 
 
-class XidEntry(_Model):
+class XidEntry(DataModel):
     code: int = Field(ge=0)
     name: str = Field(min_length=1)
     title: str = Field(min_length=1)
@@ -104,7 +100,7 @@ class XidEntry(_Model):
         )
 
 
-class RecoveryActionEntry(_Model):
+class RecoveryActionEntry(DataModel):
     """One value of NVML's GPU recovery action, as Xid 154 lines name it."""
 
     value: int = Field(ge=0)
@@ -113,7 +109,7 @@ class RecoveryActionEntry(_Model):
     action: str = Field(min_length=1)
 
 
-class EscalationRule(_Model):
+class EscalationRule(DataModel):
     """A threshold over one GPU's Xid history: `count` incidents of one code within `window`, or (with
     `followed_by`) one of `xids` followed within `window` by one of `followed_by`."""
 
@@ -143,69 +139,7 @@ class EscalationRule(_Model):
         return code in self.xids or catalog.entry(code).severity in self.severities
 
 
-Register = Annotated[int, Field(ge=0, le=6)]
-RegisterBit = Annotated[int, Field(ge=0, le=31)]
-
-
-class RegisterBitClass(_Model):
-    """Some bits of one Xid 74 register that mean the same thing and call for the same action."""
-
-    # `register` in the file (a pydantic model cannot have a field of that name).
-    number: Register = Field(alias="register")
-    bits: list[RegisterBit] = Field(min_length=1)
-    name: str = Field(min_length=1)
-    meaning: str = Field(min_length=1)
-    action: str = Field(min_length=1)
-    ignore: bool = False
-    # Said instead of `action` when these are the only bits set on the line that are not ignorable.
-    solo_action: str = ""
-    # The action applies once these bits were seen this many times on the same link.
-    repeats: int | None = Field(default=None, ge=2)
-
-
-class RegisterValidity(_Model):
-    """The registers that mean something on one GPU architecture (on Hopper only 0, 2, 3 and 4)."""
-
-    architecture: str = Field(min_length=1)
-    registers: list[Register] = Field(min_length=1)
-
-
-class NvlinkRegisterTable(_Model):
-    """What each bit of an Xid 74 line's registers means (playbooks/xid74_registers.yaml)."""
-
-    version: int
-    workflow: str = ""
-    sources: list[str] = Field(min_length=1)
-    valid_registers: list[RegisterValidity] = Field(default_factory=list)
-    classes: list[RegisterBitClass] = Field(min_length=1)
-
-    _by_bit: dict[tuple[int, int], int] = PrivateAttr(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _each_bit_once(self) -> NvlinkRegisterTable:
-        seen: set[tuple[int, int]] = set()
-        twice: set[tuple[int, int]] = set()
-        for bit_class in self.classes:
-            for bit in bit_class.bits:
-                key = (bit_class.number, bit)
-                (twice if key in seen else seen).add(key)
-        if twice:
-            raise ValueError(f"bits in two classes: {', '.join(f'REG{r} bit {b}' for r, b in sorted(twice))}")
-        return self
-
-    def model_post_init(self, __context: Any) -> None:
-        self._by_bit = {(c.number, bit): index for index, c in enumerate(self.classes) for bit in c.bits}
-
-    def class_index(self, register: int, bit: int) -> int | None:
-        """Which of `classes` this bit belongs to; None for a bit the table does not classify."""
-        return self._by_bit.get((register, bit))
-
-    def invalid_on(self, register: int) -> list[str]:
-        """The architectures on which this register means nothing."""
-        return [v.architecture for v in self.valid_registers if register not in v.registers]
-
-
-class XidCatalog(_Model):
+class XidCatalog(DataModel):
     version: int
     compiled: str = ""
     sources: list[str] = Field(default_factory=list)
@@ -275,21 +209,15 @@ def bundled_catalog() -> XidCatalog:
     return load_catalog()
 
 
-@functools.cache
-def bundled_nvlink_registers() -> NvlinkRegisterTable:
-    """The Xid 74 register table shipped with the bot, read once."""
-    return load_nvlink_registers()
-
-
 def load_catalog(location: Path | None = None) -> XidCatalog:
     """The catalog from a file, from `xid_catalog.yaml` in a playbook directory (the bundled one when that
     directory has none), or the bundled catalog when no location is given. The Xid 74 register table comes
     from beside it the same way (see `load_nvlink_registers`)."""
-    path = _data_file(location, CATALOG_FILE, BUNDLED_CATALOG)
+    path = data_file(location, CATALOG_FILE, BUNDLED_CATALOG)
     problems: list[str] = []
     catalog = table = None
     try:
-        catalog = _load_model(path, XidCatalog)
+        catalog = load_model(path, XidCatalog)
     except XidCatalogError as exc:
         problems.extend(exc.problems)
     try:
@@ -299,41 +227,6 @@ def load_catalog(location: Path | None = None) -> XidCatalog:
     if catalog is None or table is None:
         raise XidCatalogError(problems)
     return catalog.with_nvlink_registers(table)
-
-
-def load_nvlink_registers(location: Path | None = None) -> NvlinkRegisterTable:
-    """The register table from a file, from `xid74_registers.yaml` in a directory (the bundled one when that
-    directory has none), or the bundled table when no location is given."""
-    return _load_model(_data_file(location, NVLINK_REGISTERS_FILE, BUNDLED_NVLINK_REGISTERS), NvlinkRegisterTable)
-
-
-def _data_file(location: Path | None, name: str, bundled: Path) -> Path:
-    if location is None:
-        return bundled
-    if location.is_dir():
-        return location / name if (location / name).is_file() else bundled
-    return location
-
-
-_Loaded = TypeVar("_Loaded", bound=BaseModel)
-
-
-def _load_model(path: Path, model: type[_Loaded]) -> _Loaded:
-    """A YAML data file checked by its model; every problem names the file."""
-    try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_YAML_LOADER)  # noqa: S506 (a safe loader)
-    except OSError as exc:
-        raise XidCatalogError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
-    except yaml.YAMLError as exc:
-        raise XidCatalogError([f"{path}: not valid YAML: {exc}"]) from None
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise XidCatalogError([f"{path}: {_where(err['loc'])}{err['msg']}" for err in exc.errors()]) from None
-
-
-def _where(location: Sequence[int | str]) -> str:
-    return f"{'.'.join(str(part) for part in location)}: " if location else ""
 
 
 # --- decoding: catalog + the Xid 154 override + Xid 45 -> its cause ---------------------------------------
@@ -401,7 +294,7 @@ def _decode_gpu(events: list[XidEvent], catalog: XidCatalog) -> list[DecodedXid]
         elif override is not None and item.basis == "catalog":
             results[position] = _overridden(item, override)
     table = catalog.nvlink_registers
-    sightings = _link_sightings(events, table)
+    sightings = link_sightings(events, table)
     return [_with_details(item, table, sightings) for item in results]
 
 
@@ -441,101 +334,9 @@ def _overridden(item: DecodedXid, recovery: RecoveryActionEntry) -> DecodedXid:
     )
 
 
-# --- NVLink decode lines ----------------------------------------------------------------------------------
-# Set bits grouped by register and class: (register, index of the class in the table or None) -> bits.
-_BitGroups = dict[tuple[int, int | None], list[int]]
-# How many times (lines, repeats included) each class was set on each link of one GPU: (link, class) -> n.
-_Sightings = dict[tuple[int, int], int]
-
-
-def _with_details(item: DecodedXid, table: NvlinkRegisterTable, sightings: _Sightings) -> DecodedXid:
+def _with_details(item: DecodedXid, table: NvlinkRegisterTable, sightings: Sightings) -> DecodedXid:
     details = nvlink_details(item.event, table, sightings)
     return replace(item, details=details) if details else item
-
-
-def nvlink_details(event: XidEvent, table: NvlinkRegisterTable, sightings: _Sightings | None = None) -> tuple[str, ...]:
-    """The decode lines of an NVLink event (none for any other): `sightings` counts the repeats of a class on
-    the same link among the events read with it (this event alone when not given)."""
-    if event.nvlink_unit is not None and event.fatal is not None:
-        return (_nvlink5_detail(event),)
-    if event.xid != XID_NVLINK_ERROR or event.link is None or not event.nvlink_registers:
-        return ()
-    seen = sightings if sightings is not None else _link_sightings([event], table)
-    return tuple(_register_details(event.link, _bit_groups(event.nvlink_registers, table), table, seen))
-
-
-def _nvlink5_detail(event: XidEvent) -> str:
-    token = "Fatal" if event.fatal else "Nonfatal"
-    where = {None: [], -1: ["not link-specific"]}.get(event.link, [f"link {event.link}"])
-    head = ", ".join([*where, f"unit {event.nvlink_unit}", token])
-    return f"{head}: the advice follows the line's {token} token (the NVLink5 subcode is not decoded)"
-
-
-def _link_sightings(events: Iterable[XidEvent], table: NvlinkRegisterTable) -> _Sightings:
-    sightings: _Sightings = defaultdict(int)
-    for event in events:
-        if event.xid == XID_NVLINK_ERROR and event.link is not None and event.nvlink_registers:
-            for _, index in _bit_groups(event.nvlink_registers, table):
-                if index is not None:
-                    sightings[(event.link, index)] += event.count
-    return sightings
-
-
-def _bit_groups(registers: Sequence[int], table: NvlinkRegisterTable) -> _BitGroups:
-    groups: _BitGroups = {}
-    for register, word in enumerate(registers):
-        for bit in range(word.bit_length()):
-            if word >> bit & 1:
-                groups.setdefault((register, table.class_index(register, bit)), []).append(bit)
-    return groups
-
-
-def _register_details(link: int, groups: _BitGroups, table: NvlinkRegisterTable, sightings: _Sightings) -> list[str]:
-    """One line per register and class of the bits set, in the table's order, unclassified bits last."""
-    if not groups:
-        return []
-    keys = sorted(groups, key=lambda key: (key[0], len(table.classes) if key[1] is None else key[1]))
-    ignorable = [key for key in keys if key[1] is not None and table.classes[key[1]].ignore]
-    relevant = [key for key in keys if key not in ignorable]
-    if not relevant:
-        where = "; ".join(_bits_text(register, groups[(register, index)]) for register, index in ignorable)
-        action = next(table.classes[index].action for _, index in ignorable if index is not None)
-        return [f"link {link}: only ignorable bits are set ({where}): {action}"]
-    solo = len(relevant) == 1
-    return [_register_detail(link, key, groups[key], table, sightings, solo=solo) for key in relevant]
-
-
-def _register_detail(
-    link: int,
-    key: tuple[int, int | None],
-    bits: list[int],
-    table: NvlinkRegisterTable,
-    sightings: _Sightings,
-    *,
-    solo: bool,
-) -> str:
-    register, index = key
-    head = f"link {link}: {_bits_text(register, bits)} — "
-    if index is None:
-        invalid = table.invalid_on(register)
-        where = f" (REG{register} is not valid on {', '.join(invalid)})" if invalid else ""
-        return f"{head}unclassified: not in the register table{where}; follow the Xid {XID_NVLINK_ERROR} advice"
-    bit_class = table.classes[index]
-    action = bit_class.solo_action if solo and bit_class.solo_action else bit_class.action
-    text = f"{head}{bit_class.name}: {action}"
-    if bit_class.repeats is not None:
-        seen = sightings.get((link, index), 1)
-        reached = ": threshold reached" if seen >= bit_class.repeats else ""
-        text += f" (seen {_times(seen)} on this link in this log{reached})"
-    return text
-
-
-def _bits_text(register: int, bits: Sequence[int]) -> str:
-    return f"REG{register} bit{'s' if len(bits) > 1 else ''} {', '.join(str(bit) for bit in bits)}"
-
-
-def _times(count: int) -> str:
-    return {1: "once", 2: "twice"}.get(count, f"{count} times")
 
 
 def worst(decoded: Iterable[DecodedXid]) -> DecodedXid | None:
@@ -687,7 +488,7 @@ def explain(entry: XidEntry, catalog: XidCatalog) -> str:
         for recovery in catalog.recovery_actions:
             lines.append(f"  0x{recovery.value:X} {' / '.join(recovery.names)}: {recovery.action}")
     if entry.code == XID_NVLINK_ERROR:
-        lines.extend(_register_table_text(catalog.nvlink_registers))
+        lines.extend(register_table_text(catalog.nvlink_registers))
     if entry.code in NVLINK5_XIDS:
         lines.append(
             "  decode:     the line's unit, link and Fatal/Nonfatal token are shown; the advice follows the token "
@@ -700,20 +501,6 @@ def explain(entry: XidEntry, catalog: XidCatalog) -> str:
         lines.append("  sources:")
         lines.extend(f"    - {source}" for source in entry.sources)
     return "\n".join(lines)
-
-
-def _register_table_text(table: NvlinkRegisterTable) -> list[str]:
-    lines = [f"  registers:  each set bit of REG0-REG6 in `link N(REG0, ..., REG6)` ({table.workflow})".rstrip()]
-    for bit_class in table.classes:
-        rule = f"{bit_class.name}: {bit_class.action}"
-        if bit_class.solo_action:
-            rule += f"; alone: {bit_class.solo_action}"
-        lines.append(f"    {_bits_text(bit_class.number, bit_class.bits)}: {rule}")
-    for validity in table.valid_registers:
-        valid = ", ".join(f"REG{register}" for register in validity.registers)
-        lines.append(f"    on {validity.architecture} only {valid} are valid")
-    lines.extend(f"    source: {source}" for source in table.sources)
-    return lines
 
 
 def _rule_text(rule: EscalationRule) -> str:

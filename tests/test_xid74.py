@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 from bot.cli import main
 from bot.enrich.nvrm import XidEvent, parse_kernel_log
 from bot.enrich.xid import MAX_DETAILS_SHOWN, XidEnricher
+from bot.nvlink import BUNDLED_NVLINK_REGISTERS, load_nvlink_registers, nvlink_details
 from bot.playbooks import PlaybookError, PlaybookSet
 from bot.xid_catalog import (
     BUNDLED_CATALOG,
-    BUNDLED_NVLINK_REGISTERS,
     DecodedXid,
     XidCatalog,
     XidCatalogError,
@@ -29,8 +29,6 @@ from bot.xid_catalog import (
     explain,
     format_table,
     load_catalog,
-    load_nvlink_registers,
-    nvlink_details,
 )
 from tests.test_xid_enricher import GPU_LABELS, Static, alert_state, at, loki_section, run
 
