@@ -870,6 +870,8 @@ class SqliteStore(Store):
 
     # --- health and housekeeping -----------------------------------------------------------------------
     async def check_writable(self) -> None:
+        if self._batcher is not None and self._batcher.done():
+            raise StoreUnavailable("the ingest committer stopped")  # every webhook would wait for nothing
         await self._run(self._check_writable_sync, priority=_HEALTH)
 
     def _check_writable_sync(self) -> None:
