@@ -28,7 +28,6 @@ from pydantic import Field, PrivateAttr, model_validator
 from bot.config import BUNDLED_PLAYBOOKS, Duration
 from bot.datafile import DataModel, data_file, load_model
 from bot.datafile import XidCatalogError as XidCatalogError  # what `load_catalog` raises: part of this API
-from bot.enrich.nvrm import XID_PREEMPTIVE_CLEANUP, XID_RECOVERY_ACTION, RecoveryChange, XidEvent, parse_kernel_log
 from bot.nvlink import (
     NVLINK5_XIDS,
     XID_NVLINK_ERROR,
@@ -40,6 +39,7 @@ from bot.nvlink import (
     nvlink_details,
     register_table_text,
 )
+from bot.nvrm import XID_PREEMPTIVE_CLEANUP, XID_RECOVERY_ACTION, RecoveryChange, XidEvent, parse_kernel_log
 
 CATALOG_FILE = "xid_catalog.yaml"
 BUNDLED_CATALOG = BUNDLED_PLAYBOOKS / CATALOG_FILE

@@ -6,7 +6,7 @@ import pytest
 
 from bot.enrich.base import Enrichment, EnrichmentSection
 from bot.enrich.gpu import GpuEnricher, GpuIdentity, PciAddress, same_host
-from bot.enrich.nvrm import parse_kernel_log
+from bot.nvrm import parse_kernel_log
 from tests.test_xid_enricher import (
     HOST,
     UUID_3B,

@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bot.cli import main
-from bot.enrich.nvrm import XidEvent, parse_kernel_log
 from bot.enrich.xid import MAX_DETAILS_SHOWN, XidEnricher
 from bot.nvlink import BUNDLED_NVLINK_REGISTERS, load_nvlink_registers, nvlink_details
+from bot.nvrm import XidEvent, parse_kernel_log
 from bot.playbooks import PlaybookError, PlaybookSet
 from bot.xid_catalog import (
     BUNDLED_CATALOG,

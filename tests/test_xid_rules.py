@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.enrich.nvrm import parse_kernel_log
+from bot.nvrm import parse_kernel_log
 from bot.xid_catalog import DecodedXid, XidCatalog, decode_events, escalate, load_catalog, ordinal, window_text, worst
 
 FIXTURES = Path(__file__).parent / "fixtures" / "kernel_logs"

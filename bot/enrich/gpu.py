@@ -15,8 +15,8 @@ from datetime import datetime
 from typing import Any
 
 from bot.enrich.base import EnrichmentRequest, EnrichmentSection
-from bot.enrich.nvrm import KernelLogReport, PciAddress, parse_kernel_log
 from bot.models import DEFAULT_HOST_LABELS, host_from_labels
+from bot.nvrm import KernelLogReport, PciAddress, parse_kernel_log
 
 __all__ = ["GpuEnricher", "GpuIdentity", "PciAddress", "kernel_report", "resolve_identity", "same_host"]
 

@@ -20,8 +20,8 @@ from typing import Any
 from bot.config import BotConfig
 from bot.enrich.base import EnrichmentRequest, EnrichmentSection
 from bot.enrich.gpu import GpuIdentity, resolve_identity
-from bot.enrich.nvrm import PciAddress
 from bot.models import AlertState, GpuEvent
+from bot.nvrm import PciAddress
 from bot.store import StoreUnavailable, open_store
 from bot.store.base import Store
 from bot.xid_catalog import (

@@ -15,8 +15,8 @@ from typing import Any
 
 from bot.enrich.base import EnrichmentRequest, EnrichmentSection
 from bot.enrich.gpu import GpuIdentity, from_kernel, kernel_report, resolve_identity
-from bot.enrich.nvrm import XidEvent
 from bot.models import AlertState
+from bot.nvrm import XidEvent
 from bot.xid_catalog import DecodedXid, XidCatalog, decode_events, severity_rank, worst
 
 XID_GAUGE = "DCGM_FI_DEV_XID_ERRORS"
