@@ -92,7 +92,8 @@ ACTIONS: Mapping[str, ActionSpec] = {
             "run-dcgm-diag",
             "Run DCGM diagnostic",
             "guarded",
-            "dcgmi diag -r 2 loads the GPU for minutes and fails running jobs' performance: only on a drained GPU.",
+            "dcgmi diag (-r 3 on datacenter GPUs, -r 1 on GeForce/RTX PRO) loads the GPU for minutes: only on a "
+            "drained GPU, with nv-hostengine running.",
         ),
         ActionSpec(
             "restart-dcgm-exporter",
@@ -120,7 +121,8 @@ ACTIONS: Mapping[str, ActionSpec] = {
             "reset-gpu",
             "Reset GPU",
             "dangerous",
-            "nvidia-smi -r on this GPU: kills every process on it; the GPU must be otherwise idle.",
+            "nvidia-smi -r -i <UUID>: dcgm-exporter (and nv-hostengine) stopped first and no process left on the "
+            "GPU, or the reset fails.",
         ),
         ActionSpec("reboot-node", "Reboot node", "dangerous", "Reboots the host: every job on it is lost."),
     )

@@ -49,10 +49,22 @@ CAUSE_CLASSES = {
 NVLINK_CODES = {74, 108, 136, 137, 144, 145, 146, 147, 148, 149, 150, 155, 166, 170}
 POWER_CODES = {54, 162, 163, 164, 165}
 
+# How to reset one GPU: nvidia-smi -r refuses while anything holds the GPU (dcgm-exporter and nv-hostengine hold
+# every GPU), and a UUID or PCI address names the GPU whatever the enumeration order.
+GPU_RESET = (
+    "stop dcgm-exporter, nv-hostengine, the device plugin and every job on it until "
+    "nvidia-smi --query-compute-apps=pid --format=csv,noheader -i <uuid> prints nothing, then nvidia-smi -r -i <uuid>"
+)
+# Levels above 1 are documented for datacenter GPUs only; dcgmi talks to a running nv-hostengine.
+DCGM_DIAG = (
+    "DCGM diagnostics (dcgmi diag -r 3 on datacenter GPUs such as H100 or L40S, -r 1 on GeForce/RTX PRO; "
+    "dcgmi needs a running nv-hostengine)"
+)
+
 BUCKETS = {
     "IGNORE": "nothing to do",
     "RESTART_APP": "restart the application",
-    "RESET_GPU": "reset the GPU (nvidia-smi -r, or reboot the node)",
+    "RESET_GPU": "reset the GPU (nvidia-smi -r once nothing uses it, or reboot the node)",
     "RESTART_BM": "reboot the bare-metal node",
     "RESTART_VM": "restart the virtual machine",
     "CONTACT_SUPPORT": "contact NVIDIA support (attach nvidia-bug-report.sh)",
@@ -60,7 +72,7 @@ BUCKETS = {
     "CHECK_MECHANICALS": "check cabling and power",
     "UPDATE_SWFW": "update driver, software and firmware",
     "CHECK_UVM": "check the UVM driver (nvidia-uvm)",
-    "RUN_DCGMEUD": "run DCGM diagnostics (dcgmi diag -r 3)",
+    "RUN_DCGMEUD": "run " + DCGM_DIAG,
     "RUN_FIELDDIAGS": "run NVIDIA field diagnostics",
     "INVESTIGATE_SW": "check driver and application versions against NVIDIA's release notes",
     "XID_154": "act on the recovery action that Xid 154 reports",
@@ -80,7 +92,7 @@ SLUG_ACTIONS = {
     ),
     "restart_app": "Restart the application named in the line (pid/name)",
     "none": "No action needed",
-    "reset_gpu": "Drain the GPU's workloads and reset the GPU (nvidia-smi -r -i <gpu>); reboot the node if that fails",
+    "reset_gpu": f"Drain the GPU's workloads and reset the GPU ({GPU_RESET}); reboot the node if that fails",
     "update_driver_firmware": "Update the GPU driver, vGPU software and firmware",
     "contact_support": "Collect nvidia-bug-report.sh and contact NVIDIA support",
     "reboot_node": "Drain the node and reboot it",
@@ -128,16 +140,16 @@ CURATED: dict[int, dict[str, str]] = {
         "meaning": "Usually a fault in the CUDA kernel of the process named in the line (illegal address or "
         "instruction); one fault logs a burst of lines.",
         "action": "Restart the application named in the line",
-        "follow_up": "If it repeats on the same GPC/TPC of this GPU, run DCGM diagnostics (dcgmi diag -r 3), then "
-        "field diagnostics if they pass; otherwise debug the application (compute-sanitizer)",
+        "follow_up": f"If it repeats on the same GPC/TPC of this GPU, run {DCGM_DIAG}, then field diagnostics if "
+        "they pass; otherwise debug the application (compute-sanitizer)",
     },
     31: {
         "title": "GPU memory page fault (MMU fault)",
         "meaning": "The process named in the line accessed an invalid GPU address; usually an application or "
         "framework bug, sometimes a driver regression.",
         "action": "Restart the application named in the line",
-        "follow_up": "If it repeats on this GPU, run DCGM diagnostics (dcgmi diag -r 3); faults spread over "
-        "several GPUs point at the application or the driver version",
+        "follow_up": f"If it repeats on this GPU, run {DCGM_DIAG}; faults spread over several GPUs point at the "
+        "application or the driver version",
     },
     32: {
         "title": "Invalid or corrupted push buffer stream",
@@ -167,7 +179,7 @@ CURATED: dict[int, dict[str, str]] = {
     },
     46: {
         "title": "GPU stopped processing (timeout)",
-        "action": "Drain the GPU and reset it (nvidia-smi -r -i <gpu>)",
+        "action": f"Drain the GPU and reset it ({GPU_RESET})",
         "follow_up": "If it recurs, contact NVIDIA support with nvidia-bug-report.sh",
     },
     48: {
@@ -190,12 +202,12 @@ CURATED: dict[int, dict[str, str]] = {
     },
     57: {
         "title": "Error programming the video memory interface",
-        "action": "Reset the GPU or reboot the node, then run DCGM diagnostics (dcgmi diag -r 3)",
+        "action": f"Reset the GPU or reboot the node, then run {DCGM_DIAG}",
         "follow_up": "RMA if it repeats",
     },
     58: {
         "title": "Unstable video memory interface",
-        "action": "Reset the GPU or reboot the node, then run DCGM diagnostics (dcgmi diag -r 3)",
+        "action": f"Reset the GPU or reboot the node, then run {DCGM_DIAG}",
         "follow_up": "RMA if it repeats",
     },
     61: {
@@ -257,6 +269,8 @@ CURATED: dict[int, dict[str, str]] = {
     },
     92: {
         "title": "High single-bit ECC error rate",
+        "meaning": "The GPU is correcting single-bit memory errors at a high rate: no data was lost, but the memory "
+        "may be degrading towards uncorrectable errors.",
         "action": "No immediate action",
         "follow_up": "Trend the corrected ECC counters and correctable remapped rows; contact NVIDIA support if the "
         "rate stays high",
@@ -368,8 +382,7 @@ RECOVERY_ACTIONS: list[dict[str, Any]] = [
         "value": 1,
         "names": ["GPU Reset Required", "GPU Reset", "PF FLR"],
         "severity": "critical",
-        "action": "Drain the GPU's workloads and reset the GPU (nvidia-smi -r -i <gpu>); reboot the node if the "
-        "reset fails",
+        "action": f"Drain the GPU's workloads and reset the GPU ({GPU_RESET}); reboot the node if the reset fails",
     },
     {
         "value": 2,
@@ -439,8 +452,8 @@ ESCALATIONS: list[dict[str, Any]] = [
         "count": 2,
         "window": "24h",
         "severity": "warning",
-        "verdict": "Xid 31 {count} times on this GPU in {window}: run DCGM diagnostics (dcgmi diag -r 3); "
-        "MMU faults repeating on one GPU point at the GPU rather than the application",
+        "verdict": "Xid 31 {count} times on this GPU in {window}: run " + DCGM_DIAG + "; MMU faults repeating on "
+        "one GPU point at the GPU rather than the application",
         "source": "NVIDIA WORKFLOW_XID_31; NVSentinel RepeatedXID31OnSameGPU (>= 2 in 24 h -> RUN_DCGMEUD)",
     },
     {
@@ -449,8 +462,7 @@ ESCALATIONS: list[dict[str, Any]] = [
         "count": 2,
         "window": "24h",
         "severity": "warning",
-        "verdict": "Xid 13 {count} times on this GPU in {window}: if the lines name the same GPC/TPC, run DCGM "
-        "diagnostics (dcgmi diag -r 3)",
+        "verdict": "Xid 13 {count} times on this GPU in {window}: if the lines name the same GPC/TPC, run " + DCGM_DIAG,
         "source": "NVIDIA WORKFLOW_XID_13; NVSentinel RepeatedXID13OnSameGPCAndTPC (>= 2 in 24 h -> RUN_DCGMEUD)",
     },
 ]

@@ -33,7 +33,7 @@ RULES = REPO / "config" / "rules"
 BROKEN = REPO / "tests" / "fixtures" / "playbooks" / "broken"
 EXAMPLE_CONFIG = REPO / "config" / "bot.example.yaml"
 STARTED = datetime(2026, 11, 29, 3, 0, tzinfo=UTC)
-# Alerts gpu-alert-bot raises itself; they have playbooks but no Prometheus rule.
+# Alerts gpu-alert-bot is to raise itself (planned); they have playbooks but no Prometheus rule.
 BOT_ALERTS = {"WatchdogMissing"}
 
 DCGM = {
@@ -455,3 +455,29 @@ def test_playbook_objects_keep_the_interface_the_pipeline_uses(shipped: Playbook
     assert isinstance(playbook, Playbook)
     assert all(isinstance(t, str) for t in playbook.queries.values())
     assert {r.alert: r.within for r in playbook.related_alerts}["PSUVoltageDrop"] == 1800.0
+
+
+def test_a_gpu_reset_comes_after_freeing_the_gpu_and_names_it_by_uuid(shipped: PlaybookSet) -> None:
+    """nvidia-smi -r fails while dcgm-exporter (or anything else) holds the GPU, and an index can name another
+    GPU after a renumbering: every reset step is preceded by stopping the exporter and checking the GPU is free."""
+    resets = 0
+    for playbook in shipped:
+        for index, step in enumerate(playbook.steps):
+            if "nvidia-smi -r" not in (step.command or ""):
+                continue
+            resets += 1
+            assert "-i {UUID}" in (step.command or ""), playbook.name
+            before = " ".join(f"{s.text} {s.command or ''}" for s in playbook.steps[:index])
+            assert "docker compose stop dcgm-exporter" in before, playbook.name
+            assert "--query-compute-apps=pid" in before and "noheader" in before, playbook.name
+    assert resets >= 2
+
+
+def test_the_dcgm_diagnostic_level_follows_the_gpu_class(shipped: PlaybookSet) -> None:
+    def judgements(model: str) -> list[str]:
+        firing = alert("GPUECCUncorrectable", **{**DCGM, "modelName": model})
+        return shipped.advise(shipped.match(firing), firing, Enrichment()).judgements
+
+    assert any("dcgmi diag -r 1 -i 3" in j for j in judgements("NVIDIA GeForce RTX 5090"))
+    assert any("dcgmi diag -r 1" in j for j in judgements("NVIDIA RTX PRO 6000 Blackwell Server Edition"))
+    assert not any("dcgmi diag" in j for j in judgements("NVIDIA H100 80GB HBM3"))

@@ -23,7 +23,8 @@ SEED_GPU_RULES = {
     "GPUIdleDuringWork": ("DCGM_FI_DEV_GPU_UTIL < 5 and DCGM_FI_DEV_FB_USED > 1024", "10m", "warning"),
     "HostMemoryLow": ("(node_memory_MemAvailable_bytes / node_memory_MemTotal_bytes) < 0.05", "2m", "critical"),
     "OOMKillerFired": ("increase(node_vmstat_oom_kill[5m]) > 0", None, "critical"),
-    "ContainerRestartLoop": ("container_start_time_seconds[15m]) > 3", "10m", "warning"),
+    # The seed's rate() could never fire; the rule counts cAdvisor's series instead (see the next tests).
+    "ContainerRestartLoop": ('container_start_time_seconds{name!=""}[15m])) - 1 > 3', "10m", "warning"),
     "vLLMQueueBacklog": ("vllm:num_requests_waiting > 10", "5m", "warning"),
     "vLLMHighLatency": (
         "histogram_quantile(0.95, rate(vllm:e2e_request_latency_seconds_bucket[5m])) > 10",
@@ -109,23 +110,33 @@ def test_each_gpu_rule_has_a_firing_and_a_non_firing_case() -> None:
         assert any(not case["exp_alerts"] for case in cases), name
 
 
-def test_the_seeds_restart_loop_expression_could_never_fire(tmp_path: Path) -> None:
-    """Why ContainerRestartLoop counts changes(): rate() of a start timestamp stays near 1 however often the
-    container restarts. Here it restarts every 30 s for 20 minutes; the seed's expression stays silent."""
+def cadvisor_restart_loop(runs: int, samples_per_run: int) -> list[dict[str, str]]:
+    """What cAdvisor exports for a Docker container that its restart policy restarts: the container's creation
+    time in every run (a restart keeps it), one series per run told apart by Docker's restart count (no label
+    before the first restart), stale when the run ends."""
+    labels = 'instance="k-ai-01.lan:8080", job="cadvisor", id="/system.slice/docker-3f9a1c.scope", name="vllm"'
+    series = []
+    for run in range(runs):
+        restart_count = f', container_label_restartcount="{run}"' if run else ""
+        before = f"_x{run * samples_per_run} " if run else ""
+        # x(n-2) gives n-1 samples, then the stale marker fills the run's last slot; the last run keeps going.
+        during = "1767225600x100" if run == runs - 1 else f"1767225600x{samples_per_run - 2} stale"
+        series.append({"series": f"container_start_time_seconds{{{labels}{restart_count}}}", "values": before + during})
+    return series
+
+
+def test_neither_the_seeds_restart_loop_rule_nor_changes_can_see_cadvisors_restarts(tmp_path: Path) -> None:
+    """Why ContainerRestartLoop counts series: with cAdvisor's real output (one series per run, each holding the
+    same creation time), the seed's rate() and a changes() of the start time both stay silent while the container
+    restarts every 30 s for 20 minutes; counting the series in the window gives the restarts."""
+    rules = [
+        {"alert": "SeedRestartLoop", "expr": "rate(container_start_time_seconds[15m]) > 3"},
+        {"alert": "ChangesRestartLoop", "expr": "changes(container_start_time_seconds[15m]) > 3"},
+    ]
     (tmp_path / "seed.yml").write_text(
-        yaml.safe_dump(
-            {
-                "groups": [
-                    {
-                        "name": "seed",
-                        "interval": "30s",
-                        "rules": [{"alert": "SeedRestartLoop", "expr": "rate(container_start_time_seconds[15m]) > 3"}],
-                    }
-                ]
-            }
-        )
+        yaml.safe_dump({"groups": [{"name": "seed", "interval": "30s", "rules": rules}]})
     )
-    starts = " ".join(str(1000 + (i // 2) * 30) for i in range(100))
+    restarts_15m = 'count by (name) (last_over_time(container_start_time_seconds{name!=""}[15m])) - 1'
     (tmp_path / "seed.test.yml").write_text(
         yaml.safe_dump(
             {
@@ -134,11 +145,14 @@ def test_the_seeds_restart_loop_expression_could_never_fire(tmp_path: Path) -> N
                 "tests": [
                     {
                         "interval": "15s",
-                        "input_series": [{"series": 'container_start_time_seconds{name="vllm"}', "values": starts}],
-                        "alert_rule_test": [{"eval_time": "20m", "alertname": "SeedRestartLoop", "exp_alerts": []}],
+                        "input_series": cadvisor_restart_loop(runs=41, samples_per_run=2),
+                        "alert_rule_test": [
+                            {"eval_time": "20m", "alertname": "SeedRestartLoop", "exp_alerts": []},
+                            {"eval_time": "20m", "alertname": "ChangesRestartLoop", "exp_alerts": []},
+                        ],
                         "promql_expr_test": [
                             {
-                                "expr": "changes(container_start_time_seconds[15m])",
+                                "expr": restarts_15m,
                                 "eval_time": "20m",
                                 "exp_samples": [{"labels": '{name="vllm"}', "value": 30}],
                             }

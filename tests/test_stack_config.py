@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
@@ -23,6 +24,8 @@ CONFIG = REPO / "config"
 ALERTMANAGER = CONFIG / "alertmanager.example.yml"
 PROMETHEUS = CONFIG / "prometheus.yml"
 COMPOSE = CONFIG / "docker-compose.yml"
+GPU_NODE_COMPOSE = CONFIG / "docker-compose.gpu-node.yml"
+PROMTAIL = CONFIG / "promtail.gpu-node.yml"
 BOT_IN_COMPOSE = CONFIG / "bot.compose.yaml"
 SEED_JOBS = {
     "dcgm": ["k-ai-01.lan:9400", "k-ai-02.lan:9400"],
@@ -99,6 +102,39 @@ async def test_the_example_alertmanager_delivers_to_the_bot_with_its_token(tmp_p
             assert bot.metric("gpu_alert_bot_notifications_received_total") >= 1
         finally:
             am.stop()
+
+
+@pytest.mark.realstack
+def test_a_critical_alert_mutes_only_the_warning_about_the_same_filesystem_or_sensor(tmp_path: Path) -> None:
+    """The shipped inhibit rules in a real Alertmanager: the critical PrometheusDiskFilling on / mutes the warning
+    on /, not the one on /data; the critical inlet alert mutes only its own sensor's warning."""
+    config = load(ALERTMANAGER)
+    config["receivers"][0]["webhook_configs"][0]["http_config"]["authorization"]["credentials_file"] = str(
+        tmp_path / "unused_token"
+    )
+    am = Alertmanager(tmp_path / "am", config)
+    start = f"--start={datetime.now(UTC).isoformat()}"
+    disk = ["alertname=PrometheusDiskFilling", "instance=node-exporter:9100"]
+    inlet = ["alertname=InletTemperatureHigh", "instance=k-ai-01.lan:9290"]
+    try:
+        for labels in (
+            [*disk, "mountpoint=/", "severity=critical"],
+            [*disk, "mountpoint=/", "severity=warning"],
+            [*disk, "mountpoint=/data", "severity=warning"],
+            [*inlet, "name=Inlet Temp", "severity=critical"],
+            [*inlet, "name=Inlet Temp", "severity=warning"],
+            [*inlet, "name=Ambient Temp", "severity=warning"],
+        ):
+            am.amtool("alert", "add", *labels, start)
+        alerts = httpx.get(f"{am.url}/api/v2/alerts", timeout=5).json()
+    finally:
+        am.stop()
+    muted = {
+        (a["labels"].get("mountpoint") or a["labels"]["name"], a["labels"]["severity"])
+        for a in alerts
+        if a["status"]["inhibitedBy"]
+    }
+    assert muted == {("/", "warning"), ("Inlet Temp", "warning")}
 
 
 # --- Prometheus -------------------------------------------------------------------------------------
@@ -190,3 +226,53 @@ def test_the_bots_compose_config_is_valid_and_listens_beyond_loopback_only_with_
     assert ipaddress.ip_address(listen_host(config)).is_unspecified
     assert config.enrichment.prometheus is not None and config.enrichment.loki is not None
     PlaybookSet.load(config.playbooks.dir, config.playbooks.vars)
+
+
+# --- the GPU server's compose file --------------------------------------------------------------------
+def test_the_gpu_node_compose_runs_every_gpu_server_target_prometheus_scrapes() -> None:
+    services = load(GPU_NODE_COMPOSE)["services"]
+    seed_services = {"dcgm-exporter", "node-exporter", "ipmi-exporter", "smartctl-exporter", "promtail"}
+    assert seed_services | {"cadvisor"} <= set(services)
+    published = {int(port.split(":")[0]) for service in services.values() for port in service.get("ports", [])}
+    jobs = {job["job_name"]: job for job in load(PROMETHEUS)["scrape_configs"]}
+    for name in ("dcgm", "node", "ipmi", "smart", "cadvisor"):
+        for target in jobs[name]["static_configs"][0]["targets"]:
+            assert int(target.rsplit(":", 1)[1]) in published, (name, target)
+
+
+def test_dcgm_exporter_is_named_after_the_machine_and_cadvisor_keeps_the_restart_count() -> None:
+    services = load(GPU_NODE_COMPOSE)["services"]
+    dcgm = services["dcgm-exporter"]
+    assert dcgm["container_name"] == "dcgm-exporter"
+    # Hostname label: NODE_NAME, else the container's hostname (a random ID unless set).
+    assert dcgm["hostname"].startswith("${NODE_NAME")
+    assert any(entry.startswith("NODE_NAME=${NODE_NAME") for entry in dcgm["environment"])
+    command = services["cadvisor"]["command"]
+    assert "--store_container_labels=false" in command
+    [whitelist] = [arg for arg in command if arg.startswith("--whitelisted_container_labels=")]
+    assert "restartcount" in whitelist.partition("=")[2].split(",")  # ContainerRestartLoop counts on it
+
+
+def test_promtail_on_the_gpu_node_labels_the_journal_as_the_bot_queries_it() -> None:
+    promtail = load(GPU_NODE_COMPOSE)["services"]["promtail"]
+    assert f"./{PROMTAIL.name}:/etc/promtail/promtail.yml:ro" in promtail["volumes"]
+    assert "-config.expand-env=true" in promtail["command"]
+    [scrape] = load(PROMTAIL)["scrape_configs"]
+    assert scrape["journal"]["labels"] == {"job": "syslog", "host": "${NODE_NAME}"}
+    assert load(BOT_IN_COMPOSE)["enrichment"]["loki"]["selector"] == '{job="syslog", host="{host}"}'
+
+
+def test_docker_compose_steps_in_playbooks_name_services_of_the_shipped_compose_files() -> None:
+    """`docker compose restart dcgm-exporter` works from the GPU server's compose directory only if that file
+    has a service of that name (the seed's compose sets no container_name, so plain `docker restart` would not)."""
+    services = set(load(COMPOSE)["services"]) | set(load(GPU_NODE_COMPOSE)["services"])
+    # The service is the first word after the verb and its options (`logs --tail 50 dcgm-exporter`).
+    service_step = re.compile(
+        r"docker compose (?:ps|logs|restart|start|stop|exec)(?: +-[-\w]+(?: +\d\w*)?)* +([a-z][\w-]*)"
+    )
+    named = set()
+    for path in sorted((REPO / "playbooks").glob("*.yaml")):
+        for step in (yaml.safe_load(path.read_text()) or {}).get("steps", []):
+            named |= set(service_step.findall(f"{step['text']}\n{step.get('command', '')}"))
+    assert "dcgm-exporter" in named
+    assert named <= services, named - services
