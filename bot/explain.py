@@ -59,10 +59,21 @@ def read_payload(path: Path) -> WebhookPayload:
     except OSError as exc:
         raise PayloadError(f"{path}: cannot read: {exc.strerror or exc}") from None
     try:
-        return WebhookPayload.model_validate_json(raw)
+        return WebhookPayload.model_validate_json(_unwrap_capture(raw))
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors())
         raise PayloadError(f"{path}: not an Alertmanager webhook body: {problems}") from None
+
+
+def _unwrap_capture(raw: bytes) -> bytes:
+    """A saved request, `{"headers": ..., "body": ...}` (as in tests/fixtures/alertmanager-captures), gives its body."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return raw
+    if isinstance(data, dict) and {"headers", "body"} <= set(data) and isinstance(data["body"], dict):
+        return json.dumps(data["body"]).encode()
+    return raw
 
 
 def run(path: Path, config: BotConfig, playbooks: PlaybookSet, *, enrich: bool, output: OutputFormat) -> int:

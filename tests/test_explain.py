@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from bot.cli import main
+from tests.support.payloads import FIXTURE_CAPTURES
 from tests.support.processes import free_port
 
 PAYLOADS = Path(__file__).resolve().parent / "fixtures" / "payloads"
@@ -179,6 +180,13 @@ def test_reads_the_payload_from_stdin(
     monkeypatch.setattr(sys, "stdin", Stdin)
     code, out, _ = explain(capsys, "-", "--config", str(write_config(tmp_path)))
     assert code == 0 and "GpuXidError" in out
+
+
+def test_a_saved_request_is_explained_from_its_body(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    capture = FIXTURE_CAPTURES / "am025_webhook_resolved.json"
+    code, out, err = explain(capsys, str(capture), "--config", str(write_config(tmp_path)), "--format", "json")
+    assert code == 0, err
+    assert json.loads(out)["payload"]["group_key"] == json.loads(capture.read_text())["body"]["groupKey"]
 
 
 def test_a_file_that_is_not_a_webhook_body_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
