@@ -18,6 +18,7 @@ AlertStatus = Literal["firing", "resolved"]
 Timestamp = Annotated[AwareDatetime, Strict()]
 
 _GO_ZERO_YEAR = 1
+_PLAUSIBLE_YEARS = (1970, 9000)
 _QUOTE_META_ESCAPE = re.compile(r"\\(.)")
 
 
@@ -37,6 +38,9 @@ class AmAlert(BaseModel):
     @field_validator("starts_at")
     @classmethod
     def _starts_in_utc(cls, value: datetime) -> datetime:
+        # Alertmanager always sets a start; Go's zero time (or a far-off year) would break every time window.
+        if not _PLAUSIBLE_YEARS[0] <= value.year <= _PLAUSIBLE_YEARS[1]:
+            raise ValueError(f"must be a real start time, not {value.isoformat()}")
         return _in_utc(value)
 
     @field_validator("ends_at")

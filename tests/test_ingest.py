@@ -97,6 +97,14 @@ BAD_INPUTS = [
         id="start-out-of-range",
     ),
     pytest.param(
+        _with({}, alert={"startsAt": "0001-01-01T00:00:00Z"}),
+        JSON,
+        400,
+        "invalid_payload",
+        "alerts.0.startsAt",
+        id="start-go-zero-time",
+    ),
+    pytest.param(
         _with({}, alert={"labels": {"gpu": 3}}), JSON, 400, "invalid_payload", "alerts.0.labels.gpu", id="label-number"
     ),
     pytest.param(
