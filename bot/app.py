@@ -15,6 +15,7 @@ from bot.auth import WebhookAuth
 from bot.config import BotConfig
 from bot.enrich import build_enrichers
 from bot.enrich.base import EnrichmentRunner
+from bot.ingest import WEBHOOK_PATH as WEBHOOK_PATH  # the CLI shows it
 from bot.ingest import WebhookHandler, json_error
 from bot.metrics import Metrics
 from bot.outbox import Outbox
@@ -27,7 +28,6 @@ from bot.worker import Worker
 
 log = logging.getLogger(__name__)
 
-WEBHOOK_PATH = "/alertmanager"
 _READY_CHECK_TIMEOUT = 2.0
 
 
@@ -52,6 +52,7 @@ async def start_runtime(
 ) -> Runtime:
     store = await open_store(config.store)
     sinks = build_sinks(config.receivers, store, metrics, console)
+    metrics.init_receivers(sinks)
     outbox = Outbox(store, sinks, config.outbox, metrics)
     enrichers = build_enrichers(config.enrichment, store, metrics, playbooks.xid_catalog)
     pipeline = Pipeline(
@@ -133,12 +134,16 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @web.middleware
 async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """aiohttp's own errors (404, 405, 413) as JSON like ours; an unexpected exception as a JSON 500, logged."""
+    """aiohttp's own errors (404, 405, 413) as JSON like ours, a POST to an unknown path counted and logged like
+    a refused webhook; an unexpected exception as a JSON 500, logged."""
     try:
         return await handler(request)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
+        if exc.status == 404 and request.method == "POST" and WEBHOOK_KEY in request.app:
+            # Alertmanager posting to the wrong path (its url without /alertmanager) must not fail silently.
+            return request.app[WEBHOOK_KEY].wrong_path(request)
         response = json_error(exc.status, exc.reason.lower().replace(" ", "_"), exc.text or exc.reason)
         for name in ("Allow", "WWW-Authenticate"):
             if name in exc.headers:
@@ -146,5 +151,5 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
         return response
     except Exception:
         log.exception("unexpected error while handling a request", extra={"path": request.path})
-        request.app[METRICS_KEY].errors.labels("internal").inc()
+        request.app[METRICS_KEY].error("internal")
         return json_error(500, "internal_error", "unexpected error; see the bot's log")

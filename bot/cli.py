@@ -7,6 +7,7 @@ import asyncio
 import gc
 import ipaddress
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -16,7 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from bot.app import WEBHOOK_PATH, build_app
-from bot.config import BotConfig, ConfigError, load_config, parse_duration
+from bot.config import BotConfig, ConfigError, listen_address, load_config, parse_duration
 from bot.enrich.recurrence import gpus_command
 from bot.explain import run as run_explain
 from bot.logs import configure_logging
@@ -29,12 +30,23 @@ log = logging.getLogger("bot")
 EXIT_OK = 0
 EXIT_START = 1
 EXIT_CONFIG = 2
+# What a shell reports for a command killed by SIGPIPE (cat, grep...): `| head` read what it wanted and left,
+# the output was cut short. Quiet, like them, yet not a success for a `set -o pipefail` script to build on.
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    result: int = args.run(args)
+    try:
+        result: int = args.run(args)
+        sys.stdout.flush()  # here, so a reader gone before the last write is caught too
+    except BrokenPipeError:
+        # Python's advice (library/signal, "Note on SIGPIPE"): point stdout at /dev/null, so the interpreter's
+        # own flush at exit does not fail again with "Exception ignored ... BrokenPipeError".
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     return result
 
 
@@ -47,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="run the webhook receiver, worker and outbox")
     serve.add_argument("--config", type=Path, help="YAML configuration file (default: built-in defaults)")
-    serve.add_argument("--listen", metavar="HOST:PORT", help="override server.listen")
+    serve.add_argument("--listen", metavar="HOST:PORT", type=_listen, help="override server.listen")
     serve.add_argument("--store", metavar="PATH", type=Path, help="override store.path (SQLite file)")
     serve.set_defaults(run=_serve)
 
@@ -84,6 +96,14 @@ def _parser() -> argparse.ArgumentParser:
 def _duration(text: str) -> float:
     try:
         return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _listen(text: str) -> str:
+    """Checked here so that the problem names the option the user typed, not the configuration key."""
+    try:
+        return listen_address(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

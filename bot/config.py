@@ -10,7 +10,7 @@ from __future__ import annotations
 import email.utils
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -23,6 +23,7 @@ from pydantic import (
     Field,
     PlainSerializer,
     PlainValidator,
+    TypeAdapter,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -37,6 +38,7 @@ _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _LISTEN = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[^:\s]+):(?P<port>\d{1,5})$")
 _DOUBLE_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
+_BOOL = TypeAdapter(bool)
 # Alertmanager's matcher syntax (pkg/labels/parse.go): the value may be double-quoted or bare.
 _MATCHER = re.compile(r"^\s*(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)\s*(?P<op>=~|!~|!=|=)\s*(?P<value>.*?)\s*\Z", re.DOTALL)
 
@@ -67,6 +69,40 @@ def parse_duration(value: Any) -> float:
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+LISTEN_EXAMPLE = "127.0.0.1:9095 or 0.0.0.0:9095"
+
+
+def host_port(value: Any, example: str, port_zero: bool = True) -> str:
+    """`value` if it is a `HOST:PORT` text (an IPv6 host in brackets); the error names an example."""
+    hint = f"expected HOST:PORT, for example {example}"
+    if not isinstance(value, str):
+        raise ValueError(f"{hint} (got {_yaml_kind(value)})")
+    match = _LISTEN.match(value)
+    if match is None or int(match.group("port")) > 65535 or (not port_zero and int(match.group("port")) == 0):
+        raise ValueError(hint)
+    return value
+
+
+def listen_address(value: Any) -> str:
+    """A `HOST:PORT` to listen on: `server.listen` and `serve --listen`."""
+    return host_port(value, LISTEN_EXAMPLE, port_zero=False)
+
+
+def _smarthost(value: Any) -> str:
+    return host_port(value, "smtp.example.com:587")
+
+
+def _yaml_kind(value: Any) -> str:
+    """What a YAML value that should have been text is, in the file's terms."""
+    if value is None:
+        return "an empty value"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return f"the number {value}: a port alone, with no host"
+    kinds = ((float, "a number"), (list, "a list"), (dict, "a mapping"))
+    return next((kind for type_, kind in kinds if isinstance(value, type_)), type(value).__name__)
 
 
 def _resolve_path(value: Path, info: ValidationInfo) -> Path:
@@ -143,18 +179,10 @@ class WebhookAuthConfig(StrictModel):
 
 
 class ServerConfig(StrictModel):
-    listen: str = "127.0.0.1:9095"
+    listen: Annotated[str, PlainValidator(listen_address)] = "127.0.0.1:9095"
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     auth: WebhookAuthConfig = WebhookAuthConfig()
     ingest_timeout: Duration = 5.0
-
-    @field_validator("listen")
-    @classmethod
-    def _host_port(cls, value: str) -> str:
-        match = _LISTEN.match(value)
-        if match is None or not 0 < int(match.group("port")) < 65536:
-            raise ValueError("expected HOST:PORT, for example 127.0.0.1:9095 or 0.0.0.0:9095")
-        return value
 
     @property
     def host(self) -> str:
@@ -273,7 +301,7 @@ class EmailReceiver(StrictModel):
     name: str = Field(min_length=1)
     to: list[str] = Field(min_length=1)
     sender: str = Field(alias="from", min_length=3)
-    smarthost: str
+    smarthost: Annotated[str, PlainValidator(_smarthost)]
     security: Literal["starttls", "tls", "none"] = "starttls"
     # Sending without TLS is refused unless this is set, for a relay on the same host or network.
     allow_plaintext: bool = False
@@ -284,16 +312,9 @@ class EmailReceiver(StrictModel):
 
     @model_validator(mode="after")
     def _plaintext_is_explicit(self) -> EmailReceiver:
-        if self.security == "none" and not self.allow_plaintext:
-            raise ValueError("security: none sends mail in clear text; set allow_plaintext: true to accept that")
-        if self.security != "none" and self.allow_plaintext:
-            raise ValueError(
-                f"allow_plaintext only applies to security: none; with {self.security} a server without TLS is refused"
-            )
-        if (self.username is None) != (self.password_file is None):
-            raise ValueError("username and password_file go together")
-        if self.security == "none" and self.username is not None:
-            raise ValueError("SMTP AUTH without TLS would send the password in clear text; use starttls or tls")
+        problems = email_problems(self.model_dump(by_alias=True))
+        if problems:
+            raise ValueError("\n".join(problems))
         return self
 
     @field_validator("to")
@@ -316,12 +337,31 @@ class EmailReceiver(StrictModel):
             raise ValueError(f"CA file {value} not found")
         return value
 
-    @field_validator("smarthost")
-    @classmethod
-    def _host_port(cls, value: str) -> str:
-        if _LISTEN.match(value) is None:
-            raise ValueError("expected HOST:PORT, for example smtp.example.com:587")
-        return value
+
+def email_problems(receiver: Mapping[str, Any]) -> list[str]:
+    """Checks across an email receiver's keys, on the receiver as a mapping: the validated one, or the file's
+    when one of its keys is invalid (so these are reported with that key's error). What cannot be told from
+    invalid values is not checked."""
+    security = receiver.get("security", "starttls")
+    try:
+        plaintext = _BOOL.validate_python(receiver.get("allow_plaintext", False))
+    except ValidationError:
+        return []
+    if security not in ("starttls", "tls", "none"):
+        return []
+    username, password = receiver.get("username") is not None, receiver.get("password_file") is not None
+    problems = []
+    if security == "none" and not plaintext:
+        problems.append("security: none sends mail in clear text; set allow_plaintext: true to accept that")
+    if security != "none" and plaintext:
+        problems.append(
+            f"allow_plaintext only applies to security: none; with {security} a server without TLS is refused"
+        )
+    if username != password:
+        problems.append("username and password_file go together")
+    if security == "none" and username:
+        problems.append("SMTP AUTH without TLS would send the password in clear text; use starttls or tls")
+    return problems
 
 
 def _check_address(value: str) -> None:
@@ -447,29 +487,7 @@ class BotConfig(StrictModel):
 
     @model_validator(mode="after")
     def _receivers_exist(self) -> BotConfig:
-        # One line per problem, each starting with its key path (see _describe).
-        names = [r.name for r in self.receivers]
-        problems = [
-            f"receivers.{i}.name: {name!r} is used by more than one receiver; names must be unique"
-            for i, name in enumerate(names)
-            if names.index(name) != i
-        ]
-        referenced = [(f"routing.default.{i}", name) for i, name in enumerate(self.routing.default)] + [
-            (f"routing.rules.{r}.receivers.{i}", name)
-            for r, rule in enumerate(self.routing.rules)
-            for i, name in enumerate(rule.receivers)
-        ]
-        configured = ", ".join(dict.fromkeys(names)) or "none"
-        problems += [
-            f"{where}: {name!r} is not a configured receiver (configured: {configured})"
-            for where, name in referenced
-            if name not in names
-        ]
-        if self.store.retention < self.enrichment.recurrence_window:
-            problems.append(
-                "store.retention: shorter than enrichment.recurrence_window; the GPU history that recurrence "
-                "counts would be pruned before the window ends"
-            )
+        problems = cross_section_problems(self.model_dump(by_alias=True))
         if problems:
             raise ValueError("\n".join(problems))
         return self
@@ -477,6 +495,94 @@ class BotConfig(StrictModel):
     def secrets(self) -> Iterator[str]:
         """Every secret value in the configuration, so the log filter can mask them wherever they appear."""
         yield from _secrets_in(self)
+
+
+def cross_section_problems(config: Mapping[str, Any]) -> list[str]:
+    """Checks across sections, one `key.path: problem` line each, on the configuration as a mapping: the
+    validated one, or the file's when some key is invalid (so these are reported with the key errors). A value
+    too broken to tell (receivers that are not a list, a duration that does not parse) is not checked."""
+    names = _receiver_names(config)
+    problems = [] if names is None else _receiver_problems(names, _section(config, "routing"))
+    retention = _duration_or_none(_section(config, "store"), "retention", _default(StoreConfig, "retention"))
+    window = _duration_or_none(
+        _section(config, "enrichment"), "recurrence_window", _default(EnrichmentConfig, "recurrence_window")
+    )
+    if retention is not None and window is not None and retention < window:
+        problems.append(
+            "store.retention: shorter than enrichment.recurrence_window; the GPU history that recurrence "
+            "counts would be pruned before the window ends"
+        )
+    return problems
+
+
+def _receiver_names(config: Mapping[str, Any]) -> list[tuple[int, str]] | None:
+    """(position, name) of each receiver that has a name; None when the receivers are not a list."""
+    if "receivers" not in config:
+        return list(enumerate(r.name for r in _default_receivers()))
+    receivers = config["receivers"]
+    if not isinstance(receivers, list):
+        return None
+    return [
+        (i, receiver["name"])
+        for i, receiver in enumerate(receivers)
+        if isinstance(receiver, Mapping) and isinstance(receiver.get("name"), str)
+    ]
+
+
+def _receiver_problems(names: list[tuple[int, str]], routing: Mapping[str, Any]) -> list[str]:
+    """Receiver names used twice, and routes to receivers that do not exist."""
+    seen: set[str] = set()
+    problems = []
+    for i, name in names:
+        if name in seen:
+            problems.append(f"receivers.{i}.name: {name!r} is used by more than one receiver; names must be unique")
+        seen.add(name)
+    configured = ", ".join(dict.fromkeys(name for _, name in names)) or "none"
+    problems += [
+        f"{where}: {name!r} is not a configured receiver (configured: {configured})"
+        for where, name in _routes(routing)
+        if name not in seen
+    ]
+    return problems
+
+
+def _routes(routing: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(key path, receiver name) of every receiver the routing names."""
+    lists = [("routing.default", routing.get("default", _default(RoutingConfig, "default")))]
+    rules = routing.get("rules", [])
+    if isinstance(rules, list):
+        lists += [
+            (f"routing.rules.{r}.receivers", rule.get("receivers"))
+            for r, rule in enumerate(rules)
+            if isinstance(rule, Mapping)
+        ]
+    return [
+        (f"{where}.{i}", name)
+        for where, names in lists
+        if isinstance(names, list)
+        for i, name in enumerate(names)
+        if isinstance(name, str)
+    ]
+
+
+def _section(config: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    """A section as a mapping: an absent or empty one (`routing:` with only comments) is {}, its defaults; one
+    that is not a mapping is {} too, since its own error is reported."""
+    value = config.get(key)
+    return value if isinstance(value, Mapping) else {}
+
+
+def _default(model: type[BaseModel], key: str) -> Any:
+    return model.model_fields[key].get_default(call_default_factory=True)
+
+
+def _duration_or_none(section: Mapping[str, Any], key: str, default: float) -> float | None:
+    if key not in section:
+        return default
+    try:
+        return parse_duration(section[key])
+    except ValueError:
+        return None
 
 
 def _secrets_in(model: BaseModel) -> Iterator[str]:
@@ -502,7 +608,24 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> B
     try:
         return BotConfig.model_validate(data, context={"base_dir": base_dir})
     except ValidationError as exc:
-        raise ConfigError([line for error in exc.errors() for line in _describe(error)]) from None
+        errors = exc.errors()
+        problems = [line for error in errors for line in _describe(error)]
+        raise ConfigError(problems + _checks_not_run(data, [error["loc"] for error in errors])) from None
+
+
+def _checks_not_run(data: Mapping[str, Any], failed: list[tuple[int | str, ...]]) -> list[str]:
+    """The checks across keys that pydantic skipped because a key they read was invalid (a model validator runs
+    only once every field is valid), run on the file's values so every problem shows at once. A check that did
+    run and found something has its own error at its model's location."""
+    problems = []
+    receivers = data.get("receivers")
+    for i, receiver in enumerate(receivers if isinstance(receivers, list) else []):
+        where = ("receivers", i, "email")
+        if isinstance(receiver, Mapping) and receiver.get("type") == "email" and where not in failed:
+            problems += [f"receivers.{i}.email: {problem}" for problem in email_problems(receiver)]
+    if () not in failed:
+        problems += cross_section_problems(data)
+    return problems
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -543,4 +666,4 @@ def _describe(error: Any) -> list[str]:
     where = ".".join(str(part) for part in error["loc"])
     if error["type"] == "extra_forbidden":
         message = "unknown key (check the spelling against config/bot.example.yaml)"
-    return [f"{where}: {message}"]
+    return [f"{where}: {line}" for line in message.splitlines()]

@@ -2,7 +2,8 @@
 
 Only what must happen before the 2xx happens here; everything slow is the worker's. The answers follow
 Alertmanager's retry rules: 2xx only once the notification is on disk; 503 when it cannot be written, so
-Alertmanager retries; 4xx only for input no retry could fix.
+Alertmanager retries; 4xx only for input no retry could fix. Alertmanager drops a notification answered with a
+4xx, so every one is counted and logged (rate-limited): it is an alert that reached nobody.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import logging
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -19,13 +21,19 @@ from pydantic import ValidationError
 
 from bot.auth import WebhookAuth
 from bot.config import ServerConfig
-from bot.metrics import Metrics
+from bot.metrics import Metrics, WebhookRefusal
 from bot.models import SUPPORTED_PAYLOAD_VERSION, WebhookPayload
 from bot.store.base import IncomingNotification, Store, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
+WEBHOOK_PATH = "/alertmanager"
 _MAX_REPORTED_ERRORS = 20
+_LOGGED_ERRORS = 3
+_MAX_LOGGED_TEXT = 200
+# Alertmanager sends a refused group again at every group_interval, each group on its own: one line per reason
+# per minute keeps a misconfiguration visible without flooding the log.
+_REJECTION_LOG_INTERVAL = 60.0
 _RETRY_AFTER_SECONDS = "5"
 _KNOWN_SCHEMES = frozenset({"bearer", "basic"})
 # A version label is client-chosen text: keep it short and plain so it cannot blow up the metric.
@@ -34,6 +42,46 @@ _VERSION_LABEL = re.compile(r"[^0-9A-Za-z._-]")
 
 def json_error(status: int, error: str, message: str, **extra: Any) -> web.Response:
     return web.json_response({"error": error, "message": message, **extra}, status=status)
+
+
+@dataclass
+class _ReasonLog:
+    logged_at: float
+    suppressed: int = 0
+
+
+class RejectionLog:
+    """One WARNING line per refused webhook, at most one per reason per `interval` seconds. The rejections of
+    that reason left out meanwhile are counted and reported as `suppressed` on the reason's next line.
+
+    The line carries the peer, the HTTP status, the reason code and a short detail: never the body, never a
+    credential."""
+
+    def __init__(self, interval: float = _REJECTION_LOG_INTERVAL, clock: Callable[[], float] = time.monotonic) -> None:
+        self._interval = interval
+        self._clock = clock
+        self._by_reason: dict[str, _ReasonLog] = {}
+
+    def rejected(self, peer: str | None, status: int, reason: str, detail: str, **fields: str) -> None:
+        now = self._clock()
+        previous = self._by_reason.get(reason)
+        if previous is not None and now - previous.logged_at < self._interval:
+            previous.suppressed += 1
+            return
+        self._by_reason[reason] = _ReasonLog(logged_at=now)
+        log.warning(
+            "rejected a webhook: %s (HTTP %d)",
+            reason,
+            status,
+            extra={
+                "peer": peer,
+                "status": status,
+                "reason": reason,
+                "detail": _shorten(detail),
+                "suppressed": previous.suppressed if previous is not None else 0,
+                **fields,
+            },
+        )
 
 
 class WebhookHandler:
@@ -50,6 +98,7 @@ class WebhookHandler:
         self._config = config
         self._metrics = metrics
         self._on_accepted = on_accepted
+        self._rejections = RejectionLog()
 
     async def __call__(self, request: web.Request) -> web.Response:
         started = time.perf_counter()
@@ -58,55 +107,66 @@ class WebhookHandler:
         finally:
             self._metrics.ingest_latency.observe(time.perf_counter() - started)
 
+    def wrong_path(self, request: web.Request) -> web.Response:
+        """A POST to a path other than the webhook's: typically Alertmanager's url without /alertmanager."""
+        self._reject(request, 404, "not_found", f"POST to {request.path!r} instead of {WEBHOOK_PATH}")
+        return json_error(
+            404,
+            "not_found",
+            f"no webhook at {request.path}: the webhook path is {WEBHOOK_PATH} "
+            f"(Alertmanager's webhook_config url must end in {WEBHOOK_PATH})",
+            webhook_path=WEBHOOK_PATH,
+        )
+
+    def _reject(self, request: web.Request, status: int, reason: WebhookRefusal, detail: str, **fields: str) -> None:
+        self._metrics.error(reason)
+        self._rejections.rejected(request.remote, status, reason, detail, **fields)
+
     async def _handle(self, request: web.Request) -> web.Response:
         if not self._auth.allows(request.headers.get("Authorization")):
-            self._metrics.errors.labels("unauthorized").inc()
             # Never the header itself: a wrong credential is often a right one sent to the wrong place.
-            log.warning(
-                "rejected a webhook: missing or wrong credentials",
-                extra={"peer": request.remote, "scheme": _scheme(request.headers.get("Authorization"))},
-            )
+            scheme = _scheme(request.headers.get("Authorization"))
+            self._reject(request, 401, "unauthorized", "missing or wrong credentials", scheme=scheme)
             response = json_error(401, "unauthorized", "missing or wrong credentials")
             response.headers["WWW-Authenticate"] = self._auth.challenge
             return response
         if request.content_type != "application/json":
-            self._metrics.errors.labels("unsupported_media_type").inc()
-            return json_error(
-                415, "unsupported_media_type", f"expected Content-Type application/json, got {request.content_type!r}"
-            )
+            got = f"got Content-Type {request.content_type!r}"
+            self._reject(request, 415, "unsupported_media_type", got)
+            return json_error(415, "unsupported_media_type", f"expected Content-Type application/json, {got}")
         if request.content_length is not None and request.content_length > self._config.max_body_bytes:
-            return self._too_large()
+            return self._too_large(request, f"Content-Length {request.content_length}")
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            return self._too_large()
-        payload = self._validate(body)
+            return self._too_large(request, "chunked body")
+        payload = self._validate(request, body)
         if isinstance(payload, web.Response):
             return payload
         return await self._store_notification(payload, body)
 
-    def _too_large(self) -> web.Response:
-        self._metrics.errors.labels("too_large").inc()
+    def _too_large(self, request: web.Request, sent: str) -> web.Response:
+        limit = f"server.max_body_bytes ({self._config.max_body_bytes} bytes)"
+        self._reject(request, 413, "too_large", f"{sent} over {limit}")
         return json_error(
-            413,
-            "too_large",
-            f"body exceeds server.max_body_bytes ({self._config.max_body_bytes} bytes); "
-            "raise it or set max_alerts in Alertmanager's webhook_config",
+            413, "too_large", f"body exceeds {limit}; raise it or set max_alerts in Alertmanager's webhook_config"
         )
 
-    def _validate(self, body: bytes) -> WebhookPayload | web.Response:
+    def _validate(self, request: web.Request, body: bytes) -> WebhookPayload | web.Response:
         try:
             payload = WebhookPayload.model_validate_json(body)
         except ValidationError as exc:
             errors = exc.errors(include_url=False, include_input=False)
             if any(e["type"] == "json_invalid" for e in errors):
-                self._metrics.errors.labels("invalid_json").inc()
+                self._reject(request, 400, "invalid_json", f"{len(body)} bytes: {errors[0]['msg']}")
                 return json_error(400, "invalid_json", f"body is not valid JSON: {errors[0]['msg']}")
-            self._metrics.errors.labels("invalid_payload").inc()
             details = [
                 {"field": ".".join(str(p) for p in e["loc"]), "problem": e["msg"]}
                 for e in errors[:_MAX_REPORTED_ERRORS]
             ]
+            first = "; ".join(f"{d['field'] or '(body)'}: {d['problem']}" for d in details[:_LOGGED_ERRORS])
+            more = f" (+{len(errors) - _LOGGED_ERRORS} more)" if len(errors) > _LOGGED_ERRORS else ""
+            self._reject(request, 400, "invalid_payload", first + more)
             return json_error(400, "invalid_payload", "body is not an Alertmanager webhook payload", details=details)
         if payload.version != SUPPORTED_PAYLOAD_VERSION:
             # An Alertmanager upgrade must never silence alerting: accept what still validates, and say so.
@@ -132,7 +192,7 @@ class WebhookHandler:
             async with asyncio.timeout(self._config.ingest_timeout):
                 result = await self._store.ingest(notification)
         except (StoreUnavailable, TimeoutError) as exc:
-            self._metrics.errors.labels("store_unavailable").inc()
+            self._metrics.error("store_unavailable")
             log.error("cannot store the notification; asking Alertmanager to retry", extra={"reason": str(exc)})
             response = json_error(503, "store_unavailable", "the notification could not be stored; retry later")
             response.headers["Retry-After"] = _RETRY_AFTER_SECONDS
@@ -148,6 +208,10 @@ class WebhookHandler:
             self._metrics.alerts_received.labels("resolved").inc(len(payload.alerts) - firing)
         self._on_accepted()
         return web.json_response({"status": "accepted", "alerts": len(payload.alerts)})
+
+
+def _shorten(text: str) -> str:
+    return text if len(text) <= _MAX_LOGGED_TEXT else text[: _MAX_LOGGED_TEXT - 3] + "..."
 
 
 def _scheme(authorization: str | None) -> str:

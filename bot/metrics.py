@@ -1,10 +1,31 @@
-"""The bot's own Prometheus metrics, on a registry per application so tests can run several side by side."""
+"""The bot's own Prometheus metrics, on a registry per application so tests can run several side by side.
+
+Labelled counters whose label values are known in advance start at 0: a series that appears with its first
+increment is invisible to increase() and rate(), so the first burst of errors would never alert.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Literal, get_args
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
+from bot.models import EventKind
+
 _PREFIX = "gpu_alert_bot"
+
+# `errors_total{kind}`: every kind the bot counts (mypy checks `Metrics.error` calls; tests/test_metrics.py
+# checks that the code counts no other kind). Webhooks answered with a 4xx come first: Alertmanager drops them,
+# so each one is a notification that reached nobody.
+WebhookRefusal = Literal[
+    "unauthorized", "unsupported_media_type", "invalid_json", "invalid_payload", "too_large", "not_found"
+]
+ErrorKind = Literal[WebhookRefusal, "store_unavailable", "internal", "worker", "pipeline", "outbox", "delivery_failed"]
+WEBHOOK_REFUSALS: tuple[WebhookRefusal, ...] = get_args(WebhookRefusal)
+ERROR_KINDS: tuple[ErrorKind, ...] = get_args(ErrorKind)
+DELIVERY_RESULTS = ("delivered", "retry", "failed")
+ALERT_STATUSES = ("firing", "resolved")
 
 # The *_created series double the output and nobody alerts on them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -42,6 +63,10 @@ class Metrics:
             registry=r,
         )
         self.errors = Counter(f"{_PREFIX}_errors", "Errors, by kind.", ["kind"], registry=r)
+        for kind in ERROR_KINDS:
+            self.errors.labels(kind)
+        for status in ALERT_STATUSES:
+            self.alerts_received.labels(status)
         self.unknown_payload_versions = Counter(
             f"{_PREFIX}_unknown_payload_version",
             "Webhooks with a payload version other than 4, accepted because their fields validated.",
@@ -51,6 +76,8 @@ class Metrics:
         self.events = Counter(
             f"{_PREFIX}_events", "Events that went through the pipeline, by kind.", ["kind"], registry=r
         )
+        for event_kind in EventKind:
+            self.events.labels(event_kind.value)
         self.deliveries = Counter(
             f"{_PREFIX}_deliveries", "Delivery attempts, by receiver and result.", ["receiver", "result"], registry=r
         )
@@ -73,3 +100,12 @@ class Metrics:
             ["enricher", "status"],
             registry=r,
         )
+
+    def error(self, kind: ErrorKind) -> None:
+        self.errors.labels(kind).inc()
+
+    def init_receivers(self, receivers: Iterable[str]) -> None:
+        """Start each configured receiver's delivery counters at 0 (the failures are per reason: not known)."""
+        for receiver in receivers:
+            for result in DELIVERY_RESULTS:
+                self.deliveries.labels(receiver, result)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -64,6 +65,52 @@ def test_check_config_prints_each_problem_with_its_key_path_and_fails(
         "outbox.max_backof: unknown key (check the spelling against config/bot.example.yaml)",
     ]
     assert err[4] == f"{bad}: 4 problem(s)"
+
+
+def test_check_config_prints_every_problem_in_one_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's example: a receiver the routing names is checked even when other keys are wrong."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        yaml.safe_dump(
+            {
+                "server": {"listen": 9095, "auth": {"bearer_token_file": "/run/secrets/webhook_token"}},
+                "routing": {"default": ["console", "slack"]},
+            }
+        )
+    )
+    assert main(["check-config", str(bad)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "server.listen: expected HOST:PORT, for example 127.0.0.1:9095 or 0.0.0.0:9095 "
+        "(got the number 9095: a port alone, with no host)",
+        "server.auth.bearer_token_file: cannot read secret file /run/secrets/webhook_token: No such file or directory",
+        "routing.default.1: 'slack' is not a configured receiver (configured: console)",
+        f"{bad}: 3 problem(s)",
+    ]
+
+
+def test_a_bad_listen_option_is_reported_as_the_option(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--listen", "127.0.0.1:99999"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == (
+        "gpu-alert-bot serve: error: argument --listen: expected HOST:PORT, for example 127.0.0.1:9095 or 0.0.0.0:9095"
+    )
+    assert "server.listen" not in err
+
+
+def test_output_into_a_pipe_nobody_reads_any_more_ends_quietly(tmp_path: Path) -> None:
+    """The reader left before the command wrote anything (`check-config ... | true`): the last write fails, on the
+    flush at the end; no traceback, and 128 + SIGPIPE like any tool stopped by the broken pipe."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [str(CLI), "check-config", str(EXAMPLE)], stdout=write_end, stderr=subprocess.PIPE, timeout=60, check=False
+        )
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (141, b"")
 
 
 def test_the_console_script_checks_a_config_from_another_directory(tmp_path: Path) -> None:

@@ -16,6 +16,9 @@ import yaml
 from bot.cli import main
 from bot.models import GpuEvent
 from bot.store.sqlite import SqliteStore
+from bot.xid_catalog import load_catalog
+from tests.test_recurrence import XID79, alert_from_labels
+from tests.test_xid_enricher import UUID_3B
 
 CLI = Path(sys.executable).parent / "gpu-alert-bot"
 NOW = datetime.now(UTC).replace(microsecond=0)
@@ -172,3 +175,32 @@ def test_bad_since_is_a_usage_error(capsys: pytest.CaptureFixture[str], config_f
     with pytest.raises(SystemExit) as exit_:
         main(["gpus", "--config", str(config_file), "--since", "soon"])
     assert exit_.value.code == 2
+
+
+def test_xids_known_only_from_alert_labels_are_listed(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """No Loki: the history is what the recurrence enricher recorded from GPUXIDError's err_code label."""
+
+    async def record() -> None:
+        store = SqliteStore(tmp_path / "bot.db")
+        await store.open()
+        try:
+            for name, ago in (("a1", timedelta(days=20)), ("a2", timedelta(days=9)), ("a3", timedelta(hours=2))):
+                await alert_from_labels(store, catalog, XID79, NOW - ago, name)
+            stuck = {**XID79, "alertname": "DCGMXidGaugeStuck"}
+            await alert_from_labels(store, catalog, stuck, NOW - timedelta(hours=2) + timedelta(minutes=4), "stuck")
+        finally:
+            await store.close()
+
+    catalog = load_catalog()
+    asyncio.run(record())
+    path = tmp_path / "bot.yaml"
+    path.write_text(yaml.safe_dump({"store": {"path": "bot.db"}}))
+    status, out, _ = run_cli(capsys, "--config", str(path), "--format", "json")
+    assert status == 0
+    [gpu] = by_uuid(out).values()
+    assert (gpu["uuid"], gpu["xids"], gpu["alerts"]) == (
+        UUID_3B,
+        {"79": 3},
+        {"DCGMXidGaugeStuck": 1, "GPUXIDError": 3},
+    )
+    assert [v["rule"] for v in gpu["verdicts"]] == ["xid79-recurring"]

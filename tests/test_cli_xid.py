@@ -158,3 +158,20 @@ def test_a_custom_catalog_that_is_broken(
     status, _, err = run_cli(capsys, monkeypatch, "--catalog", str(broken), "--explain", "79")
     assert status == 2
     assert "xids" in err
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path: Path) -> None:
+    """`gpu-alert-bot xid big.log | head -1`: no traceback once head has gone, and the status of a tool that
+    SIGPIPE stopped (128 + 13), as the shell reports for cat or grep."""
+    log = tmp_path / "big.log"
+    lines = (
+        f"NVRM: Xid (PCI:0000:3b:00): 13, pid={n}, name=p{n}, Graphics Exception: ESR 0x{n:x}" for n in range(5000)
+    )
+    log.write_text("\n".join(lines) + "\n")
+    with subprocess.Popen([str(CLI), "xid", str(log)], stdout=subprocess.PIPE, stderr=subprocess.PIPE) as command:
+        assert command.stdout is not None and command.stderr is not None
+        assert json.loads(command.stdout.readline())["xid"] == 13
+        command.stdout.close()
+        errors = command.stderr.read()
+        status = command.wait(timeout=60)
+    assert (status, errors) == (141, b"")

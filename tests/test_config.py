@@ -121,6 +121,76 @@ def test_references_to_receivers_are_checked_with_key_paths(tmp_path: Path) -> N
     ]
 
 
+def test_checks_across_sections_are_reported_with_the_key_errors(tmp_path: Path) -> None:
+    """pydantic runs a model's own checks only once its fields are valid: the file's values stand in."""
+    problems = _problems(
+        tmp_path,
+        {
+            "server": {"listen": "nope", "auth": {"bearer_token_file": "/run/secrets/absent"}},
+            "routing": {"default": ["console", "slack"], "rules": [{"matchers": ["bad matcher"], "receivers": ["x"]}]},
+            "store": {"retention": "7d"},
+        },
+    )
+    assert problems == [
+        "server.listen: expected HOST:PORT, for example 127.0.0.1:9095 or 0.0.0.0:9095",
+        "server.auth.bearer_token_file: cannot read secret file /run/secrets/absent: No such file or directory",
+        "routing.rules.0.matchers.0: 'bad matcher' is not a matcher such as "
+        'severity="critical" or alertname=~"GPU.*"',
+        "routing.default.1: 'slack' is not a configured receiver (configured: console)",
+        "routing.rules.0.receivers.0: 'x' is not a configured receiver (configured: console)",
+        "store.retention: shorter than enrichment.recurrence_window; the GPU history that recurrence counts would "
+        "be pruned before the window ends",
+    ]
+
+
+def test_a_receiver_with_a_bad_key_still_counts_as_configured(tmp_path: Path) -> None:
+    problems = _problems(
+        tmp_path,
+        {
+            "receivers": [
+                {"name": "console", "type": "console"},
+                {"name": "slack", "type": "slack", "channel": "#gpu", "token_file": "absent"},
+                {"name": "console", "type": "console", "colour": "red"},
+            ],
+            "routing": {"default": ["slack", "pager"]},
+        },
+    )
+    assert problems == [
+        f"receivers.1.slack.token_file: cannot read secret file {tmp_path / 'absent'}: No such file or directory",
+        "receivers.2.console.colour: unknown key (check the spelling against config/bot.example.yaml)",
+        "receivers.2.name: 'console' is used by more than one receiver; names must be unique",
+        "routing.default.1: 'pager' is not a configured receiver (configured: console, slack)",
+    ]
+
+
+def test_what_cannot_be_told_from_broken_values_is_not_checked(tmp_path: Path) -> None:
+    problems = _problems(
+        tmp_path,
+        {"receivers": {"console": "console"}, "routing": {"default": ["nobody"]}, "store": {"retention": "soon"}},
+    )
+    assert problems == [
+        "store.retention: 'soon' is not a duration such as 30s, 15m or 2h",
+        "receivers: Input should be a valid list",
+    ]
+
+
+def test_an_email_receivers_own_checks_come_with_its_key_errors(tmp_path: Path) -> None:
+    mail = {"name": "mail", "type": "email", "to": ["nobody"], "from": "bot@example.com", "smarthost": "smtp:25"}
+    problems = _problems(tmp_path, {"receivers": [{**mail, "security": "none", "username": "bot"}]})
+    assert problems == [
+        "receivers.0.email.to: 'nobody' is not an email address such as oncall@example.com",
+        "receivers.0.email: security: none sends mail in clear text; set allow_plaintext: true to accept that",
+        "receivers.0.email: username and password_file go together",
+        "receivers.0.email: SMTP AUTH without TLS would send the password in clear text; use starttls or tls",
+        "routing.default.0: 'console' is not a configured receiver (configured: mail)",
+    ]
+    valid = {**mail, "to": ["oncall@example.com"], "allow_plaintext": "yes"}
+    assert _problems(tmp_path, {"receivers": [valid], "routing": {"default": ["mail"]}}) == [
+        "receivers.0.email: allow_plaintext only applies to security: none; with starttls a server without TLS is "
+        "refused"
+    ]
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
@@ -176,6 +246,21 @@ def test_listen_addresses(tmp_path: Path, listen: str) -> None:
 @pytest.mark.parametrize("listen", ["9095", "127.0.0.1", "127.0.0.1:0", "127.0.0.1:70000", ":9095", "::1:9095"])
 def test_bad_listen_addresses(tmp_path: Path, listen: str) -> None:
     assert _problems(tmp_path, {"server": {"listen": listen}})[0].startswith("server.listen: expected HOST:PORT")
+
+
+@pytest.mark.parametrize(
+    ("listen", "got"),
+    [
+        (9095, "the number 9095: a port alone, with no host"),
+        (None, "an empty value"),
+        (["127.0.0.1:9095"], "a list"),
+        (True, "true"),
+    ],
+)
+def test_a_listen_value_that_is_not_text_gets_the_same_hint(tmp_path: Path, listen: Any, got: str) -> None:
+    assert _problems(tmp_path, {"server": {"listen": listen}}) == [
+        f"server.listen: expected HOST:PORT, for example 127.0.0.1:9095 or 0.0.0.0:9095 (got {got})"
+    ]
 
 
 def test_ipv6_listen_host_and_port(tmp_path: Path) -> None:

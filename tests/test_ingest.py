@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bot.ingest import RejectionLog
 from bot.models import WebhookPayload
 from tests.support.bot import RunningBot, eventually, running_bot
 from tests.support.payloads import am_alert, body, capture_files, distinct_webhooks, gpu_alerts, load_capture, webhook
@@ -113,10 +114,21 @@ BAD_INPUTS = [
 ]
 
 
+def _rejections(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "bot.ingest" and r.getMessage().startswith("rejected a webhook")]
+
+
 @pytest.mark.parametrize(("data", "headers", "status", "error", "field"), BAD_INPUTS)
 async def test_bad_input_gets_a_clear_4xx_json_error_and_the_service_keeps_serving(
-    bot: RunningBot, data: bytes, headers: dict[str, str], status: int, error: str, field: str | None
+    bot: RunningBot,
+    caplog: pytest.LogCaptureFixture,
+    data: bytes,
+    headers: dict[str, str],
+    status: int,
+    error: str,
+    field: str | None,
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="bot.ingest")
     response = await _post(bot, data, headers)
     assert response.status_code == status, response.text
     assert response.headers["Content-Type"].startswith("application/json")
@@ -126,7 +138,60 @@ async def test_bad_input_gets_a_clear_4xx_json_error_and_the_service_keeps_servi
     if field is not None:
         assert field in [d["field"] for d in answer["details"]], answer["details"]
     assert bot.metric("gpu_alert_bot_errors_total", {"kind": error}) == 1
+    [line] = _rejections(caplog)
+    assert line.levelno == logging.WARNING
+    assert (line.status, line.reason, line.peer) == (status, error, "127.0.0.1")  # type: ignore[attr-defined]
+    assert line.detail and line.suppressed == 0  # type: ignore[attr-defined]
+    if field:
+        assert field in line.detail  # type: ignore[attr-defined]
     await _still_serving(bot, "after-bad-input")
+
+
+async def test_a_rejection_line_never_carries_the_body(bot: RunningBot, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="bot.ingest")
+    secret_text = "hunter2-in-the-annotations"
+    invalid = _with({"status": "warning"}, alert={"annotations": {"description": secret_text}})
+    assert (await _post(bot, invalid)).status_code == 400
+    assert (await _post(bot, invalid[:-5])).status_code == 400
+    assert (await _post(bot, invalid, {"Content-Type": "text/plain"})).status_code == 415
+    lines = _rejections(caplog)
+    assert [line.reason for line in lines] == ["invalid_payload", "invalid_json", "unsupported_media_type"]  # type: ignore[attr-defined]
+    for line in lines:
+        assert secret_text not in f"{line.getMessage()} {vars(line)}"
+
+
+async def test_a_retried_bad_webhook_is_logged_once_per_reason_with_every_one_counted(
+    bot: RunningBot, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="bot.ingest")
+    for _ in range(5):
+        assert (await _post(bot, b"{")).status_code == 400
+    for _ in range(3):
+        assert (await _post(bot, b"[]")).status_code == 400
+    assert [line.reason for line in _rejections(caplog)] == ["invalid_json", "invalid_payload"]  # type: ignore[attr-defined]
+    assert bot.metric("gpu_alert_bot_errors_total", {"kind": "invalid_json"}) == 5
+    assert bot.metric("gpu_alert_bot_errors_total", {"kind": "invalid_payload"}) == 3
+
+
+def test_the_rejection_log_reports_what_it_left_out_once_the_interval_has_passed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="bot.ingest")
+    now = [1000.0]
+    rejections = RejectionLog(interval=60.0, clock=lambda: now[0])
+    for _ in range(4):
+        rejections.rejected("10.0.0.7", 401, "unauthorized", "missing or wrong credentials", scheme="bearer")
+        now[0] += 10
+    rejections.rejected("10.0.0.7", 413, "too_large", "Content-Length 99999999")
+    now[0] += 30  # 70 s after the first line
+    rejections.rejected("10.0.0.8", 401, "unauthorized", "missing or wrong credentials", scheme="none")
+    lines = _rejections(caplog)
+    assert [(r.reason, r.suppressed, r.peer) for r in lines] == [  # type: ignore[attr-defined]
+        ("unauthorized", 0, "10.0.0.7"),
+        ("too_large", 0, "10.0.0.7"),
+        ("unauthorized", 3, "10.0.0.8"),
+    ]
+    assert lines[2].scheme == "none" and lines[2].status == 401  # type: ignore[attr-defined]
 
 
 async def test_unknown_version_whose_fields_validate_is_accepted_with_a_warning(
@@ -161,7 +226,10 @@ async def test_a_group_larger_than_aiohttps_default_limit_is_accepted(bot: Runni
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
-async def test_body_over_the_configured_limit_is_413_json(tmp_path: Path, chunked: bool) -> None:
+async def test_body_over_the_configured_limit_is_413_json(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, chunked: bool
+) -> None:
+    caplog.set_level(logging.WARNING, logger="bot.ingest")
     async with running_bot(tmp_path, {"server": {"max_body_bytes": 4096}}) as bot:
         data = body(webhook(gpu_alerts(40, annotations={"description": "y" * 100})))
         assert len(data) > 4096
@@ -177,6 +245,9 @@ async def test_body_over_the_configured_limit_is_413_json(tmp_path: Path, chunke
         assert response.json()["error"] == "too_large"
         assert "max_body_bytes" in response.json()["message"]
         assert bot.metric("gpu_alert_bot_errors_total", {"kind": "too_large"}) == 1
+        [line] = _rejections(caplog)
+        assert (line.status, line.reason) == (413, "too_large")  # type: ignore[attr-defined]
+        assert "chunked" in line.detail if chunked else str(len(data)) in line.detail  # type: ignore[attr-defined]
         await _still_serving(bot, "after-too-large")
 
 
@@ -203,6 +274,31 @@ async def test_method_and_path_errors_are_json(bot: RunningBot) -> None:
     assert wrong_method.status_code == 405 and wrong_method.json()["error"] == "method_not_allowed"
     assert "POST" in wrong_method.headers["Allow"]
     assert missing.status_code == 404 and missing.json()["error"] == "not_found"
+
+
+async def test_a_post_to_another_path_says_where_the_webhook_is_and_is_counted_and_logged(
+    bot: RunningBot, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Alertmanager's `url: http://gpu-alert-bot:9095` (no path) or a trailing slash: its notifications are lost,
+    so the bot says where the webhook is, counts it for GPUAlertBotWebhooksRefused and logs it."""
+    caplog.set_level(logging.WARNING, logger="bot.ingest")
+    async with httpx.AsyncClient(timeout=10) as client:
+        answers = [
+            await client.post(f"{bot.url}{path}", content=body(_valid()), headers=JSON)
+            for path in ("/", "/alertmanager/", "/api/v2/alerts")
+        ]
+        unknown_get = await client.get(f"{bot.url}/nope")
+    for answer in answers:
+        assert answer.status_code == 404
+        assert answer.json()["error"] == "not_found"
+        assert answer.json()["webhook_path"] == "/alertmanager"
+        assert "/alertmanager" in answer.json()["message"]
+    assert unknown_get.status_code == 404 and unknown_get.json()["error"] == "not_found"
+    assert bot.metric("gpu_alert_bot_errors_total", {"kind": "not_found"}) == 3
+    [line] = _rejections(caplog)
+    assert (line.status, line.reason, line.peer) == (404, "not_found", "127.0.0.1")  # type: ignore[attr-defined]
+    assert "'/'" in line.detail and "/alertmanager" in line.detail  # type: ignore[attr-defined]
+    assert bot.metric("gpu_alert_bot_notifications_received_total") == 0
 
 
 async def test_ingest_metrics_are_exported(bot: RunningBot) -> None:

@@ -3,7 +3,10 @@ templates are safe, and the seed's correlations come out as judgements."""
 
 from __future__ import annotations
 
+import shlex
+import sqlite3
 import subprocess
+from contextlib import closing
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -13,7 +16,7 @@ import yaml
 
 from bot.cli import main
 from bot.compose import compose_message
-from bot.config import load_config
+from bot.config import StoreConfig, load_config
 from bot.enrich.base import Enrichment, EnrichmentSection
 from bot.models import AlertState, Event, EventKind
 from bot.playbooks import (
@@ -25,6 +28,7 @@ from bot.playbooks import (
     fill_command,
 )
 from bot.querytemplate import TemplateError, fill_query, query_template_problems
+from bot.store import open_store
 from tests.support.payloads import alert_state
 from tests.support.processes import REPO, find_binary
 
@@ -134,6 +138,7 @@ def test_check_config_accepts_the_example_config_and_every_shipped_playbook(caps
 
 def test_every_shipped_query_is_promql_that_promtool_accepts(shipped: PlaybookSet, tmp_path: Path) -> None:
     values = {**DCGM, "name": "vllm", "mountpoint": "/", "device": "nvme0", "model_name": "m", "rule_group": "g"}
+    values |= {"receiver": "slack-gpu", "kind": "unauthorized", "queue": "events"}  # the bot's own alerts
     rules = []
     for playbook in shipped:
         for name, template in playbook.queries.items():
@@ -481,3 +486,33 @@ def test_the_dcgm_diagnostic_level_follows_the_gpu_class(shipped: PlaybookSet) -
     assert any("dcgmi diag -r 1 -i 3" in j for j in judgements("NVIDIA GeForce RTX 5090"))
     assert any("dcgmi diag -r 1" in j for j in judgements("NVIDIA RTX PRO 6000 Blackwell Server Edition"))
     assert not any("dcgmi diag" in j for j in judgements("NVIDIA H100 80GB HBM3"))
+
+
+async def test_the_store_queries_in_the_bots_own_playbooks_run_on_the_real_schema_at_the_composed_path(
+    shipped: PlaybookSet, tmp_path: Path
+) -> None:
+    """The sqlite3 steps of the GPUAlertBot* playbooks: the file is the compose volume's store, and each query
+    runs on a store the bot created (a renamed column would otherwise only show during an incident)."""
+    compose = yaml.safe_load((REPO / "config" / "docker-compose.yml").read_text())
+    store_path = Path(yaml.safe_load((REPO / "config" / "bot.compose.yaml").read_text())["store"]["path"])
+    [volume] = [v.split(":")[0] for v in compose["services"]["gpu-alert-bot"]["volumes"] if str(store_path.parent) in v]
+    # `docker compose up` from config/ names the volume config_<name>.
+    host_file = f"/var/lib/docker/volumes/config_{volume}/_data/{store_path.name}"
+    store = await open_store(StoreConfig(path=tmp_path / "bot.db"))
+    await store.close()
+    values = {"receiver": "slack-gpu", "queue": "events", "instance": "gpu-alert-bot:9095"}
+    queries = []
+    for playbook in shipped:
+        for step in playbook.steps if playbook.name.startswith("GPUAlertBot") else ():
+            command = fill_command(step.command or "", values)
+            if "sqlite3" in command:
+                assert host_file in command, playbook.name
+                queries.append((playbook.name, shlex.split(command)[-1]))
+    assert len(queries) >= 4
+    with closing(sqlite3.connect(f"file:{tmp_path / 'bot.db'}?mode=ro", uri=True)) as connection:
+        for name, sql in queries:
+            for statement in filter(str.strip, sql.split(";")):
+                try:
+                    connection.execute(statement).fetchall()
+                except sqlite3.Error as exc:  # an unknown table or column
+                    pytest.fail(f"{name}: {exc} in {statement}")

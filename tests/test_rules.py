@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from bot.metrics import WEBHOOK_REFUSALS, Metrics
 from tests.support.processes import REPO, find_binary
 
 RULES = REPO / "config" / "rules"
@@ -31,6 +34,15 @@ SEED_GPU_RULES = {
         "5m",
         "warning",
     ),
+}
+
+# The rules about gpu-alert-bot itself (monitoring-alerts.yml, group gpu-alert-bot).
+BOT_RULES = {
+    "GPUAlertBotDown",
+    "GPUAlertBotWebhooksRefused",
+    "GPUAlertBotDeliveriesFailing",
+    "GPUAlertBotWorkSetAside",
+    "GPUAlertBotDeliveriesRetrying",
 }
 
 
@@ -102,12 +114,41 @@ def test_rules_fire_at_their_thresholds_after_their_for(fixture: str, tmp_path: 
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_each_gpu_rule_has_a_firing_and_a_non_firing_case() -> None:
-    tests = yaml.safe_load((PROMTOOL_FIXTURES / "gpu-alerts.test.yml").read_text())["tests"]
-    for name in SEED_GPU_RULES:
+def assert_firing_and_silent_cases(fixture: str, alertnames: Iterable[str]) -> None:
+    """Each alert has a promtool case where it fires and one where it stays silent."""
+    tests = yaml.safe_load((PROMTOOL_FIXTURES / fixture).read_text())["tests"]
+    for name in alertnames:
         cases = [case for test in tests for case in test.get("alert_rule_test", []) if case["alertname"] == name]
         assert any(case["exp_alerts"] for case in cases), name
         assert any(not case["exp_alerts"] for case in cases), name
+
+
+def test_each_gpu_rule_has_a_firing_and_a_non_firing_case() -> None:
+    assert_firing_and_silent_cases("gpu-alerts.test.yml", SEED_GPU_RULES)
+
+
+def test_each_rule_about_the_bot_has_a_firing_and_a_non_firing_case() -> None:
+    groups = yaml.safe_load((RULES / "monitoring-alerts.yml").read_text())["groups"]
+    [bot_group] = [group for group in groups if group["name"] == "gpu-alert-bot"]
+    assert {rule["alert"] for rule in bot_group["rules"]} == BOT_RULES
+    assert_firing_and_silent_cases("monitoring-alerts.test.yml", BOT_RULES)
+
+
+def test_the_rules_about_the_bot_use_the_metrics_it_exports() -> None:
+    exported = {family.name + ("_total" if family.type == "counter" else "") for family in Metrics().registry.collect()}
+    used = set()
+    for rule in shipped_rules():
+        if rule["alert"] in BOT_RULES:
+            used |= set(re.findall(r"\bgpu_alert_bot_\w+", rule["expr"]))
+    assert len(used) >= 4
+    assert used <= exported, used - exported
+
+
+def test_the_refused_webhooks_rule_counts_every_refusal_the_bot_makes() -> None:
+    [rule] = [rule for rule in shipped_rules() if rule["alert"] == "GPUAlertBotWebhooksRefused"]
+    match = re.search(r'kind=~"([^"]+)"', rule["expr"])
+    assert match is not None
+    assert sorted(match.group(1).split("|")) == sorted(WEBHOOK_REFUSALS)
 
 
 def cadvisor_restart_loop(runs: int, samples_per_run: int) -> list[dict[str, str]]:

@@ -83,6 +83,43 @@ def test_the_watchdog_has_its_own_route_with_a_short_repeat_interval() -> None:
     assert load(ALERTMANAGER)["route"]["repeat_interval"] == "4h"
 
 
+def uncomment_receiver(text: str, name: str) -> str:
+    """The example file with the commented-out route and receiver named `name` switched on."""
+    lines: list[str] = []
+    indent: str | None = None
+    for line in text.splitlines():
+        start = re.match(rf"^(\s*)# (- (?:receiver|name): {re.escape(name)})$", line)
+        if start:
+            indent = start.group(1)
+            lines.append(indent + start.group(2))
+        elif indent is not None and line.startswith(f"{indent}#   "):
+            lines.append(indent + line[len(indent) + 2 :])
+        else:
+            indent = None
+            lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def test_the_bots_own_alerts_can_reach_a_receiver_that_does_not_go_through_the_bot(tmp_path: Path) -> None:
+    """GPUAlertBotDown cannot be delivered by the bot: the example routes the bot's alerts to the bot and, once
+    the ops-email route and receiver are uncommented, to Alertmanager's own email as well."""
+    alert = "alertname=GPUAlertBotDown"
+    shipped = run(find_binary("amtool"), "config", "routes", "test", f"--config.file={ALERTMANAGER}", alert)
+    assert shipped.stdout.strip() == "gpu-alert-bot", shipped.stdout + shipped.stderr
+    enabled = tmp_path / "alertmanager.yml"
+    enabled.write_text(uncomment_receiver(ALERTMANAGER.read_text(), "ops-email"))
+    assert enabled.read_text() != ALERTMANAGER.read_text()
+    check = run(find_binary("amtool"), "check-config", str(enabled))
+    assert check.returncode == 0, check.stdout + check.stderr
+    for labels in (alert, "alertname=GPUAlertBotWebhooksRefused"):
+        routed = run(find_binary("amtool"), "config", "routes", "test", f"--config.file={enabled}", labels)
+        assert routed.stdout.strip() == "gpu-alert-bot,ops-email", routed.stdout + routed.stderr
+    other = run(
+        find_binary("amtool"), "config", "routes", "test", f"--config.file={enabled}", "alertname=GPUTempCritical"
+    )
+    assert other.stdout.strip() == "gpu-alert-bot"
+
+
 @pytest.mark.realstack
 async def test_the_example_alertmanager_delivers_to_the_bot_with_its_token(tmp_path: Path) -> None:
     """The shipped file as it is, with only the bot's address and the token file's path changed."""
@@ -276,3 +313,13 @@ def test_docker_compose_steps_in_playbooks_name_services_of_the_shipped_compose_
             named |= set(service_step.findall(f"{step['text']}\n{step.get('command', '')}"))
     assert "dcgm-exporter" in named
     assert named <= services, named - services
+
+
+@pytest.mark.parametrize("compose", [COMPOSE, GPU_NODE_COMPOSE], ids=lambda path: path.name)
+def test_every_file_a_compose_service_mounts_from_the_repository_is_shipped(compose: Path) -> None:
+    # A missing source is not an error for Docker: it creates an empty root-owned directory instead.
+    for name, service in load(compose)["services"].items():
+        for volume in service.get("volumes") or []:
+            source = volume.split(":")[0] if isinstance(volume, str) else volume.get("source", "")
+            if source.startswith("."):
+                assert (compose.parent / source).exists(), f"{compose.name}: {name} mounts missing {source}"

@@ -145,7 +145,11 @@ async def test_decodes_the_xids_of_the_alerts_gpu_only(catalog: XidCatalog) -> N
     assert (event["xid"], event["pci_bus_id"], event["uuid"], event["count"]) == (79, "00000000:3B:00.0", UUID_3B, 2)
     assert (event["name"], event["severity"]) == ("ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS", "fatal")
     assert xid.summary.startswith("Xid 79 GPU has fallen off the bus (fatal): Cordon and drain the node")
-    assert (xid.data["alert_xid"], xid.data["alert_xid_source"]) == (79, "the alert's err_code label")
+    assert (xid.data["alert_xid"], xid.data["alert_xid_source"], xid.data["alert_xid_label"]) == (
+        79,
+        "the alert's err_code label",
+        "err_code",
+    )
     assert xid.data["stale_gauge"] is False
     assert xid.data["catalog"]["79"]["title"] == "GPU has fallen off the bus"
     assert any(line.startswith("  -> Cordon and drain the node") for line in xid.lines)
@@ -224,7 +228,7 @@ async def test_the_alerts_own_history_serves_when_its_expression_is_the_gauge(ca
     result = await run(alert_state(GPU_LABELS), Static(loki_section([])), Static(prometheus), XidEnricher(catalog))
     xid = section(result)
     assert (xid.data["stale_gauge"], xid.data["alert_xid"]) == (True, 48)
-    assert xid.data["alert_xid_source"] == "the DCGM_FI_DEV_XID_ERRORS value"
+    assert (xid.data["alert_xid_source"], xid.data["alert_xid_label"]) == ("the DCGM_FI_DEV_XID_ERRORS value", None)
     rate = prometheus_section(expr="increase(DCGM_FI_DEV_XID_ERRORS[5m]) > 0", history=series([1.0] * 30))
     result = await run(alert_state(GPU_LABELS), Static(loki_section([])), Static(rate), XidEnricher(catalog))
     assert section(result).data["stale_gauge"] is None
@@ -254,6 +258,7 @@ async def test_loki_not_configured_still_decodes_the_label(catalog: XidCatalog) 
     result = await run(alert_state({**GPU_LABELS, "xid": "31"}), XidEnricher(catalog))
     xid = section(result)
     assert (xid.data["alert_xid"], xid.data["kernel_log"], xid.data["stale_gauge"]) == (31, "not configured", None)
+    assert (xid.data["alert_xid_source"], xid.data["alert_xid_label"]) == ("the alert's xid label", "xid")
     assert "GPU memory page fault" in xid.summary
 
 

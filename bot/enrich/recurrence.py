@@ -1,10 +1,17 @@
 """The `recurrence` enricher: this physical GPU's past, from the bot's own store, and what it implies.
 
-Each alert records its GPU's events (every decoded Xid, and the alert itself) keyed by the physical GPU: the
-UUID, else host + PCI bus id, else host + gpu index. Kernel Xids are recorded without the alert's key, so two
-alerts that saw the same kernel line keep one record. Then it counts how often this GPU had these Xids and
-this alert within `enrichment.recurrence_window`, and applies the catalog's escalation rules ("third Xid 79
-on this GPU in 30 days: hardware suspect, prepare an RMA"). `gpu_histories` serves `gpu-alert-bot gpus`.
+Each alert records its GPU's events (every decoded Xid, the Xid its own `err_code`/`xid` label reports, and
+the alert itself) keyed by the physical GPU: the UUID, else host + PCI bus id, else host + gpu index. Kernel
+Xids are recorded without the alert's key, so two alerts that saw the same kernel line keep one record. Then it
+counts how often this GPU had these Xids and this alert within `enrichment.recurrence_window`, and applies the
+catalog's escalation rules ("third Xid 79 on this GPU in 30 days: hardware suspect, prepare an RMA"), with or
+without a kernel log. `gpu_histories` serves `gpu-alert-bot gpus`.
+
+An Xid known from an alert's label is recorded once per alert episode, at the alert's start. The kernel line
+behind it, when a kernel log shows it, is the same occurrence, and so is the label of another alert on the same
+gauge series (DCGMXidGaugeStuck starts with the GPUXIDError it follows): a label's Xid counts only when no
+kernel line and no earlier label of that Xid on this GPU lies within `LABEL_XID_MATCH` of it. A label the Xid
+enricher judged a stale gauge (no kernel line in the window) is not recorded at all.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from bot.config import BotConfig
 from bot.enrich.base import EnrichmentRequest, EnrichmentSection
@@ -37,6 +44,10 @@ from bot.xid_catalog import (
 )
 
 NONFATAL_SUFFIX = ":nonfatal"
+# The kernel line behind an alert's Xid label precedes the alert's start by an exporter poll, a scrape and a rule
+# evaluation (a minute or two); the margin also absorbs clock skew between the GPU server and Prometheus.
+LABEL_XID_MATCH = timedelta(minutes=10)
+_STORED_TIME_PRECISION = timedelta(milliseconds=1)
 
 
 def xid_code(xid: int, nonfatal: bool = False) -> str:
@@ -50,7 +61,25 @@ def parse_xid_code(code: str) -> int | None:
 
 
 def xid_history(events: Iterable[GpuEvent]) -> list[tuple[int, datetime]]:
-    return [(xid, e.at) for e in events if e.kind == "xid" and (xid := parse_xid_code(e.code)) is not None]
+    """(Xid, time) of each occurrence escalations count: every kernel line, and each alert label's Xid that
+    no kernel line and no earlier label of the same Xid stands for already (see LABEL_XID_MATCH)."""
+    xids = [e for e in events if e.kind == "xid"]
+    kernel = [e for e in xids if not e.alert_key]
+    seen = [(_xid_number(e.code), e.at) for e in kernel]
+    from_labels: list[tuple[int, datetime]] = []
+    for event in sorted((e for e in xids if e.alert_key), key=lambda e: e.at):
+        xid = parse_xid_code(event.code)
+        if xid is not None and not any(
+            code == xid and abs(at - event.at) <= LABEL_XID_MATCH for code, at in [*seen, *from_labels]
+        ):
+            from_labels.append((xid, event.at))
+    return [(xid, e.at) for e in kernel if (xid := parse_xid_code(e.code)) is not None] + from_labels
+
+
+def _xid_number(code: str) -> int | None:
+    """The Xid of a stored code, Nonfatal or not (a Nonfatal line is still the occurrence a label reports)."""
+    number = code.removesuffix(NONFATAL_SUFFIX)
+    return int(number) if number.isdigit() else None
 
 
 class RecurrenceEnricher:
@@ -68,7 +97,7 @@ class RecurrenceEnricher:
         identity = await resolve_identity(request)
         xid = await request.section("xid")
         xid_data = xid.data if xid is not None and xid.status == "ok" else {}
-        records = _records(alert, identity, xid_data.get("events") or [])
+        records = _records(alert, identity, xid_data.get("events") or [], _label_xid(xid_data))
         if records:
             await self._store.record_gpu_events(records)
         targets = _targets(identity, records)
@@ -80,15 +109,11 @@ class RecurrenceEnricher:
         summaries = []
         for target in targets:
             history = await self._history(target, since)
-            codes = {
-                code
-                for record in records
-                if record.kind == "xid" and target.same_gpu(_identity_of(record))
-                if (code := parse_xid_code(record.code)) is not None and code not in FOLLOWER_XIDS
-            }
+            own = [r for r in records if r.kind == "xid" and target.same_gpu(_identity_of(r))]
+            codes = {code for r in own if (code := parse_xid_code(r.code)) is not None and code not in FOLLOWER_XIDS}
             if isinstance(alert_xid, int) and target.same_gpu(identity):
                 codes.add(alert_xid)
-            summaries.append(self._summarise(target, alert, history, codes, now))
+            summaries.append(self._summarise(target, alert, history, codes, own, now))
         return self._section(summaries, len(records))
 
     async def _history(self, target: GpuIdentity, since: datetime) -> list[GpuEvent]:
@@ -100,16 +125,26 @@ class RecurrenceEnricher:
         return sorted(seen.values(), key=lambda e: e.at)
 
     def _summarise(
-        self, target: GpuIdentity, alert: AlertState, history: list[GpuEvent], codes: set[int], now: datetime
+        self,
+        target: GpuIdentity,
+        alert: AlertState,
+        history: list[GpuEvent],
+        codes: set[int],
+        own: list[GpuEvent],
+        now: datetime,
     ) -> _GpuSummary:
+        """`own`: the Xid records this alert made for this GPU; an Xid nothing else recorded is its first."""
         found = incidents(xid_history(history), self._catalog.burst_window)
+        others = incidents(xid_history(e for e in history if not _among(e, own)), self._catalog.burst_window)
         alert_episodes = {e.alert_key for e in history if e.kind == "alert" and e.code == alert.alertname}
+        firsts = [f"Xid {code}" for code in codes if len(found.get(code, [])) == 1 and not others.get(code)]
         return _GpuSummary(
             identity=target,
             xids={code: len(found.get(code, [])) for code in sorted(codes)},
             alertname=alert.alertname,
             alert_count=len(alert_episodes),
             verdicts=escalate(xid_history(history), self._catalog, now, codes),
+            firsts=frozenset(firsts + ([alert.alertname] if alert_episodes == {alert.key} else [])),
         )
 
     def _section(self, summaries: list[_GpuSummary], recorded: int) -> EnrichmentSection:
@@ -145,15 +180,20 @@ class _GpuSummary:
     alertname: str
     alert_count: int
     verdicts: list[Verdict]
+    # What this alert is the only record of in the window ("Xid 79", its alert name): said as "first ...".
+    firsts: frozenset[str]
 
     def counts_text(self, window: str, several: bool) -> str:
-        parts = [f"Xid {code} {_times(n)}" for code, n in self.xids.items()]
+        counts = [(f"Xid {code}", n) for code, n in self.xids.items()]
         if self.alertname and self.alert_count:
-            parts.append(f"{self.alertname} {_times(self.alert_count)}")
-        where = f"GPU {_gpu_name(self.identity)}" if several else "This GPU"
-        if not parts:
-            return f"{where}: nothing recorded in the last {window}"
-        return f"{where} in the last {window}: {', '.join(parts)}"
+            counts.append((self.alertname, self.alert_count))
+        gpu = f"GPU {_gpu_name(self.identity)}" if several else "this GPU"
+        if not counts:
+            return f"{_capitalised(gpu)}: nothing recorded in the last {window}"
+        if all(what in self.firsts for what, _ in counts):
+            return f"First {' and first '.join(what for what, _ in counts)} on {gpu} in the last {window}"
+        parts = [_count_text(what, n, what in self.firsts) for what, n in counts]
+        return f"{_capitalised(gpu)} in the last {window}: {', '.join(parts)}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -165,34 +205,60 @@ class _GpuSummary:
         }
 
 
-def _times(count: int) -> str:
-    return "once" if count == 1 else f"{count} times"
+def _capitalised(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _count_text(what: str, count: int, first: bool) -> str:
+    if first:
+        return f"first {what}"
+    if count == 0:
+        return f"no {what} recorded"
+    return f"{what} {'once' if count == 1 else f'{count} times'}"
 
 
 def _gpu_name(identity: GpuIdentity) -> str:
     return identity.uuid or identity.pci_bus_id or (f"index {identity.index}" if identity.index else "?")
 
 
-def _records(alert: AlertState, identity: GpuIdentity, events: Sequence[Mapping[str, Any]]) -> list[GpuEvent]:
+def _label_xid(xid_data: Mapping[str, Any]) -> int | None:
+    """The Xid the alert's own label reports, unless the Xid enricher found it a stale gauge (then it is an old
+    Xid, recorded when it was new). A code read from the gauge's value is left out: it is read when the bot
+    enriches, not when the alert started, and an alert on a gauge without the label (DCGMXidGaugeStuck on an
+    older dcgm-exporter) starts an hour after the Xid, too late to be matched with it."""
+    xid = xid_data.get("alert_xid")
+    if not isinstance(xid, int) or not xid_data.get("alert_xid_label") or xid_data.get("stale_gauge") is True:
+        return None
+    return xid
+
+
+def _records(
+    alert: AlertState, identity: GpuIdentity, events: Sequence[Mapping[str, Any]], label_xid: int | None
+) -> list[GpuEvent]:
     records = []
     for event in events:
         record = _xid_record(alert, identity, event)
         if record is not None:
             records.append(record)
     if identity.gpu_key:
-        records.append(
-            GpuEvent(
-                gpu_key=identity.gpu_key,
-                host=identity.host,
-                pci_bus_id=identity.pci_bus_id or "",
-                uuid=identity.uuid or "",
-                kind="alert",
-                code=alert.alertname,
-                at=alert.starts_at,
-                alert_key=alert.key,
-            )
-        )
+        records.append(_alert_record(alert, identity, "alert", alert.alertname))
+        if label_xid is not None:
+            records.append(_alert_record(alert, identity, "xid", xid_code(label_xid)))
     return records
+
+
+def _alert_record(alert: AlertState, identity: GpuIdentity, kind: Literal["xid", "alert"], code: str) -> GpuEvent:
+    """A record of this alert episode on its GPU: the alert itself, or the Xid its label reports."""
+    return GpuEvent(
+        gpu_key=identity.gpu_key,
+        host=identity.host,
+        pci_bus_id=identity.pci_bus_id or "",
+        uuid=identity.uuid or "",
+        kind=kind,
+        code=code,
+        at=alert.starts_at,
+        alert_key=alert.key,
+    )
 
 
 def _xid_record(alert: AlertState, identity: GpuIdentity, event: Mapping[str, Any]) -> GpuEvent | None:
@@ -223,6 +289,15 @@ def _time(value: Any) -> datetime | None:
     except ValueError:
         return None
     return parsed if parsed.tzinfo is not None else None
+
+
+def _among(event: GpuEvent, records: Sequence[GpuEvent]) -> bool:
+    """Whether a stored event is one of these records (the store keeps times to the microsecond, as a float)."""
+    return any(
+        (event.kind, event.code, event.alert_key) == (r.kind, r.code, r.alert_key)
+        and abs(event.at - r.at) < _STORED_TIME_PRECISION
+        for r in records
+    )
 
 
 def _identity_of(record: GpuEvent) -> GpuIdentity:

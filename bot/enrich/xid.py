@@ -32,7 +32,7 @@ MAX_EVENTS_SHOWN = 8
 MAX_DETAILS_SHOWN = 3
 
 _PLAIN_GAUGE_EXPR = re.compile(rf"^\s*{XID_GAUGE}\s*(?:\{{[^}}]*\}})?\s*(?:(?:[<>]=?|[!=]=)\s*[0-9.eE+-]+)?\s*$")
-_ALERT_XID_LABELS = (("err_code", "the alert's err_code label"), ("xid", "the alert's xid label"))
+_ALERT_XID_LABELS = ("err_code", "xid")
 
 
 class XidEnricher:
@@ -55,7 +55,7 @@ class XidEnricher:
         scope = "gpu" if identity.pci is not None else "host"
         decoded = decode_events(report.events, self._catalog) if report is not None else []
         mine = [item for item in decoded if scope == "host" or _on_gpu(item.event, identity)]
-        alert_xid, alert_xid_source = _alert_xid(alert.labels, prometheus)
+        alert_xid, alert_xid_source, alert_xid_label = _alert_xid(alert.labels, prometheus)
         if not mine and alert_xid is None and not _about_xid(alert, prometheus):
             reason = "no NVRM Xid line in the window" if report is not None else "no kernel log and no Xid label"
             return EnrichmentSection.skipped(self.name, self.title, reason)
@@ -72,6 +72,7 @@ class XidEnricher:
                 "gpu": identity.to_data(),
                 "alert_xid": alert_xid,
                 "alert_xid_source": alert_xid_source,
+                "alert_xid_label": alert_xid_label,
                 "events": [item.to_dict() for item in kept],
                 "events_total": len(mine),
                 "catalog": self._catalog_entries({item.event.xid for item in mine} | _codes(alert_xid)),
@@ -153,18 +154,21 @@ def _on_gpu(event: XidEvent, identity: GpuIdentity) -> bool:
     return event.pci is None or event.pci == identity.pci
 
 
-def _alert_xid(labels: Mapping[str, str], prometheus: EnrichmentSection | None) -> tuple[int | None, str | None]:
-    """The Xid the alert is about: dcgm-exporter's `err_code` (DCGM_FI_DEV_XID_ERRORS) or `xid`
-    (DCGM_EXP_XID_ERRORS_COUNT) label, else the gauge's value (the last Xid code)."""
-    for label, source in _ALERT_XID_LABELS:
+def _alert_xid(
+    labels: Mapping[str, str], prometheus: EnrichmentSection | None
+) -> tuple[int | None, str | None, str | None]:
+    """The Xid the alert is about, in words where it came from, and the label that gave it: dcgm-exporter's
+    `err_code` (DCGM_FI_DEV_XID_ERRORS) or `xid` (DCGM_EXP_XID_ERRORS_COUNT) label, else the gauge's value
+    (the last Xid code)."""
+    for label in _ALERT_XID_LABELS:
         value = labels.get(label, "").strip()
         if value.isdigit() and int(value) > 0:
-            return int(value), source
+            return int(value), f"the alert's {label} label", label
     series = _gauge_series(prometheus)
     current = None if series is None else series.get("current")
     if isinstance(current, int | float) and current > 0 and float(current).is_integer():
-        return int(current), f"the {XID_GAUGE} value"
-    return None, None
+        return int(current), f"the {XID_GAUGE} value", None
+    return None, None, None
 
 
 def _codes(xid: int | None) -> set[int]:
