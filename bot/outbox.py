@@ -75,11 +75,11 @@ class Outbox:
                     continue
                 timeout = await self._idle_timeout(sink.name)
             except StoreUnavailable as exc:
-                self._metrics.errors.labels("store_unavailable").inc()
+                self._metrics.error("store_unavailable")
                 log.warning("outbox cannot read the store", extra={"receiver": sink.name, "reason": str(exc)})
                 timeout = self._config.initial_backoff
             except Exception:  # a bug must not silence this receiver until the next restart
-                self._metrics.errors.labels("outbox").inc()
+                self._metrics.error("outbox")
                 log.exception("outbox dispatcher error; will try again", extra={"receiver": sink.name})
                 timeout = self._config.max_backoff
             # asyncio.timeout, not wait_for, which on Python 3.11 can swallow the cancellation of stop().
@@ -134,7 +134,7 @@ class Outbox:
             return
         reason = result.reason if not result.retry else f"gave_up_{result.reason}"
         self._metrics.delivery_failures.labels(sink.name, reason).inc()
-        self._metrics.errors.labels("delivery_failed").inc()
+        self._metrics.error("delivery_failed")
         log.error(
             "delivery failed for good",
             extra={"receiver": sink.name, "delivery_id": delivery.id, "reason": reason, "detail": result.detail},

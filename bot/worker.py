@@ -70,12 +70,12 @@ class Worker:
                 busy = await self._cycle()
                 await self._housekeeping()
             except StoreUnavailable as exc:
-                self._metrics.errors.labels("store_unavailable").inc()
+                self._metrics.error("store_unavailable")
                 log.warning("worker cannot use the store", extra={"reason": str(exc)})
                 busy = False
             except Exception:
                 # A bug must not stop the worker for good: the work stays in the store for the next cycle.
-                self._metrics.errors.labels("worker").inc()
+                self._metrics.error("worker")
                 log.exception("worker cycle failed")
                 busy = False
             if not busy:
@@ -108,7 +108,7 @@ class Worker:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self._metrics.errors.labels("pipeline").inc()
+            self._metrics.error("pipeline")
             give_up = event.attempts >= self._config.max_event_attempts
             log.exception(
                 "event processing failed",
