@@ -414,7 +414,7 @@ ESCALATIONS: list[dict[str, Any]] = [
         "window": "30d",
         "severity": "critical",
         "verdict": "{nth} Xid 79 on this GPU in {window}: hardware suspect, prepare an RMA "
-        "(board serial, nvidia-bug-report.sh, these kernel lines)",
+        "(board serial, nvidia-bug-report.sh, the NVRM lines of journalctl -k)",
         "source": "gpud reboot threshold (2 reboots, then hardware inspection); NVIDIA: contact support if it recurs",
     },
     {
