@@ -2,8 +2,9 @@
 
 Only what must happen before the 2xx happens here; everything slow is the worker's. The answers follow
 Alertmanager's retry rules: 2xx only once the notification is on disk; 503 when it cannot be written, so
-Alertmanager retries; 4xx only for input no retry could fix. Alertmanager drops a notification answered with a
-4xx, so every one is counted and logged (rate-limited): it is an alert that reached nobody.
+Alertmanager retries; 4xx only for input no retry could fix. Alertmanager does not retry a 4xx (the group comes
+again only at its next group_interval, refused again), so every one is counted and logged (rate-limited): it is
+an alert that reached nobody.
 """
 
 from __future__ import annotations
