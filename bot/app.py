@@ -15,8 +15,7 @@ from bot.auth import WebhookAuth
 from bot.config import BotConfig
 from bot.enrich import build_enrichers
 from bot.enrich.base import EnrichmentRunner
-from bot.ingest import WEBHOOK_PATH as WEBHOOK_PATH  # the CLI shows it
-from bot.ingest import WebhookHandler, json_error
+from bot.ingest import WEBHOOK_PATH, WebhookHandler, json_error
 from bot.metrics import Metrics
 from bot.outbox import Outbox
 from bot.pipeline import Pipeline

@@ -16,10 +16,11 @@ from typing import Any
 
 from aiohttp import web
 
-from bot.app import WEBHOOK_PATH, build_app
+from bot.app import build_app
 from bot.config import BotConfig, ConfigError, listen_address, load_config, parse_duration
 from bot.enrich.recurrence import gpus_command
 from bot.explain import run as run_explain
+from bot.ingest import WEBHOOK_PATH
 from bot.logs import configure_logging
 from bot.playbooks import PlaybookError, PlaybookSet
 from bot.store import StoreUnavailable

@@ -16,8 +16,8 @@ from bot.models import EventKind
 _PREFIX = "gpu_alert_bot"
 
 # `errors_total{kind}`: every kind the bot counts (mypy checks `Metrics.error` calls; tests/test_metrics.py
-# checks that the code counts no other kind). Webhooks answered with a 4xx come first: Alertmanager drops them,
-# so each one is a notification that reached nobody.
+# checks that the code counts no other kind). Webhooks answered with a 4xx come first: Alertmanager does not
+# retry them, so each one is a notification that reached nobody.
 WebhookRefusal = Literal[
     "unauthorized", "unsupported_media_type", "invalid_json", "invalid_payload", "too_large", "not_found"
 ]
