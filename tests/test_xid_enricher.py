@@ -73,8 +73,11 @@ def loki_down() -> EnrichmentSection:
     return EnrichmentSection.unavailable("loki", "Kernel log (Loki)", "cannot reach Loki at http://127.0.0.1:1")
 
 
-def series(values: Sequence[float], labels: dict[str, str] | None = None, query: str = "q") -> dict[str, Any]:
-    start = (T0 - timedelta(minutes=30)).timestamp()
+def series(
+    values: Sequence[float], labels: dict[str, str] | None = None, query: str = "q", first: int = -30
+) -> dict[str, Any]:
+    """One sample a minute from `first` minutes after the alert's start (the window begins 30 min before)."""
+    start = (T0 + timedelta(minutes=first)).timestamp()
     points = [[start + 60 * i, v] for i, v in enumerate(values)]
     return {
         "query": query,
@@ -211,6 +214,30 @@ async def test_not_stale_when_the_gauge_moved(catalog: XidCatalog) -> None:
     xid = section(result)
     assert xid.data["stale_gauge"] is False
     assert "has no NVRM line for this GPU in the window" in "\n".join(xid.lines)
+
+
+async def test_a_new_xid_series_is_not_a_stale_gauge(catalog: XidCatalog) -> None:
+    # dcgm-exporter 3.3.6+: the Xid is the err_code label, so a new Xid is a new series that never changes.
+    new_series = series([79] * 5, labels={"err_code": "79"}, first=-4)
+    result = await run(
+        alert_state({**GPU_LABELS, "err_code": "79"}),
+        Static(loki_section([])),
+        Static(prometheus_section(related={"xid_gauge": new_series})),
+        XidEnricher(catalog),
+    )
+    assert section(result).data["stale_gauge"] is False
+
+
+async def test_a_truncated_kernel_log_cannot_prove_a_gauge_stale(catalog: XidCatalog) -> None:
+    result = await run(
+        alert_state({**GPU_LABELS, "err_code": "79"}),
+        Static(loki_section([(at(-1), "NVRM: Xid (PCI:0000:86:00): 13, pid=7, name=x, Graphics Exception")], True)),
+        Static(prometheus_section(related={"xid_gauge": series([79] * 30)})),
+        XidEnricher(catalog),
+    )
+    xid = section(result)
+    assert xid.data["stale_gauge"] is None
+    assert "Loki's answer was cut at its line limit" in "\n".join(xid.lines) + xid.summary
 
 
 async def test_not_stale_when_the_kernel_logged_an_xid_for_this_gpu(catalog: XidCatalog) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 from bot.enrich.base import EnrichmentRequest, EnrichmentSection
@@ -26,6 +27,9 @@ STALE_GAUGE_TEXT = (
     "no NVRM Xid line for this GPU in the window"
 )
 # At most this many decoded events are kept in the section (the most severe); the message shows fewer.
+# How long before the alert's start a gauge series must already show its value to be suspected stale: more than
+# GPUXIDError's own 5 min lookback for a new series, plus a scrape and an evaluation.
+NEW_SERIES_MARGIN = timedelta(minutes=10)
 MAX_EVENTS_KEPT = 50
 MAX_EVENTS_SHOWN = 8
 # Decode lines (Xid 74 register bits, NVLink5 unit and link) shown under each event; the section keeps them all.
@@ -59,7 +63,7 @@ class XidEnricher:
         if not mine and alert_xid is None and not _about_xid(alert, prometheus):
             reason = "no NVRM Xid line in the window" if report is not None else "no kernel log and no Xid label"
             return EnrichmentSection.skipped(self.name, self.title, reason)
-        stale, stale_note = _stale_gauge(prometheus, loki, mine)
+        stale, stale_note = _stale_gauge(prometheus, loki, mine, alert.starts_at)
         kept = _most_severe(mine, MAX_EVENTS_KEPT)
         return EnrichmentSection(
             name=self.name,
@@ -200,18 +204,18 @@ def _stale_gauge(
     prometheus: EnrichmentSection | None,
     loki: EnrichmentSection | None,
     mine: Sequence[DecodedXid],
+    alert_start: datetime,
 ) -> tuple[bool | None, str]:
-    """(stale?, what to say). None when it cannot be judged: no gauge series, or no kernel log."""
+    """(stale?, what to say). None when it cannot be judged: no gauge series, or no (complete) kernel log."""
     series = _gauge_series(prometheus)
     if series is None:
         return None, ""
-    values = series.get("values") or []
-    current = series.get("current")
-    unchanged = len(values) >= 2 and series.get("changes") == 0 and isinstance(current, int | float) and current > 0
-    if not unchanged:
+    if not _held_since_before(series, alert_start):
         return False, ""
-    if loki is None or loki.status != "ok":
+    if loki is None or loki.status != "ok" or loki.data.get("truncated"):
         why = "not configured" if loki is None else (loki.reason or loki.status)
+        if loki is not None and loki.status == "ok":
+            why = "Loki's answer was cut at its line limit"
         return None, (
             f"{XID_GAUGE} has not changed over the window; whether it is stale cannot be told without the "
             f"kernel log ({why})"
@@ -219,6 +223,19 @@ def _stale_gauge(
     if mine:
         return False, ""
     return True, STALE_GAUGE_TEXT
+
+
+def _held_since_before(series: Mapping[str, Any], alert_start: datetime) -> bool:
+    """The gauge shows one non-zero value, unchanged since well before the alert started.
+
+    dcgm-exporter 3.3.6+ puts the code in an `err_code` label: a new Xid is a new series whose values never
+    change, so "unchanged" alone would call every new Xid stale. A stale value was there before the alert.
+    """
+    values = series.get("values") or []
+    current = series.get("current")
+    if len(values) < 2 or series.get("changes") != 0 or not isinstance(current, int | float) or current <= 0:
+        return False
+    return float(values[0][0]) <= (alert_start - NEW_SERIES_MARGIN).timestamp()
 
 
 def _kernel_log_state(loki: EnrichmentSection | None) -> str:
