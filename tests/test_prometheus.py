@@ -156,9 +156,16 @@ def test_rule_labels_that_override_series_labels_are_ignored() -> None:
     assert best_series(series, alert, frozenset({"severity"})) is series[0]
 
 
+def test_the_lenient_fallback_needs_a_shared_label_to_choose_among_several_series() -> None:
+    other_hosts = [_series({"__name__": "up", "instance": f"k-ai-0{n}.lan:9400", "job": "dcgm"}, [0]) for n in (1, 2)]
+    alert = {"alertname": "ExporterDown", "instance": "k-ai-07.lan:9400", "job": "dcgm"}
+    assert best_series(other_hosts, alert, frozenset(), strict=False) is other_hosts[0]  # no label to tell them
+    assert best_series(other_hosts, alert, frozenset(), strict=False, min_score=1) is None
+
+
 def test_series_summary_gives_current_min_max_changes_and_a_sparkline() -> None:
     raw = _series({"__name__": "t", "gpu": "2"}, [62, 62, 70, 80, 93, 91])
-    summary = series_summary("t", raw, start=1000, end=1050)
+    summary = series_summary("t", raw, start=1000, end=1050, step=10)
     assert summary["labels"] == {"gpu": "2"}
     assert summary["current"] == 91 and summary["current_text"] == "91"
     assert (summary["min"], summary["max"], summary["changes"]) == (62, 93, 4)
@@ -166,9 +173,16 @@ def test_series_summary_gives_current_min_max_changes_and_a_sparkline() -> None:
     assert summary["sparkline"] == sparkline(raw.samples, 1000, 1050)
 
 
+def test_a_series_that_stopped_before_now_has_no_current_value() -> None:
+    raw = _series({"__name__": "ipmi_temperature_celsius"}, [31, 32, 33])  # points at 1000, 1010, 1020
+    summary = series_summary("t", raw, start=1000, end=1050, step=10)
+    assert summary["current"] is None and summary["current_text"] == "no data since 00:17 UTC"
+    assert summary["max"] == 33  # its history stays
+
+
 def test_nan_and_infinities_are_kept_out_of_values_but_shown_as_current() -> None:
     raw = RawSeries({}, [(1.0, 3.0), (2.0, math.nan), (3.0, 5.0), (4.0, math.inf)])
-    summary = series_summary("q", raw, start=0, end=4)
+    summary = series_summary("q", raw, start=0, end=4, step=1)
     assert summary["values"] == [[1.0, 3.0], [3.0, 5.0]]
     assert summary["current"] is None and summary["current_text"] == "+Inf"
     assert (summary["min"], summary["max"]) == (3.0, 5.0)
@@ -176,7 +190,7 @@ def test_nan_and_infinities_are_kept_out_of_values_but_shown_as_current() -> Non
 
 
 def test_all_nan_gives_no_numbers_and_an_empty_sparkline() -> None:
-    summary = series_summary("q", RawSeries({}, [(1.0, math.nan), (2.0, math.nan)]), start=0, end=2)
+    summary = series_summary("q", RawSeries({}, [(1.0, math.nan), (2.0, math.nan)]), start=0, end=2, step=1)
     assert (summary["current"], summary["min"], summary["max"], summary["current_text"]) == (None, None, None, "NaN")
     assert summary["sparkline"] == ""
 
@@ -314,9 +328,10 @@ def temperatures(path: str, fields: dict[str, str]) -> httpx.Response:
             {"name": "GPUTempCritical", "query": "DCGM_FI_DEV_GPU_TEMP > 95", "labels": {"severity": "page"}},
             {"name": "GPUTempCritical", "query": "DCGM_FI_DEV_GPU_TEMP > 87", "labels": {"severity": "critical"}},
         )
+    end = float(fields["end"])  # like Prometheus, the newest point of a live series is at the query's end
     return matrix(
-        ({"__name__": "DCGM_FI_DEV_GPU_TEMP", **dcgm_labels(2, hostname="k-ai-01")}, [(NOW - 60, "50")]),
-        ({"__name__": "DCGM_FI_DEV_GPU_TEMP", **HOT}, [(NOW - 60, "62"), (NOW - 30, "NaN"), (NOW, "91")]),
+        ({"__name__": "DCGM_FI_DEV_GPU_TEMP", **dcgm_labels(2, hostname="k-ai-01")}, [(end - 60, "50")]),
+        ({"__name__": "DCGM_FI_DEV_GPU_TEMP", **HOT}, [(end - 60, "62"), (end - 30, "NaN"), (end, "91")]),
     )
 
 

@@ -291,16 +291,21 @@ def match_score(series: Mapping[str, str], alert: Mapping[str, str], ignore: fro
 
 
 def best_series(
-    candidates: Sequence[RawSeries], alert: Mapping[str, str], ignore: frozenset[str], *, strict: bool = True
+    candidates: Sequence[RawSeries],
+    alert: Mapping[str, str],
+    ignore: frozenset[str],
+    *,
+    strict: bool = True,
+    min_score: int = 0,
 ) -> RawSeries | None:
     """The candidate whose labels best match the alert's. Strict (the alert's own expression): every label of
     the series must be on the alert with the same value. Lenient (related queries): only shared labels count,
-    and the exporter-specific ones (instance, job) are not compared."""
+    and the exporter-specific ones (instance, job) are not compared. `min_score`: how many labels must match."""
     best: tuple[int, RawSeries] | None = None
     for candidate in candidates:
         labels = candidate.labels if strict else {k: v for k, v in candidate.labels.items() if k in alert}
         score = match_score(labels, alert, ignore if strict else ignore | _EXPORTER_LABELS)
-        if score is not None and (best is None or score > best[0]):
+        if score is not None and score >= min_score and (best is None or score > best[0]):
             best = (score, candidate)
     return best[1] if best is not None else None
 
@@ -349,19 +354,23 @@ def sparkline(
 
 
 def series_summary(
-    query: str, raw: RawSeries, start: float, end: float, pick: Callable[[list[float]], float] = max
+    query: str, raw: RawSeries, start: float, end: float, step: float, pick: Callable[[list[float]], float] = max
 ) -> dict[str, Any]:
     """The `Series` shape of the enrichment contract. NaN and ±Inf samples are left out of `values` (they
-    cannot be stored as JSON numbers) but a non-finite latest sample shows as `current_text`."""
+    cannot be stored as JSON numbers) but a non-finite latest sample shows as `current_text`. A series that
+    stopped before `end` (the grid's last point, now) has no current value: its last one is history, and a
+    judgement must not read it as the present."""
     finite = [(ts, v) for ts, v in raw.samples if math.isfinite(v)]
     values = [v for _, v in finite]
-    latest = raw.samples[-1][1] if raw.samples else None
+    latest_at, latest = raw.samples[-1] if raw.samples else (end, None)
+    stopped = latest_at < end - step / 2
+    current_text = f"no data since {datetime.fromtimestamp(latest_at, UTC):%H:%M} UTC" if stopped else None
     return {
         "query": query,
         "labels": {k: v for k, v in raw.labels.items() if k != "__name__"},
         "values": [[ts, v] for ts, v in finite],
-        "current": latest if latest is not None and math.isfinite(latest) else None,
-        "current_text": format_value(latest),
+        "current": latest if latest is not None and math.isfinite(latest) and not stopped else None,
+        "current_text": current_text or format_value(latest),
         "min": min(values) if values else None,
         "max": max(values) if values else None,
         "changes": sum(1 for a, b in itertools.pairwise(values) if a != b),
@@ -460,15 +469,16 @@ class PrometheusEnricher:
         except QueryError as exc:
             return _Part(failure=exc)
         ignore = _IGNORED_ALERT_LABELS | frozenset(rule_labels) | {"__name__"}
-        # Rule labels may override the series' own; without the rule (generatorURL) retry leniently.
+        # Rule labels may override the series' own; without the rule (generatorURL) retry leniently, but among
+        # several series never pick one that shares no label with the alert (another host's, say).
         chosen = best_series(candidates, alert.labels, ignore) or best_series(
-            candidates, alert.labels, ignore, strict=False
+            candidates, alert.labels, ignore, strict=False, min_score=1 if len(candidates) > 1 else 0
         )
         if chosen is None:
             problem = "no data" if not candidates else f"none of its {len(candidates)} series has the alert's labels"
             return _Part(_History(expr, source, graphed, None), problem=f"{graphed.query}: {problem}")
         pick = min if graphed.comparison and graphed.comparison.startswith("<") else max
-        series = series_summary(graphed.query, chosen, window.start, window.end, pick)
+        series = series_summary(graphed.query, chosen, window.start, window.end, window.step, pick)
         return _Part(_History(expr, source, graphed, series))
 
     async def _rule_for(self, alert: AlertState, deadline: Deadline) -> AlertRule | None:
@@ -500,7 +510,7 @@ class PrometheusEnricher:
         chosen = best_series(candidates, alert.labels, _IGNORED_ALERT_LABELS, strict=False)
         if chosen is None:
             return _Part(problem="no data" if not candidates else "no series for this alert's labels")
-        return _Part(value=series_summary(query, chosen, window.start, window.end))
+        return _Part(value=series_summary(query, chosen, window.start, window.end, window.step))
 
     async def _gpus(self, host: str, window: _Window, deadline: Deadline) -> _Part:
         if not host:
