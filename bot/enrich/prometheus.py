@@ -194,11 +194,15 @@ class ValueExpression:
 
 def value_expression(expr: str) -> ValueExpression:
     """`A > 87` -> `A` (with comparison `> 87`); `A < 5 and B > 1024` -> `A` (an alert's value is the left
-    side of `and`/`unless`). `or`, `bool` comparisons and anything unparsable are graphed as they are."""
-    expr = expr.strip()
+    side of `and`/`unless`); `A > 1 or B > 2` -> `A or B`, each arm's value, when every arm is a comparison.
+    `bool` comparisons and anything unparsable are graphed as they are."""
+    expr = _unwrapped(expr.strip())
     tokens = _top_level_operators(expr)
-    if tokens is None or any(op == "or" for op, _, _ in tokens):
+    if tokens is None:
         return ValueExpression(expr)
+    arms = _or_arms(expr, tokens)
+    if len(arms) > 1:
+        return _either_value(expr, arms)
     for op, begin, _ in tokens:
         if op in ("and", "unless"):
             return value_expression(expr[:begin])
@@ -212,6 +216,35 @@ def value_expression(expr: str) -> ValueExpression:
     if _is_number(left):
         return ValueExpression(right, f"{_mirror(op)} {left}")
     return ValueExpression(left, f"{op} {right}")
+
+
+def _either_value(expr: str, arms: list[str]) -> ValueExpression:
+    """The value of an `or` of comparisons: without it the history would hold only the samples past a
+    threshold, and min/max would describe nothing but the alert itself."""
+    values = [value_expression(arm) for arm in arms]
+    if any(value.comparison is None for value in values):
+        return ValueExpression(expr)
+    queries = list(dict.fromkeys(value.query for value in values))
+    comparisons = {value.comparison for value in values}
+    return ValueExpression(" or ".join(queries), comparisons.pop() if len(comparisons) == 1 else None)
+
+
+def _or_arms(expr: str, tokens: list[tuple[str, int, int]]) -> list[str]:
+    cuts = [(begin, end) for op, begin, end in tokens if op == "or"]
+    edges = [0, *(edge for cut in cuts for edge in cut), len(expr)]
+    return [expr[edges[i] : edges[i + 1]].strip() for i in range(0, len(edges), 2)]
+
+
+def _unwrapped(expr: str) -> str:
+    """`(A > 1)` -> `A > 1`, as often as the whole expression is in one pair of brackets."""
+    while expr.startswith("(") and expr.endswith(")") and _closes_at_end(expr):
+        expr = expr[1:-1].strip()
+    return expr
+
+
+def _closes_at_end(expr: str) -> bool:
+    """Whether the bracket opening `expr` is the one that closes it: `(a) + (b)` leaves `a) + (b`, unbalanced."""
+    return _top_level_operators(expr[1:-1]) is not None
 
 
 def _top_level_operators(expr: str) -> list[tuple[str, int, int]] | None:
