@@ -430,3 +430,31 @@ def test_the_selector_must_hold_the_host_inside_a_quoted_value() -> None:
     with pytest.raises(ValueError, match="inside a double-quoted value"):
         LokiConfig(url="http://loki:3100", selector='{job="syslog"}')
     assert LokiConfig(url="http://loki:3100", selector='{job="syslog", nodename=~"{host}.*"}')
+
+
+async def test_a_retry_after_beyond_the_deadline_is_not_waited_for() -> None:
+    async with FakeLoki() as loki:
+        loki.fail(429, times=1, headers={"Retry-After": "30"})
+        enricher = LokiEnricher(config(loki), timeout=2)
+        try:
+            section = await asyncio.wait_for(enrich(enricher, make_alert()), timeout=10)
+        finally:
+            await enricher.close()
+        assert section.status == "unavailable" and "HTTP 429" in section.reason
+        assert len(loki.range_queries) == 1  # Loki asked for 30 s; the deadline is 2 s: no retry
+
+
+async def test_one_alert_giving_up_does_not_cancel_the_query_it_shares() -> None:
+    async with FakeLoki() as loki:
+        loki.push(SYSLOG, XID, T)
+        loki.delay = 0.5
+        enricher = LokiEnricher(config(loki), timeout=5)
+        try:
+            impatient = asyncio.create_task(enrich(enricher, make_alert({"gpu": "1"})))
+            patient = asyncio.create_task(enrich(enricher, make_alert({"gpu": "2"})))
+            await asyncio.sleep(0.1)
+            impatient.cancel()  # its enrichment budget ran out
+            section = await patient
+        finally:
+            await enricher.close()
+        assert section.status == "ok" and [line for _, line in section.data["entries"]] == [XID]

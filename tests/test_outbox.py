@@ -7,6 +7,7 @@ import itertools
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from bot.config import OutboxConfig
@@ -250,3 +251,14 @@ async def test_pending_deliveries_resume_after_a_restart(tmp_path: Path) -> None
     async with sqlite_store(tmp_path) as store, running_outbox(store, [second]):
         await eventually(lambda: len(second.delivered) == 3)
         assert second.delivered[0].attempts >= 1  # the attempt made before the restart was persisted
+
+
+async def test_a_delivery_retried_later_by_an_earlier_process_goes_when_it_is_due(tmp_path: Path) -> None:
+    async with sqlite_store(tmp_path) as store:
+        await ingest_and_dedup(store, webhook(gpu_alerts(1)))
+        await route_all(store, ["slack"])
+        [due] = await store.due_deliveries("slack", 10)
+        await store.delivery_retry(due.id, "http_429: slow down", datetime.now(UTC) + timedelta(seconds=1))
+        sink = ScriptedSink("slack")
+        async with running_outbox(store, [sink]):
+            await eventually(lambda: sink.delivered, timeout=10)  # not at the 30 s idle recheck

@@ -278,3 +278,14 @@ async def test_read_only_open_of_a_missing_store_is_unavailable(tmp_path: Path) 
     with pytest.raises(StoreUnavailable, match="no store"):
         async with sqlite_store(tmp_path, read_only=True):
             pass
+
+
+async def test_an_acknowledged_ingest_commits_with_a_full_fsync(tmp_path: Path) -> None:
+    async with sqlite_store(tmp_path) as store:
+        statements: list[str] = []
+        store.connection.set_trace_callback(statements.append)
+        await ingest(store, webhook(gpu_alerts(1)))
+        store.connection.set_trace_callback(None)
+        commit = statements.index("COMMIT")
+        assert "PRAGMA synchronous=FULL" in statements[:commit]
+        assert statements[commit + 1 :][:1] == ["PRAGMA synchronous=NORMAL"]
