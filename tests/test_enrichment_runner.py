@@ -26,3 +26,21 @@ async def test_an_enricher_past_the_budget_is_unavailable_and_nothing_waits_for_
     enrichment = await asyncio.wait_for(runner.run(alert, None), timeout=5)
     [section] = enrichment.sections
     assert section.status == "unavailable" and "0.2 s enrichment budget" in section.reason
+
+
+class _Breaks:
+    name, title, source = "breaks", "Breaks", "Somewhere"
+
+    async def enrich(self, request: EnrichmentRequest) -> EnrichmentSection:
+        raise RuntimeError("the exporter answered nonsense")
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_an_enricher_that_raises_says_what_went_wrong_and_the_others_still_answer() -> None:
+    runner = EnrichmentRunner([_Breaks(), _Hangs()], 0.2, Metrics())
+    enrichment = await runner.run(alert_state({"alertname": "GPUXidError"}), None)
+    broken, late = enrichment.sections
+    assert (broken.status, broken.reason) == ("unavailable", "RuntimeError: the exporter answered nonsense")
+    assert broken.source == "Somewhere" and late.status == "unavailable"
