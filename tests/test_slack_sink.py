@@ -23,7 +23,7 @@ from bot.sinks.slack import SlackSink
 from bot.sinks.slack.channel import _api_failure
 from bot.sinks.slack.pacing import retry_after
 from bot.store.sqlite import SqliteStore
-from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack
+from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack, SlackMessage
 from tests.support.bot import eventually
 from tests.support.store import sqlite_store
 
@@ -67,6 +67,16 @@ def delivery(message: Message) -> Delivery:
         attempts=0,
         created_at=datetime.now(UTC),
     )
+
+
+def storm_summary(fake: FakeSlack) -> SlackMessage | None:
+    """The channel's storm summary message, once posted."""
+    return next((m for m in fake.top_level() if "Alert storm" in m.text), None)
+
+
+def in_a_thread(fake: FakeSlack, text: str) -> bool:
+    """Whether some thread reply in the channel shows `text`."""
+    return any(text in reply.rendered_text() for top in fake.top_level() for reply in fake.replies(top))
 
 
 @pytest.fixture
@@ -149,13 +159,10 @@ async def test_an_alert_listed_in_a_storm_that_fires_again_is_shown_again(
         await sink.deliver(delivery(alert(n)))
     await sink.deliver(delivery(alert(5, "resolved")))
 
-    def in_a_thread(host: str) -> bool:
-        return any(host in reply.rendered_text() for top in fake.top_level() for reply in fake.replies(top))
-
     def top_level(host: str) -> list[str]:
         return [m.text for m in fake.top_level() if host in m.text]
 
-    await eventually(lambda: in_a_thread("`k-ai-05`"), timeout=15)  # listed in the storm's thread only
+    await eventually(lambda: in_a_thread(fake, "`k-ai-05`"), timeout=15)  # listed in the storm's thread only
     await sink.close()
     assert top_level("k-ai-05") == []
     await asyncio.sleep(1.1)  # the storm is over
@@ -407,7 +414,8 @@ async def test_storm_one_summary_every_alert_in_its_thread(fake: FakeSlack, make
         assert await sink.deliver(delivery(alert(n))) == DeliveryResult.ok()
 
     def storm_lines() -> list[str]:
-        summary = next(m for m in fake.top_level() if "Alert storm" in m.text)
+        summary = storm_summary(fake)
+        assert summary is not None
         return [line for reply in fake.replies(summary) for line in reply.rendered_text().splitlines()]
 
     lines = await eventually(lambda: len(storm_lines()) >= 60 and storm_lines(), timeout=15)
@@ -436,7 +444,8 @@ async def test_storm_counts_follow_alerts_that_fire_again(fake: FakeSlack, make_
         await sink.deliver(delivery(alert(n, "resolved", times_seen=3)))
     for n in (2, 3, 5):
         await sink.deliver(delivery(alert(n, "resolved")))
-    summary = next(m for m in fake.top_level() if "Alert storm" in m.text)
+    summary = storm_summary(fake)
+    assert summary is not None
     await eventually(lambda: "*Resolved*\n5" in summary.rendered_text(), timeout=15)
     assert "*Firing*\n0" in summary.rendered_text() and "5 alerts" in summary.text
 
@@ -445,7 +454,7 @@ async def test_storm_ends_after_a_quiet_window(fake: FakeSlack, make_sink: SinkF
     sink = make_sink(storm_threshold=2, storm_window=1)
     for n in range(1, 6):
         await sink.deliver(delivery(alert(n)))
-    summary = await eventually(lambda: next((m for m in fake.top_level() if "Alert storm" in m.text), None))
+    summary = await eventually(lambda: storm_summary(fake))
     await eventually(lambda: "Alert storm over" in summary.text, timeout=10)
     await sink.deliver(delivery(alert(6)))
     assert fake.top_level()[-1].text.startswith("🔴 [CRITICAL] GPUTempHigh on k-ai-06")
@@ -457,7 +466,7 @@ async def test_storm_survives_a_restart_without_losing_or_repeating_lines(
     sink = make_sink(storm_threshold=2, storm_window=30)
     for n in range(1, 4):
         await sink.deliver(delivery(alert(n)))
-    summary = await eventually(lambda: next((m for m in fake.top_level() if "Alert storm" in m.text), None))
+    summary = await eventually(lambda: storm_summary(fake))
     await eventually(lambda: fake.replies(summary), timeout=10)
     await fake.go_down()
     for n in range(4, 41):
@@ -536,7 +545,7 @@ async def test_a_storm_alerts_firing_delivered_again_is_listed_and_counted_once(
     await sink.deliver(deliveries[4])  # a crash between Slack and "delivered": the outbox delivers it again
     for n in (6, 7):
         await sink.deliver(deliveries[n])
-    summary = await eventually(lambda: next((m for m in fake.top_level() if "Alert storm" in m.text), None))
+    summary = await eventually(lambda: storm_summary(fake))
 
     def lines() -> list[str]:
         return [line for r in fake.replies(summary) for line in r.rendered_text().splitlines() if "`k-ai-" in line]
@@ -556,7 +565,7 @@ async def test_a_resolve_delivered_again_for_an_alert_posted_above_a_storm_count
     resolved = delivery(alert(1, "resolved"))
     await sink.deliver(resolved)
     await sink.deliver(resolved)
-    summary = await eventually(lambda: next((m for m in fake.top_level() if "Alert storm" in m.text), None))
+    summary = await eventually(lambda: storm_summary(fake))
     await eventually(lambda: "*Resolved*\n1" in summary.rendered_text(), timeout=15)
     assert "*Firing*\n4" in summary.rendered_text()
 
@@ -571,8 +580,5 @@ async def test_a_storm_summary_whose_answer_was_lost_is_not_posted_twice(
     for n in range(3, 6):
         await sink.deliver(delivery(alert(n)))
 
-    def listed(host: str) -> bool:
-        return any(host in reply.rendered_text() for top in fake.top_level() for reply in fake.replies(top))
-
-    await eventually(lambda: listed("`k-ai-05`"), timeout=20)
+    await eventually(lambda: in_a_thread(fake, "`k-ai-05`"), timeout=20)
     assert sum("Alert storm" in m.text for m in fake.top_level()) == 1
