@@ -24,7 +24,8 @@ WebhookRefusal = Literal[
 ErrorKind = Literal[WebhookRefusal, "store_unavailable", "internal", "worker", "pipeline", "outbox", "delivery_failed"]
 WEBHOOK_REFUSALS: tuple[WebhookRefusal, ...] = get_args(WebhookRefusal)
 ERROR_KINDS: tuple[ErrorKind, ...] = get_args(ErrorKind)
-DELIVERY_RESULTS = ("delivered", "retry", "failed")
+DeliveryOutcome = Literal["delivered", "retry", "failed"]
+DELIVERY_RESULTS: tuple[DeliveryOutcome, ...] = get_args(DeliveryOutcome)
 ALERT_STATUSES = ("firing", "resolved")
 
 # The *_created series double the output and nobody alerts on them.

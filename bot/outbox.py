@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from tenacity import AsyncRetrying, RetryCallState, retry_if_result, wait_exponential, wait_random
 
 from bot.config import OutboxConfig
-from bot.metrics import Metrics
+from bot.metrics import DeliveryOutcome, Metrics
 from bot.models import Delivery
 from bot.sinks.base import DeliveryResult, Sink
 from bot.store.base import Store, StoreUnavailable
@@ -150,6 +150,6 @@ class Outbox:
         except Exception as exc:  # a sink bug or an unexpected transport error must not kill the dispatcher
             log.exception("sink raised", extra={"receiver": sink.name, "delivery_id": delivery.id})
             result = DeliveryResult.retry_later("exception", f"{type(exc).__name__}: {exc}")
-        outcome = "delivered" if result.delivered else ("retry" if result.retry else "failed")
+        outcome: DeliveryOutcome = "delivered" if result.delivered else ("retry" if result.retry else "failed")
         self._metrics.deliveries.labels(sink.name, outcome).inc()
         return result
