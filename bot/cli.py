@@ -1,4 +1,4 @@
-"""Command line: `gpu-alert-bot serve | check-config | explain | xid | gpus` (and `python -m bot`)."""
+"""Command line: `gpu-alert-bot serve | check-config | explain | xid | gpus | audit` (and `python -m bot`)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from bot.app import build_app
+from bot.audit import audit_command
 from bot.config import BotConfig, ConfigError, listen_address, load_config, parse_duration
 from bot.enrich.recurrence import gpus_command
 from bot.explain import run as run_explain
@@ -91,6 +92,12 @@ def _parser() -> argparse.ArgumentParser:
     gpus.add_argument("--since", type=_duration, default="30d", help="how far back, e.g. 24h or 30d (default 30d)")
     gpus.add_argument("--format", choices=("table", "json"), default="table", help="a table (default) or JSON lines")
     gpus.set_defaults(run=_gpus)
+
+    audit = commands.add_parser("audit", help="print the audit log: who asked the bot to do what, and the outcome")
+    audit.add_argument("--config", type=Path, help="YAML configuration file (default: built-in defaults)")
+    audit.add_argument("--since", type=_duration, default="24h", help="how far back, e.g. 1h or 7d (default 24h)")
+    audit.add_argument("--format", choices=("table", "json"), default="table", help="a table (default) or JSON lines")
+    audit.set_defaults(run=_audit)
     return parser
 
 
@@ -151,6 +158,15 @@ def _gpus(args: argparse.Namespace) -> int:
         _print_problems(exc.problems)
         return EXIT_CONFIG
     return asyncio.run(gpus_command(config, args.since, args.format))
+
+
+def _audit(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        _print_problems(exc.problems)
+        return EXIT_CONFIG
+    return asyncio.run(audit_command(config, args.since, args.format))
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -61,6 +61,21 @@ class StoreStats:
     alerts_resolved: int
 
 
+@dataclass(frozen=True)
+class AuditEntry:
+    """One thing a person (or the bot on its own) asked for, and what came of it: a Slack command or click, an
+    approval, a remediation step. `actor` says who (`slack:U024BE7LH alice`, `cli:root`, `bot`), `action` what
+    (`ack`, `silence`, `run restart-dcgm-exporter`), `target` on what (an alert's short id, a silence id),
+    `outcome` a short stable word (`done`, `refused`, `failed`, `dry-run`, ...)."""
+
+    at: datetime
+    actor: str
+    action: str
+    target: str
+    outcome: str
+    detail: str = ""
+
+
 # (what the store knows of the notification's alerts, its alerts, its groupKey) -> one decision per alert
 Planner = Callable[[Mapping[str, AlertState], Sequence[AmAlert], str], list[AlertDecision]]
 
@@ -147,6 +162,15 @@ class Store(abc.ABC):
         self, since: datetime, gpu_key: str | None = None, kind: str | None = None, code: str | None = None
     ) -> list[GpuEvent]: ...
 
+    # --- audit log ------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def record_audit(self, entry: AuditEntry) -> None:
+        """Append to the audit log (durably: it is written before the person is told the outcome)."""
+
+    @abc.abstractmethod
+    async def audit_log(self, since: datetime, limit: int = 1000) -> list[AuditEntry]:
+        """Audit entries at or after `since`, oldest first, at most `limit` (the newest ones)."""
+
     # --- health and housekeeping ---------------------------------------------------------------------
     @abc.abstractmethod
     async def check_writable(self) -> None:
@@ -157,8 +181,8 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def prune(self, older_than: datetime) -> int:
-        """Delete finished notifications, events and deliveries, alerts resolved, sink state not touched, and
-        GPU history older than the given time. Firing alerts are kept however old."""
+        """Delete finished notifications, events and deliveries, alerts resolved, sink state not touched, GPU
+        history and audit entries older than the given time. Firing alerts are kept however old."""
 
     @abc.abstractmethod
     async def close(self) -> None: ...

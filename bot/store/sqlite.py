@@ -31,6 +31,7 @@ from typing import Any, Literal, TypeVar
 from bot.message import Message
 from bot.models import AlertState, AmAlert, Delivery, Event, EventKind, GpuEvent, NewDelivery, WebhookPayload
 from bot.store.base import (
+    AuditEntry,
     EventRecord,
     IncomingNotification,
     IngestResult,
@@ -161,6 +162,17 @@ CREATE TABLE IF NOT EXISTS gpu_events (
     UNIQUE (gpu_key, kind, code, at, alert_key)
 );
 CREATE INDEX IF NOT EXISTS gpu_events_at ON gpu_events(at);
+
+CREATE TABLE IF NOT EXISTS audit_log (
+    id INTEGER PRIMARY KEY,
+    at REAL NOT NULL,
+    actor TEXT NOT NULL,
+    action TEXT NOT NULL,
+    target TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    detail TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS audit_log_at ON audit_log(at);
 
 CREATE TABLE IF NOT EXISTS heartbeat (
     id INTEGER PRIMARY KEY CHECK (id = 1),
@@ -868,6 +880,30 @@ class SqliteStore(Store):
             for row in rows
         ]
 
+    # --- audit log ------------------------------------------------------------------------------------
+    async def record_audit(self, entry: AuditEntry) -> None:
+        row = (entry.at.timestamp(), entry.actor, entry.action, entry.target, entry.outcome, entry.detail)
+        insert = "INSERT INTO audit_log (at, actor, action, target, outcome, detail) VALUES (?, ?, ?, ?, ?, ?)"
+        await self._run(functools.partial(self._transaction, lambda conn: conn.execute(insert, row), acknowledged=True))
+
+    async def audit_log(self, since: datetime, limit: int = 1000) -> list[AuditEntry]:
+        rows = await self._run(
+            self._fetchall,
+            "SELECT * FROM (SELECT * FROM audit_log WHERE at >= ? ORDER BY id DESC LIMIT ?) ORDER BY id",
+            (since.timestamp(), limit),
+        )
+        return [
+            AuditEntry(
+                at=datetime.fromtimestamp(row["at"], UTC),
+                actor=row["actor"],
+                action=row["action"],
+                target=row["target"],
+                outcome=row["outcome"],
+                detail=row["detail"],
+            )
+            for row in rows
+        ]
+
     # --- health and housekeeping -----------------------------------------------------------------------
     async def check_writable(self) -> None:
         if self._batcher is not None and self._batcher.done():
@@ -919,6 +955,7 @@ class SqliteStore(Store):
                 "DELETE FROM alerts WHERE (resolved_at < :cutoff OR (status = 'firing' AND last_seen < :cutoff)) "
                 "AND NOT EXISTS (SELECT 1 FROM events e WHERE e.alert_key = alerts.key AND e.state = 'pending')",
                 "DELETE FROM gpu_events WHERE at < :cutoff",
+                "DELETE FROM audit_log WHERE at < :cutoff",
             ):
                 removed += conn.execute(sql, {"cutoff": cutoff}).rowcount
             # A key older than the dedup window no longer makes anything a duplicate.

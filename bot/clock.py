@@ -1,0 +1,35 @@
+"""Time as a parameter: code that waits or compares with the clock takes a Clock, tests give it a FakeClock
+(tests/support/clock.py) and move time on by hand instead of sleeping."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime
+from typing import Protocol
+
+
+class Clock(Protocol):
+    def now(self) -> datetime:
+        """Wall-clock time, UTC: what is stored and shown."""
+        ...
+
+    def monotonic(self) -> float:
+        """Seconds on a clock that never jumps: for intervals and deadlines."""
+        ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class SystemClock:
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+SYSTEM_CLOCK = SystemClock()
