@@ -17,7 +17,8 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from bot.enrich.queryapi import body_text
+from bot.config import AlertmanagerConfig
+from bot.enrich.queryapi import bearer_headers, body_text
 
 API = "/api/v2"
 _Model = TypeVar("_Model", bound=BaseModel)
@@ -152,6 +153,11 @@ class AlertmanagerClient:
         self._owns_http = http is None
         self._http = http or httpx.AsyncClient(timeout=timeout, headers=dict(headers or {}))
         self._timeout = timeout
+
+    @classmethod
+    def from_config(cls, config: AlertmanagerConfig, http: httpx.AsyncClient | None = None) -> AlertmanagerClient:
+        token = config.bearer_token_file.get() if config.bearer_token_file else None
+        return cls(config.urls, timeout=config.timeout, headers=bearer_headers(token), http=http)
 
     async def close(self) -> None:
         if self._owns_http:

@@ -271,6 +271,14 @@ class EnrichmentConfig(StrictModel):
     prometheus: PrometheusConfig | None = None
 
 
+class AlertmanagerConfig(StrictModel):
+    """Alertmanager's API v2, for silences and the self-test. Several URLs: an HA pair, tried in order."""
+
+    urls: list[str] = Field(min_length=1)
+    timeout: Duration = 5.0
+    bearer_token_file: SecretFile | None = None
+
+
 class PlaybooksConfig(StrictModel):
     dir: ConfigPath = BUNDLED_PLAYBOOKS
     # Values for link templates in playbooks, for example grafana_url.
@@ -484,6 +492,7 @@ class BotConfig(StrictModel):
     playbooks: PlaybooksConfig = PlaybooksConfig()
     receivers: list[Receiver] = Field(default_factory=_default_receivers)
     routing: RoutingConfig = RoutingConfig()
+    alertmanager: AlertmanagerConfig | None = None
 
     @model_validator(mode="after")
     def _receivers_exist(self) -> BotConfig:

@@ -16,6 +16,7 @@ from bot.alertmanager import (
     SilenceNotFound,
     SilenceState,
 )
+from bot.config import AlertmanagerConfig
 from tests.support.processes import Alertmanager, free_port, webhook_alertmanager_config
 
 pytestmark = pytest.mark.realstack
@@ -130,3 +131,16 @@ async def test_no_replica_answering_says_which_failed() -> None:
 def test_no_url_is_a_programming_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="at least one"):
         AlertmanagerClient([])
+
+
+async def test_the_configuration_names_the_replicas_and_the_token(tmp_path: Path, alertmanager: Alertmanager) -> None:
+    (tmp_path / "token").write_text("s3cret\n")
+    config = AlertmanagerConfig.model_validate(
+        {"urls": [alertmanager.url + "/"], "timeout": "3s", "bearer_token_file": "token"},
+        context={"base_dir": tmp_path},
+    )
+    client = AlertmanagerClient.from_config(config)
+    status = await client.status()
+    await client.close()
+    assert client.urls == [alertmanager.url]
+    assert status.url == alertmanager.url
