@@ -1,10 +1,11 @@
-"""Command line: `gpu-alert-bot serve | check-config | explain | xid | gpus` (and `python -m bot`)."""
+"""Command line: `gpu-alert-bot serve | check-config | explain | xid | gpus | healthcheck` (and `python -m bot`)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import gc
+import importlib.metadata
 import ipaddress
 import logging
 import os
@@ -20,6 +21,7 @@ from bot.app import build_app
 from bot.config import BotConfig, ConfigError, listen_address, load_config, parse_duration
 from bot.enrich.recurrence import gpus_command
 from bot.explain import run as run_explain
+from bot.healthcheck import probe_alive
 from bot.ingest import WEBHOOK_PATH
 from bot.logs import configure_logging
 from bot.playbooks import PlaybookError, PlaybookSet
@@ -56,12 +58,14 @@ def _parser() -> argparse.ArgumentParser:
         prog="gpu-alert-bot",
         description="Alertmanager receiver for GPU servers: durable, deduplicated, enriched notifications.",
     )
+    version = importlib.metadata.version("gpu-alert-bot")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = commands.add_parser("serve", help="run the webhook receiver, worker and outbox")
     serve.add_argument("--config", type=Path, help="YAML configuration file (default: built-in defaults)")
     serve.add_argument("--listen", metavar="HOST:PORT", type=_listen, help="override server.listen")
-    serve.add_argument("--store", metavar="PATH", type=Path, help="override store.path (SQLite file)")
+    _store_option(serve)
     serve.set_defaults(run=_serve)
 
     check = commands.add_parser("check-config", help="validate a configuration file and its playbooks")
@@ -90,8 +94,24 @@ def _parser() -> argparse.ArgumentParser:
     gpus.add_argument("--config", type=Path, help="YAML configuration file (default: built-in defaults)")
     gpus.add_argument("--since", type=_duration, default="30d", help="how far back, e.g. 24h or 30d (default 30d)")
     gpus.add_argument("--format", choices=("table", "json"), default="table", help="a table (default) or JSON lines")
+    _store_option(gpus)
     gpus.set_defaults(run=_gpus)
+
+    health = commands.add_parser(
+        "healthcheck", help="exit 0 when the bot serving this configuration answers /healthz (container probes)"
+    )
+    health.add_argument("--config", type=Path, help="YAML configuration file (default: built-in defaults)")
+    health.add_argument("--timeout", type=_duration, default="4s", help="how long to wait for the answer (default 4s)")
+    health.set_defaults(run=_healthcheck)
     return parser
+
+
+def _store_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--store", metavar="PATH", type=Path, help="override store.path (SQLite file)")
+
+
+def _store_override(args: argparse.Namespace) -> dict[str, Any]:
+    return {"store.path": str(args.store.resolve())} if args.store else {}
 
 
 def _duration(text: str) -> float:
@@ -146,7 +166,7 @@ def _xid(args: argparse.Namespace) -> int:
 
 def _gpus(args: argparse.Namespace) -> int:
     try:
-        config = load_config(args.config)
+        config = load_config(args.config, _store_override(args))
     except ConfigError as exc:
         _print_problems(exc.problems)
         return EXIT_CONFIG
@@ -154,11 +174,9 @@ def _gpus(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    overrides: dict[str, Any] = {}
+    overrides = _store_override(args)
     if args.listen:
         overrides["server.listen"] = args.listen
-    if args.store:
-        overrides["store.path"] = str(args.store.resolve())
     try:
         config, playbooks = _load(args.config, overrides)
     except (ConfigError, PlaybookError) as exc:
@@ -171,6 +189,15 @@ def _serve(args: argparse.Namespace) -> int:
         log.error("cannot start", extra={"reason": str(exc)})
         return EXIT_START
     return EXIT_OK
+
+
+def _healthcheck(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        _print_problems(exc.problems)
+        return EXIT_CONFIG
+    return EXIT_OK if probe_alive(listen_host(config), config.server.port, args.timeout) else EXIT_START
 
 
 def _is_loopback(host: str) -> bool:

@@ -30,9 +30,10 @@ from pydantic import (
     model_validator,
 )
 
+from bot.datafile import bundled_playbooks
 from bot.models import DEFAULT_HOST_LABELS
 
-BUNDLED_PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"
+BUNDLED_PLAYBOOKS = bundled_playbooks()
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

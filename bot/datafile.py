@@ -4,6 +4,7 @@ is found and how it is read and checked against its model, every problem naming 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from importlib import resources
 from pathlib import Path
 from typing import TypeVar
 
@@ -27,6 +28,16 @@ class DataModel(BaseModel):
 
 
 _Loaded = TypeVar("_Loaded", bound=BaseModel)
+
+
+def bundled_playbooks() -> Path:
+    """The playbook directory shipped inside the package: package data in a wheel; in a checkout, the link
+    bot/bundled_playbooks resolved to the repository's playbooks/, the directory operators read and edit."""
+    directory = resources.files("bot").joinpath("bundled_playbooks")
+    # The playbook loader lists a directory, so the package must be files on disk (pip installs it so).
+    if not isinstance(directory, Path):
+        raise RuntimeError(f"gpu-alert-bot cannot run from an archive: {directory} is not a directory on disk")
+    return directory.resolve()
 
 
 def data_file(location: Path | None, name: str, bundled: Path) -> Path:

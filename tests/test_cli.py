@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import shutil
@@ -17,6 +18,7 @@ import pytest
 import yaml
 
 from bot.cli import main
+from bot.healthcheck import probe_url
 from tests.support.payloads import am_alert, body, webhook
 from tests.support.processes import BotProcess, ManagedProcess, free_port, wait_http
 
@@ -236,3 +238,44 @@ def test_store_override_is_relative_to_the_working_directory(tmp_path: Path) -> 
         bot.stop()
     assert (workdir / "cli.db").exists()
     assert not (config.parent / "from-config.db").exists()
+
+
+def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"gpu-alert-bot {importlib.metadata.version('gpu-alert-bot')}"
+
+
+def test_healthcheck_asks_the_port_the_configuration_names(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    port = free_port()
+    config = tmp_path / "bot.yaml"
+    config.write_text(yaml.safe_dump({"server": {"listen": f"{ALL_INTERFACES}:{port}"}, "store": {"path": "bot.db"}}))
+    url = f"http://127.0.0.1:{port}/healthz"
+    bot = BotProcess(config, listen_port=port)
+    try:
+        assert main(["healthcheck", "--config", str(config)]) == 0
+        assert capsys.readouterr().out.strip() == f"{url}: alive"
+    finally:
+        bot.stop()
+    assert main(["healthcheck", "--config", str(config), "--timeout", "1s"]) == 1
+    assert capsys.readouterr().err.startswith(f"{url}: ")
+
+
+def test_healthcheck_reports_a_bad_configuration(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "bot.yaml"
+    config.write_text(yaml.safe_dump({"server": {"listen": "everywhere"}}))
+    assert main(["healthcheck", "--config", str(config)]) == 2
+    assert "server.listen: expected HOST:PORT" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("host", "url"),
+    [
+        (ALL_INTERFACES, "http://127.0.0.1:9095/healthz"),
+        ("::", "http://[::1]:9095/healthz"),
+        ("::1", "http://[::1]:9095/healthz"),
+    ],
+)
+def test_healthcheck_reaches_a_wildcard_listener_on_its_loopback(host: str, url: str) -> None:
+    assert probe_url(host, 9095) == url

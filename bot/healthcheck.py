@@ -1,0 +1,38 @@
+"""`gpu-alert-bot healthcheck`: is the bot alive on the port its configuration names? For container probes
+(Dockerfile HEALTHCHECK), so the port is never written twice."""
+
+from __future__ import annotations
+
+import ipaddress
+import sys
+
+import httpx
+
+HEALTH_PATH = "/healthz"
+
+
+def probe_url(host: str, port: int) -> str:
+    """The /healthz URL of a bot listening on `host`: a wildcard address is reached on its loopback."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return f"http://{host}:{port}{HEALTH_PATH}"
+    if address.is_unspecified:
+        address = ipaddress.ip_address("::1" if address.version == 6 else "127.0.0.1")
+    shown = f"[{address}]" if address.version == 6 else str(address)
+    return f"http://{shown}:{port}{HEALTH_PATH}"
+
+
+def probe_alive(host: str, port: int, timeout: float) -> bool:
+    """True when /healthz answers 200; otherwise the reason goes to standard error."""
+    url = probe_url(host, port)
+    try:
+        response = httpx.get(url, timeout=timeout)
+    except httpx.HTTPError as exc:
+        print(f"{url}: {exc or type(exc).__name__}", file=sys.stderr)
+        return False
+    if response.status_code != 200:
+        print(f"{url}: HTTP {response.status_code}", file=sys.stderr)
+        return False
+    print(f"{url}: alive")
+    return True
