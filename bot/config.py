@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import (
     AfterValidator,
+    AnyHttpUrl,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -32,6 +33,7 @@ from pydantic import (
 
 from bot.datafile import bundled_playbooks
 from bot.models import DEFAULT_HOST_LABELS
+from bot.yamldoc import NotUtf8Error, duplicate_keys, read_document
 
 BUNDLED_PLAYBOOKS = bundled_playbooks()
 
@@ -88,6 +90,25 @@ def host_port(value: Any, example: str, port_zero: bool = True) -> str:
 def listen_address(value: Any) -> str:
     """A `HOST:PORT` to listen on: `server.listen` and `serve --listen`."""
     return host_port(value, LISTEN_EXAMPLE, port_zero=False)
+
+
+_HTTP_URL = TypeAdapter(AnyHttpUrl)
+
+
+def http_url(value: str) -> str:
+    """`value` unchanged if it is an http:// or https:// URL with a host: anything else would only fail at the
+    first request, and be retried for a day."""
+    if any(char.isspace() or not char.isprintable() for char in value):
+        raise ValueError(f"{value!r} is not a URL: it contains spaces or control characters")
+    try:
+        _HTTP_URL.validate_python(value)
+    except ValidationError as exc:
+        reason = str(exc.errors()[0]["msg"]).removeprefix("Input should be a valid URL, ")
+        raise ValueError(f"{value!r} is not an http:// or https:// URL with a host ({reason})") from None
+    return value
+
+
+HttpUrlText = Annotated[str, AfterValidator(http_url)]
 
 
 def _smarthost(value: Any) -> str:
@@ -183,7 +204,8 @@ class ServerConfig(StrictModel):
     listen: Annotated[str, PlainValidator(listen_address)] = "127.0.0.1:9095"
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     auth: WebhookAuthConfig = WebhookAuthConfig()
-    ingest_timeout: Duration = 5.0
+    # 0 would answer every webhook 503: the durable write always needs some time.
+    ingest_timeout: Duration = Field(default=5.0, gt=0)
 
     @property
     def host(self) -> str:
@@ -229,7 +251,7 @@ class LoggingConfig(StrictModel):
 
 # --- enrichment ----------------------------------------------------------------------------------------
 class LokiConfig(StrictModel):
-    url: str
+    url: HttpUrlText
     tenant_id: str | None = None
     bearer_token_file: SecretFile | None = None
     # LogQL stream selector; {host} is replaced by the alert's host, escaped for a LogQL string.
@@ -259,7 +281,7 @@ class LokiConfig(StrictModel):
 
 
 class PrometheusConfig(StrictModel):
-    url: str
+    url: HttpUrlText
     bearer_token_file: SecretFile | None = None
     history: Duration = 1800.0
     timeout: Duration = 2.0
@@ -289,7 +311,7 @@ class SlackReceiver(StrictModel):
     name: str = Field(min_length=1)
     channel: str = Field(min_length=1)
     token_file: SecretFile
-    api_url: str = "https://slack.com/api/"
+    api_url: HttpUrlText = "https://slack.com/api/"
     timeout: Duration = 10.0
     messages_per_second: float = Field(default=1.0, gt=0)
     # More than storm_threshold new alerts in storm_window: one summary message, details in its thread.
@@ -384,10 +406,10 @@ class PagerDutyReceiver(StrictModel):
     type: Literal["pagerduty"]
     name: str = Field(min_length=1)
     routing_key_file: SecretFile
-    url: str = "https://events.pagerduty.com/v2/enqueue"
+    url: HttpUrlText = "https://events.pagerduty.com/v2/enqueue"
     timeout: Duration = 10.0
     client: str = "gpu-alert-bot"
-    client_url: str | None = None
+    client_url: HttpUrlText | None = None
     # Alert `severity` label (any case) -> PagerDuty severity; labels missing from the map get default_severity.
     severity_map: dict[str, PagerDutySeverity] = Field(default_factory=_default_severity_map)
     default_severity: PagerDutySeverity = "error"
@@ -600,18 +622,22 @@ def _secrets_in(model: BaseModel) -> Iterator[str]:
 def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> BotConfig:
     """Read and validate the configuration; raise ConfigError with one line per problem."""
     data: dict[str, Any] = {}
+    duplicates: list[str] = []
     base_dir = Path.cwd()
     if path is not None:
         base_dir = path.resolve().parent
-        data = _read_yaml(path)
+        data, duplicates = _read_yaml(path)
     for dotted, value in (overrides or {}).items():
         _set_dotted(data, dotted, value)
     try:
-        return BotConfig.model_validate(data, context={"base_dir": base_dir})
+        config = BotConfig.model_validate(data, context={"base_dir": base_dir})
     except ValidationError as exc:
         errors = exc.errors()
         problems = [line for error in errors for line in _describe(error)]
-        raise ConfigError(problems + _checks_not_run(data, [error["loc"] for error in errors])) from None
+        raise ConfigError(duplicates + problems + _checks_not_run(data, [error["loc"] for error in errors])) from None
+    if duplicates:
+        raise ConfigError(duplicates)
+    return config
 
 
 def _checks_not_run(data: Mapping[str, Any], failed: list[tuple[int | str, ...]]) -> list[str]:
@@ -629,22 +655,29 @@ def _checks_not_run(data: Mapping[str, Any], failed: list[tuple[int | str, ...]]
     return problems
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def _read_yaml(path: Path) -> tuple[dict[str, Any], list[str]]:
+    """The file's mapping, and a `file:line: key.path: problem` line for each key written twice in one mapping
+    (YAML would keep the last one silently)."""
     try:
-        text = path.read_text(encoding="utf-8")
+        document = read_document(path)
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
-    try:
-        data = yaml.safe_load(text)
+    except NotUtf8Error as exc:
+        raise ConfigError([f"{path}:{exc.line}: {exc}"]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
         raise ConfigError([f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}"]) from None
+    data = document.data
     if data is None:
-        return {}
+        return {}, []
     if not isinstance(data, dict):
         raise ConfigError([f"{path}: the top level must be a mapping of sections (server, store, ...)"])
-    return data
+    duplicates = [
+        f"{path}:{line}: {'.'.join(str(part) for part in loc)}: {problem}; YAML would keep only the last one"
+        for line, loc, problem in duplicate_keys(document.root)
+    ]
+    return data, duplicates
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
