@@ -18,7 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from bot.app import build_app
-from bot.config import BotConfig, ConfigError, listen_address, load_config, parse_duration
+from bot.config import BotConfig, ConfigError, listen_address, load_config, parse_duration, secret_file_warnings
 from bot.enrich.recurrence import gpus_command
 from bot.explain import run as run_explain
 from bot.healthcheck import probe_alive
@@ -142,11 +142,12 @@ def _print_problems(problems: Sequence[str]) -> None:
 
 def _check_config(args: argparse.Namespace) -> int:
     try:
-        _load(args.config)
+        config, _playbooks = _load(args.config)
     except (ConfigError, PlaybookError) as exc:
         _print_problems(exc.problems)
         print(f"{args.config}: {len(exc.problems)} problem(s)", file=sys.stderr)
         return EXIT_CONFIG
+    _print_problems([f"warning: {warning}" for warning in secret_file_warnings(config)])
     print(f"{args.config}: OK")
     return EXIT_OK
 
@@ -182,7 +183,9 @@ def _serve(args: argparse.Namespace) -> int:
     except (ConfigError, PlaybookError) as exc:
         _print_problems(exc.problems)
         return EXIT_CONFIG
-    configure_logging(config.logging.level, config.secrets())
+    configure_logging(config.logging.level, config.secrets)
+    for warning in secret_file_warnings(config):
+        log.warning(warning)
     try:
         asyncio.run(_run_server(config, playbooks))
     except (OSError, StoreUnavailable) as exc:

@@ -8,8 +8,10 @@ are resolved against the directory of the configuration file, so the bot runs fr
 from __future__ import annotations
 
 import email.utils
+import logging
 import os
 import re
+import stat
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -34,6 +36,8 @@ from pydantic import (
 from bot.datafile import bundled_playbooks
 from bot.models import DEFAULT_HOST_LABELS
 from bot.yamldoc import NotUtf8Error, duplicate_keys, read_document
+
+log = logging.getLogger("bot.config")
 
 BUNDLED_PLAYBOOKS = bundled_playbooks()
 
@@ -140,19 +144,69 @@ ConfigPath = Annotated[Path, AfterValidator(_resolve_path)]
 
 
 class Secret:
-    """A secret read from a file. Its repr and its serialised form show the file, never the value."""
+    """A secret read from a file, and read again when the file changes, so a rotated token (a new file moved
+    into place, a Kubernetes secret update) is used without a restart. Its repr and its serialised form show
+    the file, never the value."""
 
-    __slots__ = ("_value", "path")
+    __slots__ = ("_stamp", "_value", "path")
 
     def __init__(self, path: Path, value: str) -> None:
         self.path = path
         self._value = value
+        self._stamp = _file_stamp(path)
+
+    @classmethod
+    def read(cls, path: Path) -> Secret:
+        stamp = _file_stamp(path)  # before reading: a change while reading is seen by the next get()
+        secret = cls(path, _secret_text(path))
+        secret._stamp = stamp
+        return secret
 
     def get(self) -> str:
+        stamp = _file_stamp(self.path)
+        if stamp != self._stamp:
+            self._stamp = stamp
+            self._read_again()
         return self._value
+
+    def _read_again(self) -> None:
+        try:
+            self._value = _secret_text(self.path)
+        except ValueError as exc:
+            # Mid-rotation (the file gone, or truncated before its new content): the last good value still works.
+            log.warning(
+                "secret file changed and cannot be used: keeping its previous value", extra={"reason": str(exc)}
+            )
+
+    def readable_by_everyone(self) -> bool:
+        try:
+            return bool(self.path.stat().st_mode & stat.S_IROTH)
+        except OSError:
+            return False
 
     def __repr__(self) -> str:
         return f"Secret(file={str(self.path)!r})"
+
+
+def _file_stamp(path: Path) -> tuple[int, int, int] | None:
+    """What changes when a file is rewritten or replaced; None when it cannot be seen."""
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    return info.st_ino, info.st_size, info.st_mtime_ns
+
+
+def _secret_text(path: Path) -> str:
+    try:
+        content = path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read secret file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"secret file {path} is not UTF-8 text") from None
+    if not content:
+        raise ValueError(f"secret file {path} is empty")
+    return content
 
 
 def _load_secret(value: Any, info: ValidationInfo) -> Secret:
@@ -160,14 +214,7 @@ def _load_secret(value: Any, info: ValidationInfo) -> Secret:
         return value
     if not isinstance(value, str | Path) or not str(value).strip():
         raise ValueError("expected the path of a file holding the secret")
-    path = _resolve_path(Path(value), info)
-    try:
-        content = path.read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise ValueError(f"cannot read secret file {path}: {exc.strerror or exc}") from None
-    if not content:
-        raise ValueError(f"secret file {path} is empty")
-    return Secret(path, content)
+    return Secret.read(_resolve_path(Path(value), info))
 
 
 SecretFile = Annotated[Secret, PlainValidator(_load_secret), PlainSerializer(lambda s: str(s.path))]
@@ -609,14 +656,27 @@ def _duration_or_none(section: Mapping[str, Any], key: str, default: float) -> f
 
 
 def _secrets_in(model: BaseModel) -> Iterator[str]:
+    return (secret.get() for secret in _secret_files(model))
+
+
+def _secret_files(model: BaseModel) -> Iterator[Secret]:
     for name in type(model).model_fields:
         value = getattr(model, name)
         items = value if isinstance(value, list) else [value]
         for item in items:
             if isinstance(item, Secret):
-                yield item.get()
+                yield item
             elif isinstance(item, BaseModel):
-                yield from _secrets_in(item)
+                yield from _secret_files(item)
+
+
+def secret_file_warnings(config: BotConfig) -> list[str]:
+    """Secret files that every user of the host can read: `check-config` and `serve` warn about each."""
+    return [
+        f"{secret.path}: secret file readable by every user of this host; chmod o-r it"
+        for secret in _secret_files(config)
+        if secret.readable_by_everyone()
+    ]
 
 
 def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> BotConfig:

@@ -284,6 +284,17 @@ async def test_wrong_token_is_invalid_auth(fake: FakeSlack, make_sink: SinkFacto
     assert (result.retry, result.reason) == (False, "invalid_auth")
 
 
+async def test_a_rotated_token_file_is_used_from_the_next_call(
+    tmp_path: Path, fake: FakeSlack, make_sink: SinkFactory
+) -> None:
+    sink = make_sink()
+    assert await sink.deliver(delivery(alert(1))) == DeliveryResult.ok()
+    fake.token = "xoxb-rotated-token"
+    (tmp_path / "slack_token.new").write_text(fake.token + "\n")
+    (tmp_path / "slack_token.new").replace(tmp_path / "slack_token")
+    assert await sink.deliver(delivery(alert(2))) == DeliveryResult.ok()
+
+
 @pytest.mark.parametrize(
     ("script", "reason"),
     [
