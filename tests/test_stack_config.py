@@ -215,6 +215,14 @@ def test_compose_adds_the_bot_to_the_seeds_management_stack() -> None:
     assert "webhook_token" in services["alertmanager"]["secrets"]
 
 
+def test_services_without_authentication_are_published_on_loopback_only() -> None:
+    """Alertmanager would forward whatever it is sent with the bot's token; Prometheus has its lifecycle API."""
+    services = load(COMPOSE)["services"]
+    for name in ("prometheus", "alertmanager", "loki"):
+        for port in services[name]["ports"]:
+            assert port.startswith("127.0.0.1:"), f"{name}: {port}"
+
+
 def test_compose_passes_secrets_as_files_never_as_environment_values() -> None:
     compose = load(COMPOSE)
     for name, service in compose["services"].items():
