@@ -53,7 +53,7 @@ def _child(node: yaml.Node | None, part: str | int) -> tuple[yaml.Node, yaml.Nod
 
 def read_document(path: Path) -> Document:
     """The file's YAML with its nodes. Raises OSError, NotUtf8Error or yaml.YAMLError."""
-    loader = yaml.SafeLoader(_utf8_text(path))
+    loader = yaml.SafeLoader(utf8_text(path))
     try:
         root = loader.get_single_node()
         data = loader.construct_document(root) if root is not None else None
@@ -62,7 +62,8 @@ def read_document(path: Path) -> Document:
     return Document(path, root, data)
 
 
-def _utf8_text(path: Path) -> str:
+def utf8_text(path: Path) -> str:
+    """The file's text; raises OSError, or NotUtf8Error naming the line of the first byte that is not UTF-8."""
     raw = path.read_bytes()
     try:
         return raw.decode("utf-8")
