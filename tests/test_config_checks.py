@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from bot.cli import main
 from bot.config import ConfigError, http_url, load_config
 from bot.playbooks import PlaybookError, PlaybookSet
+from bot.yamldoc import duplicate_keys
 
 PAGERDUTY_KEY = "0123456789abcdef0123456789abcdef"
 
@@ -134,3 +135,22 @@ def test_a_playbook_that_is_not_utf8_names_its_line(tmp_path: Path) -> None:
     with pytest.raises(PlaybookError) as error:
         PlaybookSet.load(tmp_path)
     assert error.value.problems == [f"{tmp_path / 'Latin1.yaml'}:2: not UTF-8 text (byte 0xe9); save the file as UTF-8"]
+
+
+_KEYS = st.text(alphabet="abcdefghij_", min_size=1, max_size=6)
+_TREES = st.recursive(
+    st.integers() | st.text(max_size=5),
+    lambda children: st.dictionaries(_KEYS, children, max_size=4) | st.lists(children, max_size=3),
+    max_leaves=12,
+)
+
+
+@given(st.dictionaries(_KEYS, _TREES, min_size=1, max_size=5))
+def test_duplicate_keys_are_found_exactly_where_a_key_is_written_again(mapping: dict[str, Any]) -> None:
+    text = yaml.safe_dump(mapping, sort_keys=False)
+    assert list(duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader))) == []
+    first = next(iter(mapping))
+    again = text + yaml.safe_dump({first: mapping[first]})
+    line = text.count("\n") + 1
+    found = list(duplicate_keys(yaml.compose(again, Loader=yaml.SafeLoader)))
+    assert found == [(line, (first,), f"duplicate key {first!r}")]
