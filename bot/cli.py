@@ -21,7 +21,7 @@ from bot.app import build_app
 from bot.config import BotConfig, ConfigError, listen_address, load_config, parse_duration, secret_file_warnings
 from bot.enrich.recurrence import gpus_command
 from bot.explain import run as run_explain
-from bot.healthcheck import probe_alive
+from bot.healthcheck import ALIVE_PATH, READY_PATH, probe
 from bot.ingest import WEBHOOK_PATH
 from bot.logs import configure_logging
 from bot.playbooks import PlaybookError, PlaybookSet
@@ -99,6 +99,9 @@ def _parser() -> argparse.ArgumentParser:
 
     health = commands.add_parser(
         "healthcheck", help="exit 0 when the bot serving this configuration answers /healthz (container probes)"
+    )
+    health.add_argument(
+        "--ready", action="store_true", help="ask /readyz instead: the store takes writes, the worker and outbox run"
     )
     health.add_argument("--config", type=Path, help="YAML configuration file (default: built-in defaults)")
     health.add_argument("--timeout", type=_duration, default="4s", help="how long to wait for the answer (default 4s)")
@@ -200,7 +203,8 @@ def _healthcheck(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         _print_problems(exc.problems)
         return EXIT_CONFIG
-    return EXIT_OK if probe_alive(listen_host(config), config.server.port, args.timeout) else EXIT_START
+    path = READY_PATH if args.ready else ALIVE_PATH
+    return EXIT_OK if probe(listen_host(config), config.server.port, args.timeout, path) else EXIT_START
 
 
 def _is_loopback(host: str) -> bool:

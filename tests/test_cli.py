@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.server
 import importlib.metadata
 import json
 import os
@@ -9,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -256,10 +258,35 @@ def test_healthcheck_asks_the_port_the_configuration_names(tmp_path: Path, capsy
     try:
         assert main(["healthcheck", "--config", str(config)]) == 0
         assert capsys.readouterr().out.strip() == f"{url}: alive"
+        assert main(["healthcheck", "--config", str(config), "--ready"]) == 0
+        assert capsys.readouterr().out.strip() == f"http://127.0.0.1:{port}/readyz: ready"
     finally:
         bot.stop()
     assert main(["healthcheck", "--config", str(config), "--timeout", "1s"]) == 1
     assert capsys.readouterr().err.startswith(f"{url}: ")
+
+
+class _NotReady(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200 if self.path == "/healthz" else 503)
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:  # quiet test output
+        pass
+
+
+def test_healthcheck_ready_fails_while_readyz_answers_503(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotReady) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        port = server.server_address[1]
+        config = tmp_path / "bot.yaml"
+        config.write_text(yaml.safe_dump({"server": {"listen": f"127.0.0.1:{port}"}}))
+        try:
+            assert main(["healthcheck", "--config", str(config)]) == 0
+            assert main(["healthcheck", "--config", str(config), "--ready"]) == 1
+        finally:
+            server.shutdown()
+    assert capsys.readouterr().err.strip() == f"http://127.0.0.1:{port}/readyz: HTTP 503"
 
 
 def test_healthcheck_reports_a_bad_configuration(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -252,7 +252,8 @@ def test_the_bot_service_mounts_its_config_read_only_keeps_its_store_in_a_volume
     assert volume_name in compose["volumes"]
     playbooks_dir = load(BOT_IN_COMPOSE)["playbooks"]["dir"]
     assert volumes[playbooks_dir] == f"../playbooks:{playbooks_dir}:ro"
-    assert "/readyz" in " ".join(bot["healthcheck"]["test"])
+    assert bot["healthcheck"]["test"][1:4] == ["gpu-alert-bot", "healthcheck", "--config"]
+    assert bot["healthcheck"]["test"][4] == config_target and "--ready" in bot["healthcheck"]["test"]
     for source in ("./prometheus.yml", "./rules", "./alertmanager.example.yml", "./bot.compose.yaml", "../playbooks"):
         assert (CONFIG / source).exists(), source
 
