@@ -8,7 +8,6 @@ import logging
 import os
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
 
@@ -18,8 +17,8 @@ from bot.enrich.loki import LokiEnricher
 from bot.logs import JsonFormatter
 from tests.fakes.loki import FakeLoki
 from tests.support.bot import running_bot
-from tests.support.payloads import am_alert, body, webhook
 from tests.support.processes import BotProcess
+from tests.test_auth import _post
 from tests.test_loki import SYSLOG, XID, T, config, enrich, make_alert
 
 OLD = "old-token-0123456789"
@@ -65,23 +64,13 @@ def test_a_secret_file_caught_mid_rotation_keeps_the_last_good_value(
     assert secret.get() == NEW
 
 
-async def _post(url: str, token: str) -> int:
-    async with httpx.AsyncClient(timeout=10) as client:
-        response = await client.post(
-            url,
-            content=body(webhook([am_alert()])),
-            headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
-        )
-    return response.status_code
-
-
 async def test_the_webhook_accepts_a_rotated_token_without_a_restart(tmp_path: Path) -> None:
     (tmp_path / "token").write_text(OLD)
     async with running_bot(tmp_path, {"server": {"auth": {"bearer_token_file": "token"}}}) as bot:
-        assert await _post(bot.webhook_url, OLD) == 200
+        assert (await _post(bot.webhook_url, f"Bearer {OLD}")).status_code == 200
         rotate(tmp_path / "token", NEW)
-        assert await _post(bot.webhook_url, OLD) == 401
-        assert await _post(bot.webhook_url, NEW) == 200
+        assert (await _post(bot.webhook_url, f"Bearer {OLD}")).status_code == 401
+        assert (await _post(bot.webhook_url, f"Bearer {NEW}")).status_code == 200
 
 
 async def test_loki_gets_the_rotated_token_from_the_next_query(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from bot.store.sqlite import SqliteStore
 from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack, SlackMessage
 from tests.support.bot import eventually
 from tests.support.store import sqlite_store
+from tests.test_secret_files import rotate
 
 STARTED = datetime(2026, 11, 29, 13, 30, tzinfo=UTC)
 _ids = itertools.count(1)
@@ -290,8 +291,7 @@ async def test_a_rotated_token_file_is_used_from_the_next_call(
     sink = make_sink()
     assert await sink.deliver(delivery(alert(1))) == DeliveryResult.ok()
     fake.token = "xoxb-rotated-token"
-    (tmp_path / "slack_token.new").write_text(fake.token + "\n")
-    (tmp_path / "slack_token.new").replace(tmp_path / "slack_token")
+    rotate(tmp_path / "slack_token", fake.token)
     assert await sink.deliver(delivery(alert(2))) == DeliveryResult.ok()
 
 
