@@ -13,6 +13,20 @@
 #   /run/secrets/                 secret files named by the *_file keys (Docker/Kubernetes secrets). Secrets are
 #                                 never passed as environment variables: `docker inspect` would show them.
 #   /var/lib/gpu-alert-bot/       the SQLite store (a volume, so acknowledged alerts survive the container).
+
+# Stage 1 builds the wheel, which carries the bundled playbooks and Xid catalog as package data; stage 2 installs
+# that wheel alone, as `pip install` would on a host: the image holds no source tree.
+FROM python:3.11-slim-bookworm AS wheel
+
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY bot ./bot
+COPY playbooks ./playbooks
+RUN pip wheel --no-deps --wheel-dir /wheels .
+
 FROM python:3.11-slim-bookworm
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -20,12 +34,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-WORKDIR /opt/gpu-alert-bot
-COPY pyproject.toml README.md ./
-COPY bot ./bot
-COPY playbooks ./playbooks
-# Editable, so the bundled playbooks beside the package (/opt/gpu-alert-bot/playbooks) are the default ones.
-RUN pip install -e . \
+RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
+    pip install /wheels/*.whl \
     && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin gpu-alert-bot \
     && mkdir -p /etc/gpu-alert-bot /var/lib/gpu-alert-bot \
     && printf '%s\n' \
@@ -41,9 +51,9 @@ USER gpu-alert-bot
 VOLUME ["/var/lib/gpu-alert-bot"]
 EXPOSE 9095
 
-# No curl in the slim image: Python's urllib asks /healthz (alive) on the port the built-in config uses.
+# Asks /healthz on the port server.listen names in the configuration the bot runs with, whatever it is.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=15s --retries=3 \
-    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9095/healthz', timeout=4)"]
+    CMD ["gpu-alert-bot", "healthcheck", "--config", "/etc/gpu-alert-bot/bot.yaml", "--timeout", "4s"]
 
 # SIGTERM (docker stop) finishes requests in flight and closes the store cleanly.
 CMD ["gpu-alert-bot", "serve", "--config", "/etc/gpu-alert-bot/bot.yaml"]

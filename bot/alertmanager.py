@@ -9,7 +9,7 @@ Works against 0.25 (Debian bookworm) and 0.27+: the differences that matter (DEL
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -18,7 +18,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bot.config import AlertmanagerConfig
-from bot.enrich.queryapi import bearer_headers, body_text
+from bot.enrich.queryapi import bearer_auth, body_text
 
 API = "/api/v2"
 _Model = TypeVar("_Model", bound=BaseModel)
@@ -144,20 +144,19 @@ class AlertmanagerClient:
         urls: Sequence[str],
         *,
         timeout: float = 5.0,
-        headers: Mapping[str, str] | None = None,
+        auth: httpx.Auth | None = None,
         http: httpx.AsyncClient | None = None,
     ) -> None:
         if not urls:
             raise ValueError("at least one Alertmanager URL is needed")
         self.urls = [url.rstrip("/") for url in urls]
         self._owns_http = http is None
-        self._http = http or httpx.AsyncClient(timeout=timeout, headers=dict(headers or {}))
+        self._http = http or httpx.AsyncClient(timeout=timeout, auth=auth)
         self._timeout = timeout
 
     @classmethod
     def from_config(cls, config: AlertmanagerConfig, http: httpx.AsyncClient | None = None) -> AlertmanagerClient:
-        token = config.bearer_token_file.get() if config.bearer_token_file else None
-        return cls(config.urls, timeout=config.timeout, headers=bearer_headers(token), http=http)
+        return cls(config.urls, timeout=config.timeout, auth=bearer_auth(config.bearer_token_file), http=http)
 
     async def close(self) -> None:
         if self._owns_http:

@@ -21,9 +21,10 @@ def _same(presented: str, expected: str) -> bool:
 
 
 class WebhookAuth:
+    # The secrets are asked for at each request, so a rotated file is used without a restart.
     def __init__(self, config: WebhookAuthConfig) -> None:
-        self._bearer = config.bearer_token_file.get() if config.bearer_token_file else None
-        self._basic = (config.basic.username, config.basic.password_file.get()) if config.basic else None
+        self._bearer = config.bearer_token_file
+        self._basic = config.basic
 
     @property
     def enabled(self) -> bool:
@@ -40,7 +41,7 @@ class WebhookAuth:
         scheme, _, credentials = (authorization or "").strip().partition(" ")
         credentials = credentials.strip()
         if scheme.lower() == "bearer" and self._bearer is not None:
-            return _same(credentials, self._bearer)
+            return _same(credentials, self._bearer.get())
         if scheme.lower() == "basic" and self._basic is not None:
             return self._basic_matches(credentials)
         return False
@@ -53,6 +54,6 @@ class WebhookAuth:
             return False
         username, sep, password = decoded.partition(":")
         # Both comparisons always run, so the time taken does not tell which part was wrong.
-        user_ok = _same(username, self._basic[0])
-        password_ok = _same(password, self._basic[1])
+        user_ok = _same(username, self._basic.username)
+        password_ok = _same(password, self._basic.password_file.get())
         return bool(sep) and user_ok and password_ok

@@ -1,10 +1,12 @@
-"""Command line: `gpu-alert-bot serve | check-config | explain | xid | gpus | audit` (and `python -m bot`)."""
+"""Command line: `gpu-alert-bot serve | check-config | explain | xid | gpus | audit | healthcheck` (and
+`python -m bot`)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import gc
+import importlib.metadata
 import ipaddress
 import logging
 import os
@@ -18,9 +20,10 @@ from aiohttp import web
 
 from bot.app import build_app
 from bot.audit import audit_command
-from bot.config import BotConfig, ConfigError, listen_address, load_config, parse_duration
+from bot.config import BotConfig, ConfigError, listen_address, load_config, parse_duration, secret_file_warnings
 from bot.enrich.recurrence import gpus_command
 from bot.explain import run as run_explain
+from bot.healthcheck import ALIVE_PATH, READY_PATH, probe
 from bot.ingest import WEBHOOK_PATH
 from bot.logs import configure_logging
 from bot.playbooks import PlaybookError, PlaybookSet
@@ -57,12 +60,14 @@ def _parser() -> argparse.ArgumentParser:
         prog="gpu-alert-bot",
         description="Alertmanager receiver for GPU servers: durable, deduplicated, enriched notifications.",
     )
+    version = importlib.metadata.version("gpu-alert-bot")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = commands.add_parser("serve", help="run the webhook receiver, worker and outbox")
     serve.add_argument("--config", type=Path, help="YAML configuration file (default: built-in defaults)")
     serve.add_argument("--listen", metavar="HOST:PORT", type=_listen, help="override server.listen")
-    serve.add_argument("--store", metavar="PATH", type=Path, help="override store.path (SQLite file)")
+    _store_option(serve)
     serve.set_defaults(run=_serve)
 
     check = commands.add_parser("check-config", help="validate a configuration file and its playbooks")
@@ -91,14 +96,34 @@ def _parser() -> argparse.ArgumentParser:
     gpus.add_argument("--config", type=Path, help="YAML configuration file (default: built-in defaults)")
     gpus.add_argument("--since", type=_duration, default="30d", help="how far back, e.g. 24h or 30d (default 30d)")
     gpus.add_argument("--format", choices=("table", "json"), default="table", help="a table (default) or JSON lines")
+    _store_option(gpus)
     gpus.set_defaults(run=_gpus)
 
     audit = commands.add_parser("audit", help="print the audit log: who asked the bot to do what, and the outcome")
     audit.add_argument("--config", type=Path, help="YAML configuration file (default: built-in defaults)")
     audit.add_argument("--since", type=_duration, default="24h", help="how far back, e.g. 1h or 7d (default 24h)")
     audit.add_argument("--format", choices=("table", "json"), default="table", help="a table (default) or JSON lines")
+    _store_option(audit)
     audit.set_defaults(run=_audit)
+
+    health = commands.add_parser(
+        "healthcheck", help="exit 0 when the bot serving this configuration answers /healthz (container probes)"
+    )
+    health.add_argument(
+        "--ready", action="store_true", help="ask /readyz instead: the store takes writes, the worker and outbox run"
+    )
+    health.add_argument("--config", type=Path, help="YAML configuration file (default: built-in defaults)")
+    health.add_argument("--timeout", type=_duration, default="4s", help="how long to wait for the answer (default 4s)")
+    health.set_defaults(run=_healthcheck)
     return parser
+
+
+def _store_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--store", metavar="PATH", type=Path, help="override store.path (SQLite file)")
+
+
+def _store_override(args: argparse.Namespace) -> dict[str, Any]:
+    return {"store.path": str(args.store.resolve())} if args.store else {}
 
 
 def _duration(text: str) -> float:
@@ -129,11 +154,12 @@ def _print_problems(problems: Sequence[str]) -> None:
 
 def _check_config(args: argparse.Namespace) -> int:
     try:
-        _load(args.config)
+        config, _playbooks = _load(args.config)
     except (ConfigError, PlaybookError) as exc:
         _print_problems(exc.problems)
         print(f"{args.config}: {len(exc.problems)} problem(s)", file=sys.stderr)
         return EXIT_CONFIG
+    _print_problems([f"warning: {warning}" for warning in secret_file_warnings(config)])
     print(f"{args.config}: OK")
     return EXIT_OK
 
@@ -153,7 +179,7 @@ def _xid(args: argparse.Namespace) -> int:
 
 def _gpus(args: argparse.Namespace) -> int:
     try:
-        config = load_config(args.config)
+        config = load_config(args.config, _store_override(args))
     except ConfigError as exc:
         _print_problems(exc.problems)
         return EXIT_CONFIG
@@ -162,7 +188,7 @@ def _gpus(args: argparse.Namespace) -> int:
 
 def _audit(args: argparse.Namespace) -> int:
     try:
-        config = load_config(args.config)
+        config = load_config(args.config, _store_override(args))
     except ConfigError as exc:
         _print_problems(exc.problems)
         return EXIT_CONFIG
@@ -170,23 +196,33 @@ def _audit(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    overrides: dict[str, Any] = {}
+    overrides = _store_override(args)
     if args.listen:
         overrides["server.listen"] = args.listen
-    if args.store:
-        overrides["store.path"] = str(args.store.resolve())
     try:
         config, playbooks = _load(args.config, overrides)
     except (ConfigError, PlaybookError) as exc:
         _print_problems(exc.problems)
         return EXIT_CONFIG
-    configure_logging(config.logging.level, config.secrets())
+    configure_logging(config.logging.level, config.secrets)
+    for warning in secret_file_warnings(config):
+        log.warning(warning)
     try:
         asyncio.run(_run_server(config, playbooks))
     except (OSError, StoreUnavailable) as exc:
         log.error("cannot start", extra={"reason": str(exc)})
         return EXIT_START
     return EXIT_OK
+
+
+def _healthcheck(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        _print_problems(exc.problems)
+        return EXIT_CONFIG
+    path = READY_PATH if args.ready else ALIVE_PATH
+    return EXIT_OK if probe(listen_host(config), config.server.port, args.timeout, path) else EXIT_START
 
 
 def _is_loopback(host: str) -> bool:

@@ -8,8 +8,10 @@ are resolved against the directory of the configuration file, so the bot runs fr
 from __future__ import annotations
 
 import email.utils
+import logging
 import os
 import re
+import stat
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -17,6 +19,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import (
     AfterValidator,
+    AnyHttpUrl,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -30,9 +33,13 @@ from pydantic import (
     model_validator,
 )
 
+from bot.datafile import bundled_playbooks
 from bot.models import DEFAULT_HOST_LABELS
+from bot.yamldoc import NotUtf8Error, duplicate_keys, read_document
 
-BUNDLED_PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"
+log = logging.getLogger("bot.config")
+
+BUNDLED_PLAYBOOKS = bundled_playbooks()
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -89,6 +96,25 @@ def listen_address(value: Any) -> str:
     return host_port(value, LISTEN_EXAMPLE, port_zero=False)
 
 
+_HTTP_URL = TypeAdapter(AnyHttpUrl)
+
+
+def http_url(value: str) -> str:
+    """`value` unchanged if it is an http:// or https:// URL with a host: anything else would only fail at the
+    first request, and be retried for a day."""
+    if any(char.isspace() or not char.isprintable() for char in value):
+        raise ValueError(f"{value!r} is not a URL: it contains spaces or control characters")
+    try:
+        _HTTP_URL.validate_python(value)
+    except ValidationError as exc:
+        reason = str(exc.errors()[0]["msg"]).removeprefix("Input should be a valid URL, ")
+        raise ValueError(f"{value!r} is not an http:// or https:// URL with a host ({reason})") from None
+    return value
+
+
+HttpUrlText = Annotated[str, AfterValidator(http_url)]
+
+
 def _smarthost(value: Any) -> str:
     return host_port(value, "smtp.example.com:587")
 
@@ -118,19 +144,69 @@ ConfigPath = Annotated[Path, AfterValidator(_resolve_path)]
 
 
 class Secret:
-    """A secret read from a file. Its repr and its serialised form show the file, never the value."""
+    """A secret read from a file, and read again when the file changes, so a rotated token (a new file moved
+    into place, a Kubernetes secret update) is used without a restart. Its repr and its serialised form show
+    the file, never the value."""
 
-    __slots__ = ("_value", "path")
+    __slots__ = ("_stamp", "_value", "path")
 
     def __init__(self, path: Path, value: str) -> None:
         self.path = path
         self._value = value
+        self._stamp = _file_stamp(path)
+
+    @classmethod
+    def read(cls, path: Path) -> Secret:
+        stamp = _file_stamp(path)  # before reading: a change while reading is seen by the next get()
+        secret = cls(path, _secret_text(path))
+        secret._stamp = stamp
+        return secret
 
     def get(self) -> str:
+        stamp = _file_stamp(self.path)
+        if stamp != self._stamp:
+            self._stamp = stamp
+            self._read_again()
         return self._value
+
+    def _read_again(self) -> None:
+        try:
+            self._value = _secret_text(self.path)
+        except ValueError as exc:
+            # Mid-rotation (the file gone, or truncated before its new content): the last good value still works.
+            log.warning(
+                "secret file changed and cannot be used: keeping its previous value", extra={"reason": str(exc)}
+            )
+
+    def readable_by_everyone(self) -> bool:
+        try:
+            return bool(self.path.stat().st_mode & stat.S_IROTH)
+        except OSError:
+            return False
 
     def __repr__(self) -> str:
         return f"Secret(file={str(self.path)!r})"
+
+
+def _file_stamp(path: Path) -> tuple[int, int, int] | None:
+    """What changes when a file is rewritten or replaced; None when it cannot be seen."""
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    return info.st_ino, info.st_size, info.st_mtime_ns
+
+
+def _secret_text(path: Path) -> str:
+    try:
+        content = path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read secret file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"secret file {path} is not UTF-8 text") from None
+    if not content:
+        raise ValueError(f"secret file {path} is empty")
+    return content
 
 
 def _load_secret(value: Any, info: ValidationInfo) -> Secret:
@@ -138,14 +214,7 @@ def _load_secret(value: Any, info: ValidationInfo) -> Secret:
         return value
     if not isinstance(value, str | Path) or not str(value).strip():
         raise ValueError("expected the path of a file holding the secret")
-    path = _resolve_path(Path(value), info)
-    try:
-        content = path.read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise ValueError(f"cannot read secret file {path}: {exc.strerror or exc}") from None
-    if not content:
-        raise ValueError(f"secret file {path} is empty")
-    return Secret(path, content)
+    return Secret.read(_resolve_path(Path(value), info))
 
 
 SecretFile = Annotated[Secret, PlainValidator(_load_secret), PlainSerializer(lambda s: str(s.path))]
@@ -182,7 +251,8 @@ class ServerConfig(StrictModel):
     listen: Annotated[str, PlainValidator(listen_address)] = "127.0.0.1:9095"
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     auth: WebhookAuthConfig = WebhookAuthConfig()
-    ingest_timeout: Duration = 5.0
+    # 0 would answer every webhook 503: the durable write always needs some time.
+    ingest_timeout: Duration = Field(default=5.0, gt=0)
 
     @property
     def host(self) -> str:
@@ -228,7 +298,7 @@ class LoggingConfig(StrictModel):
 
 # --- enrichment ----------------------------------------------------------------------------------------
 class LokiConfig(StrictModel):
-    url: str
+    url: HttpUrlText
     tenant_id: str | None = None
     bearer_token_file: SecretFile | None = None
     # LogQL stream selector; {host} is replaced by the alert's host, escaped for a LogQL string.
@@ -258,7 +328,7 @@ class LokiConfig(StrictModel):
 
 
 class PrometheusConfig(StrictModel):
-    url: str
+    url: HttpUrlText
     bearer_token_file: SecretFile | None = None
     history: Duration = 1800.0
     timeout: Duration = 2.0
@@ -296,7 +366,7 @@ class SlackReceiver(StrictModel):
     name: str = Field(min_length=1)
     channel: str = Field(min_length=1)
     token_file: SecretFile
-    api_url: str = "https://slack.com/api/"
+    api_url: HttpUrlText = "https://slack.com/api/"
     timeout: Duration = 10.0
     messages_per_second: float = Field(default=1.0, gt=0)
     # More than storm_threshold new alerts in storm_window: one summary message, details in its thread.
@@ -391,10 +461,10 @@ class PagerDutyReceiver(StrictModel):
     type: Literal["pagerduty"]
     name: str = Field(min_length=1)
     routing_key_file: SecretFile
-    url: str = "https://events.pagerduty.com/v2/enqueue"
+    url: HttpUrlText = "https://events.pagerduty.com/v2/enqueue"
     timeout: Duration = 10.0
     client: str = "gpu-alert-bot"
-    client_url: str | None = None
+    client_url: HttpUrlText | None = None
     # Alert `severity` label (any case) -> PagerDuty severity; labels missing from the map get default_severity.
     severity_map: dict[str, PagerDutySeverity] = Field(default_factory=_default_severity_map)
     default_severity: PagerDutySeverity = "error"
@@ -595,31 +665,48 @@ def _duration_or_none(section: Mapping[str, Any], key: str, default: float) -> f
 
 
 def _secrets_in(model: BaseModel) -> Iterator[str]:
+    return (secret.get() for secret in _secret_files(model))
+
+
+def _secret_files(model: BaseModel) -> Iterator[Secret]:
     for name in type(model).model_fields:
         value = getattr(model, name)
         items = value if isinstance(value, list) else [value]
         for item in items:
             if isinstance(item, Secret):
-                yield item.get()
+                yield item
             elif isinstance(item, BaseModel):
-                yield from _secrets_in(item)
+                yield from _secret_files(item)
+
+
+def secret_file_warnings(config: BotConfig) -> list[str]:
+    """Secret files that every user of the host can read: `check-config` and `serve` warn about each."""
+    return [
+        f"{secret.path}: secret file readable by every user of this host; chmod o-r it"
+        for secret in _secret_files(config)
+        if secret.readable_by_everyone()
+    ]
 
 
 def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> BotConfig:
     """Read and validate the configuration; raise ConfigError with one line per problem."""
     data: dict[str, Any] = {}
+    duplicates: list[str] = []
     base_dir = Path.cwd()
     if path is not None:
         base_dir = path.resolve().parent
-        data = _read_yaml(path)
+        data, duplicates = _read_yaml(path)
     for dotted, value in (overrides or {}).items():
         _set_dotted(data, dotted, value)
     try:
-        return BotConfig.model_validate(data, context={"base_dir": base_dir})
+        config = BotConfig.model_validate(data, context={"base_dir": base_dir})
     except ValidationError as exc:
         errors = exc.errors()
         problems = [line for error in errors for line in _describe(error)]
-        raise ConfigError(problems + _checks_not_run(data, [error["loc"] for error in errors])) from None
+        raise ConfigError(duplicates + problems + _checks_not_run(data, [error["loc"] for error in errors])) from None
+    if duplicates:
+        raise ConfigError(duplicates)
+    return config
 
 
 def _checks_not_run(data: Mapping[str, Any], failed: list[tuple[int | str, ...]]) -> list[str]:
@@ -637,22 +724,29 @@ def _checks_not_run(data: Mapping[str, Any], failed: list[tuple[int | str, ...]]
     return problems
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def _read_yaml(path: Path) -> tuple[dict[str, Any], list[str]]:
+    """The file's mapping, and a `file:line: key.path: problem` line for each key written twice in one mapping
+    (YAML would keep the last one silently)."""
     try:
-        text = path.read_text(encoding="utf-8")
+        document = read_document(path)
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
-    try:
-        data = yaml.safe_load(text)
+    except NotUtf8Error as exc:
+        raise ConfigError([f"{path}:{exc.line}: {exc}"]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
         raise ConfigError([f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}"]) from None
+    data = document.data
     if data is None:
-        return {}
+        return {}, []
     if not isinstance(data, dict):
         raise ConfigError([f"{path}: the top level must be a mapping of sections (server, store, ...)"])
-    return data
+    duplicates = [
+        f"{path}:{line}: {'.'.join(str(part) for part in loc)}: {problem}; YAML would keep only the last one"
+        for line, loc, problem in duplicate_keys(document.root)
+    ]
+    return data, duplicates
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:

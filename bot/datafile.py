@@ -4,11 +4,14 @@ is found and how it is read and checked against its model, every problem naming 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from importlib import resources
 from pathlib import Path
 from typing import TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
+
+from bot.yamldoc import NotUtf8Error, utf8_text
 
 # libyaml's loader when PyYAML has it: ten times faster on the 172-code catalog.
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -29,6 +32,16 @@ class DataModel(BaseModel):
 _Loaded = TypeVar("_Loaded", bound=BaseModel)
 
 
+def bundled_playbooks() -> Path:
+    """The playbook directory shipped inside the package: package data in a wheel; in a checkout, the link
+    bot/bundled_playbooks resolved to the repository's playbooks/, the directory operators read and edit."""
+    directory = resources.files("bot").joinpath("bundled_playbooks")
+    # The playbook loader lists a directory, so the package must be files on disk (pip installs it so).
+    if not isinstance(directory, Path):
+        raise RuntimeError(f"gpu-alert-bot cannot run from an archive: {directory} is not a directory on disk")
+    return directory.resolve()
+
+
 def data_file(location: Path | None, name: str, bundled: Path) -> Path:
     """`location` itself for a file, `name` in it for a directory that has one, else the `bundled` file."""
     if location is None:
@@ -41,9 +54,11 @@ def data_file(location: Path | None, name: str, bundled: Path) -> Path:
 def load_model(path: Path, model: type[_Loaded]) -> _Loaded:
     """A YAML data file checked by its model; every problem names the file."""
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_YAML_LOADER)  # noqa: S506 (a safe loader)
+        data = yaml.load(utf8_text(path), Loader=_YAML_LOADER)  # noqa: S506 (a safe loader)
     except OSError as exc:
         raise XidCatalogError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
+    except NotUtf8Error as exc:
+        raise XidCatalogError([f"{path}:{exc.line}: {exc}"]) from None
     except yaml.YAMLError as exc:
         raise XidCatalogError([f"{path}: not valid YAML: {exc}"]) from None
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,9 +16,10 @@ _MASK = "***"
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message, then the record's `extra` fields."""
 
-    def __init__(self, secrets: Iterable[str] = ()) -> None:
+    def __init__(self, secrets: Callable[[], Iterable[str]] = tuple) -> None:
         super().__init__()
-        self._secrets = sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True)
+        # Asked for at each line: a secret file rewritten while the bot runs is masked from then on.
+        self._secrets = secrets
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
@@ -35,7 +36,7 @@ class JsonFormatter(logging.Formatter):
         return self._mask(json.dumps(entry, default=str, ensure_ascii=False))
 
     def _mask(self, text: str) -> str:
-        for secret in self._secrets:
+        for secret in sorted({s for s in self._secrets() if len(s) >= 4}, key=len, reverse=True):
             text = text.replace(secret, _MASK)
             escaped = json.dumps(secret)[1:-1]
             if escaped != secret:
@@ -43,7 +44,7 @@ class JsonFormatter(logging.Formatter):
         return text
 
 
-def configure_logging(level: str, secrets: Iterable[str] = ()) -> None:
+def configure_logging(level: str, secrets: Callable[[], Iterable[str]] = tuple) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(secrets))
     root = logging.getLogger()

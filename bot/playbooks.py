@@ -41,6 +41,7 @@ from bot.models import AlertState, host_from_labels
 from bot.querytemplate import query_template_problems
 from bot.routing import LabelMatcher
 from bot.xid_catalog import XidCatalog, XidCatalogError, bundled_catalog, load_catalog
+from bot.yamldoc import Document, Loc, NotUtf8Error, duplicate_keys, read_document
 
 GENERIC = "generic"
 NOT_PLAYBOOKS = frozenset({"xid_catalog.yaml", "xid74_registers.yaml"})
@@ -433,65 +434,7 @@ def fill_command(template: str, values: Mapping[str, str]) -> str:
     return _fill_text(template, replace)
 
 
-# --- loading: YAML with line numbers ------------------------------------------------------------------
-Loc = tuple[str | int, ...]
-
-
-@dataclass
-class _Document:
-    path: Path
-    root: yaml.Node | None
-    data: Any
-
-    def line(self, loc: Sequence[str | int]) -> int:
-        """Line of the deepest node `loc` reaches. Steps that are not in the file (pydantic's union tags) are
-        skipped, so the line is always the closest one that exists."""
-        node = self.root
-        line = node.start_mark.line + 1 if node is not None else 1
-        for part in loc:
-            found = _child(node, part)
-            if found is None:
-                continue
-            marker, node = found
-            line = marker.start_mark.line + 1
-        return line
-
-
-def _child(node: yaml.Node | None, part: str | int) -> tuple[yaml.Node, yaml.Node] | None:
-    if isinstance(node, yaml.MappingNode):
-        for key, value in node.value:
-            if isinstance(key, yaml.ScalarNode) and key.value == str(part):
-                return key, value
-    if isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
-        return node.value[part], node.value[part]
-    return None
-
-
-def _read_document(path: Path) -> _Document:
-    loader = yaml.SafeLoader(path.read_text(encoding="utf-8"))
-    try:
-        root = loader.get_single_node()
-        data = loader.construct_document(root) if root is not None else None
-    finally:
-        loader.dispose()
-    return _Document(path, root, data)
-
-
-def _duplicate_keys(node: yaml.Node | None, loc: Loc = ()) -> Iterator[tuple[int, Loc, str]]:
-    """YAML loaders keep the last of two equal keys silently; a duplicate is nearly always a mistake."""
-    if isinstance(node, yaml.MappingNode):
-        seen: set[str] = set()
-        for key, value in node.value:
-            name = str(key.value)
-            if name in seen:
-                yield key.start_mark.line + 1, (*loc, name), f"duplicate key {name!r}"
-            seen.add(name)
-            yield from _duplicate_keys(value, (*loc, name))
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            yield from _duplicate_keys(item, (*loc, index))
-
-
+# --- loading: problems with file and line (the YAML itself: bot.yamldoc) ---------------------------------
 def _loc_text(loc: Sequence[str | int]) -> str:
     text = ""
     for part in loc:
@@ -512,13 +455,13 @@ class _Problems:
     def __init__(self) -> None:
         self.items: list[str] = []
 
-    def add(self, document: _Document, loc: Sequence[str | int], message: str, line: int | None = None) -> None:
+    def add(self, document: Document, loc: Sequence[str | int], message: str, line: int | None = None) -> None:
         where = _loc_text(loc)
         line = document.line(loc) if line is None else line
         self.items.append(f"{document.path}:{line}: {where + ': ' if where else ''}{message}")
 
 
-def _validate(document: _Document, problems: _Problems) -> Playbook | None:
+def _validate(document: Document, problems: _Problems) -> Playbook | None:
     data = document.data
     if data is None:
         problems.add(document, (), "the file is empty")
@@ -628,7 +571,7 @@ class PlaybookSet:
         if not directory.is_dir():
             raise PlaybookError([f"{directory}: playbook directory not found"])
         problems = _Problems()
-        loaded: list[tuple[_Document, Playbook]] = []
+        loaded: list[tuple[Document, Playbook]] = []
         for path in sorted(directory.glob("*.yaml")):
             if path.name not in NOT_PLAYBOOKS:
                 found = _load_one(path, problems)
@@ -688,24 +631,27 @@ class PlaybookSet:
         ]
 
 
-def _load_one(path: Path, problems: _Problems) -> tuple[_Document, Playbook] | None:
+def _load_one(path: Path, problems: _Problems) -> tuple[Document, Playbook] | None:
     try:
-        document = _read_document(path)
+        document = read_document(path)
     except OSError as exc:
         problems.items.append(f"{path}: {exc.strerror or exc}")
+        return None
+    except NotUtf8Error as exc:
+        problems.items.append(f"{path}:{exc.line}: {exc}")
         return None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f":{mark.line + 1}" if mark is not None else ""
         problems.items.append(f"{path}{where}: {exc.problem or exc}")
         return None
-    for line, loc, message in _duplicate_keys(document.root):
+    for line, loc, message in duplicate_keys(document.root):
         problems.add(document, loc, message, line)
     playbook = _validate(document, problems)
     return None if playbook is None else (document, playbook)
 
 
-def _overlap_problems(loaded: Sequence[tuple[_Document, Playbook]], problems: _Problems) -> None:
+def _overlap_problems(loaded: Sequence[tuple[Document, Playbook]], problems: _Problems) -> None:
     """Two playbooks for the same alert name and the same matchers: which one applies would be arbitrary."""
     seen: dict[tuple[str, frozenset[str]], Path] = {}
     for document, playbook in loaded:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import http.server
+import importlib.metadata
 import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +20,7 @@ import pytest
 import yaml
 
 from bot.cli import main
+from bot.healthcheck import probe_url
 from tests.support.payloads import am_alert, body, webhook
 from tests.support.processes import BotProcess, ManagedProcess, free_port, wait_http
 
@@ -236,3 +240,69 @@ def test_store_override_is_relative_to_the_working_directory(tmp_path: Path) -> 
         bot.stop()
     assert (workdir / "cli.db").exists()
     assert not (config.parent / "from-config.db").exists()
+
+
+def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"gpu-alert-bot {importlib.metadata.version('gpu-alert-bot')}"
+
+
+def test_healthcheck_asks_the_port_the_configuration_names(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    port = free_port()
+    config = tmp_path / "bot.yaml"
+    config.write_text(yaml.safe_dump({"server": {"listen": f"{ALL_INTERFACES}:{port}"}, "store": {"path": "bot.db"}}))
+    url = f"http://127.0.0.1:{port}/healthz"
+    bot = BotProcess(config, listen_port=port)
+    try:
+        assert main(["healthcheck", "--config", str(config)]) == 0
+        assert capsys.readouterr().out.strip() == f"{url}: alive"
+        assert main(["healthcheck", "--config", str(config), "--ready"]) == 0
+        assert capsys.readouterr().out.strip() == f"http://127.0.0.1:{port}/readyz: ready"
+    finally:
+        bot.stop()
+    assert main(["healthcheck", "--config", str(config), "--timeout", "1s"]) == 1
+    assert capsys.readouterr().err.startswith(f"{url}: ")
+
+
+class _NotReady(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200 if self.path == "/healthz" else 503)
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:  # quiet test output
+        pass
+
+
+def test_healthcheck_ready_fails_while_readyz_answers_503(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotReady) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        port = server.server_address[1]
+        config = tmp_path / "bot.yaml"
+        config.write_text(yaml.safe_dump({"server": {"listen": f"127.0.0.1:{port}"}}))
+        try:
+            assert main(["healthcheck", "--config", str(config)]) == 0
+            assert main(["healthcheck", "--config", str(config), "--ready"]) == 1
+        finally:
+            server.shutdown()
+    assert capsys.readouterr().err.strip() == f"http://127.0.0.1:{port}/readyz: HTTP 503"
+
+
+def test_healthcheck_reports_a_bad_configuration(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "bot.yaml"
+    config.write_text(yaml.safe_dump({"server": {"listen": "everywhere"}}))
+    assert main(["healthcheck", "--config", str(config)]) == 2
+    assert "server.listen: expected HOST:PORT" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("host", "url"),
+    [
+        (ALL_INTERFACES, "http://127.0.0.1:9095/healthz"),
+        ("::", "http://[::1]:9095/healthz"),
+        ("::1", "http://[::1]:9095/healthz"),
+    ],
+)
+def test_healthcheck_reaches_a_wildcard_listener_on_its_loopback(host: str, url: str) -> None:
+    assert probe_url(host, 9095) == url

@@ -204,3 +204,13 @@ def test_xids_known_only_from_alert_labels_are_listed(capsys: pytest.CaptureFixt
         {"DCGMXidGaugeStuck": 1, "GPUXIDError": 3},
     )
     assert [v["rule"] for v in gpu["verdicts"]] == ["xid79-recurring"]
+
+
+def test_store_option_reads_that_store_instead_of_the_configured_one(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_store(tmp_path / "copy.db", HISTORY)
+    monkeypatch.chdir(tmp_path)
+    status, out, err = run_cli(capsys, "--store", "copy.db", "--format", "json")
+    assert (status, err) == (0, "")
+    assert set(by_uuid(out)) == {UUID_A, UUID_B}

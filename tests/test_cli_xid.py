@@ -160,6 +160,16 @@ def test_a_custom_catalog_that_is_broken(
     assert "xids" in err
 
 
+def test_a_custom_catalog_that_is_not_utf8_names_its_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    latin1 = tmp_path / "xid_catalog.yaml"
+    latin1.write_bytes(b"version: 1\n# r\xe9sum\xe9\nxids: []\n")
+    status, _, err = run_cli(capsys, monkeypatch, "--catalog", str(latin1), "--explain", "79")
+    assert status == 2
+    assert err.strip() == f"{latin1}:2: not UTF-8 text (byte 0xe9); save the file as UTF-8"
+
+
 def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path: Path) -> None:
     """`gpu-alert-bot xid big.log | head -1`: no traceback once head has gone, and the status of a tool that
     SIGPIPE stopped (128 + 13), as the shell reports for cat or grep."""

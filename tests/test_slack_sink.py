@@ -26,6 +26,7 @@ from bot.store.sqlite import SqliteStore
 from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack, SlackMessage
 from tests.support.bot import eventually
 from tests.support.store import sqlite_store
+from tests.test_secret_files import rotate
 
 STARTED = datetime(2026, 11, 29, 13, 30, tzinfo=UTC)
 _ids = itertools.count(1)
@@ -282,6 +283,16 @@ async def test_wrong_token_is_invalid_auth(fake: FakeSlack, make_sink: SinkFacto
     fake.token = "xoxb-another-token"
     result = await make_sink().deliver(delivery(alert(1)))
     assert (result.retry, result.reason) == (False, "invalid_auth")
+
+
+async def test_a_rotated_token_file_is_used_from_the_next_call(
+    tmp_path: Path, fake: FakeSlack, make_sink: SinkFactory
+) -> None:
+    sink = make_sink()
+    assert await sink.deliver(delivery(alert(1))) == DeliveryResult.ok()
+    fake.token = "xoxb-rotated-token"
+    rotate(tmp_path / "slack_token", fake.token)
+    assert await sink.deliver(delivery(alert(2))) == DeliveryResult.ok()
 
 
 @pytest.mark.parametrize(

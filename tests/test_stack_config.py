@@ -215,6 +215,14 @@ def test_compose_adds_the_bot_to_the_seeds_management_stack() -> None:
     assert "webhook_token" in services["alertmanager"]["secrets"]
 
 
+def test_services_without_authentication_are_published_on_loopback_only() -> None:
+    """Alertmanager would forward whatever it is sent with the bot's token; Prometheus has its lifecycle API."""
+    services = load(COMPOSE)["services"]
+    for name in ("prometheus", "alertmanager", "loki"):
+        for port in services[name]["ports"]:
+            assert port.startswith("127.0.0.1:"), f"{name}: {port}"
+
+
 def test_compose_passes_secrets_as_files_never_as_environment_values() -> None:
     compose = load(COMPOSE)
     for name, service in compose["services"].items():
@@ -244,7 +252,8 @@ def test_the_bot_service_mounts_its_config_read_only_keeps_its_store_in_a_volume
     assert volume_name in compose["volumes"]
     playbooks_dir = load(BOT_IN_COMPOSE)["playbooks"]["dir"]
     assert volumes[playbooks_dir] == f"../playbooks:{playbooks_dir}:ro"
-    assert "/readyz" in " ".join(bot["healthcheck"]["test"])
+    assert bot["healthcheck"]["test"][1:4] == ["gpu-alert-bot", "healthcheck", "--config"]
+    assert bot["healthcheck"]["test"][4] == config_target and "--ready" in bot["healthcheck"]["test"]
     for source in ("./prometheus.yml", "./rules", "./alertmanager.example.yml", "./bot.compose.yaml", "../playbooks"):
         assert (CONFIG / source).exists(), source
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from bot.config import LokiConfig
 from bot.enrich.base import EnrichmentRequest, EnrichmentSection
-from bot.enrich.queryapi import Deadline, QueryError, bearer_headers, body_text, send
+from bot.enrich.queryapi import Deadline, QueryError, bearer_auth, body_text, send
 from bot.models import host_from_labels
 from bot.querytemplate import TemplateError, fill_query, quoted
 
@@ -69,10 +69,12 @@ class LokiClient:
     """`GET /loki/api/v1/query_range` for log queries (httpx, retries within the caller's deadline)."""
 
     def __init__(self, config: LokiConfig, transport: httpx.AsyncBaseTransport | None = None) -> None:
-        token = config.bearer_token_file.get() if config.bearer_token_file is not None else None
         tenant = {"X-Scope-OrgID": config.tenant_id} if config.tenant_id else {}
         self._client = httpx.AsyncClient(
-            base_url=config.url.rstrip("/"), headers=bearer_headers(token, tenant), transport=transport
+            base_url=config.url.rstrip("/"),
+            headers=tenant,
+            auth=bearer_auth(config.bearer_token_file),
+            transport=transport,
         )
 
     async def query_range(

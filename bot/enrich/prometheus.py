@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from bot.config import PrometheusConfig
 from bot.enrich.base import EnrichmentRequest, EnrichmentSection
-from bot.enrich.queryapi import Deadline, QueryError, bearer_headers, body_text, send
+from bot.enrich.queryapi import Deadline, QueryError, bearer_auth, body_text, send
 from bot.message import format_duration
 from bot.models import AlertState, host_from_labels
 from bot.querytemplate import TemplateError, fill_query, quoted, regex_literal
@@ -99,9 +99,8 @@ class PrometheusClient:
     """The few Prometheus HTTP API calls enrichment needs (httpx; POST forms; retries within the deadline)."""
 
     def __init__(self, config: PrometheusConfig, transport: httpx.AsyncBaseTransport | None = None) -> None:
-        token = config.bearer_token_file.get() if config.bearer_token_file is not None else None
         self._client = httpx.AsyncClient(
-            base_url=config.url.rstrip("/"), headers=bearer_headers(token), transport=transport
+            base_url=config.url.rstrip("/"), auth=bearer_auth(config.bearer_token_file), transport=transport
         )
 
     async def query_range(

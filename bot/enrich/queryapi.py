@@ -11,13 +11,14 @@ carry a short stable `reason` (for logs and metrics) and a human `detail` (for t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator
 from typing import Any
 
 import httpx
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_exponential
 from tenacity.stop import stop_base
 
+from bot.config import Secret
 from bot.retry_after import retry_after_seconds
 
 _MAX_ATTEMPTS = 3
@@ -144,8 +145,17 @@ def body_text(response: httpx.Response) -> str:
     return text or "(empty body)"
 
 
-def bearer_headers(token: str | None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    headers = dict(extra or {})
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    return headers
+class SecretBearer(httpx.Auth):
+    """`Authorization: Bearer` with the token file's content at each request, so a rotated token is used
+    without a restart."""
+
+    def __init__(self, token: Secret) -> None:
+        self._token = token
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        request.headers["Authorization"] = f"Bearer {self._token.get()}"
+        yield request
+
+
+def bearer_auth(token: Secret | None) -> SecretBearer | None:
+    return None if token is None else SecretBearer(token)

@@ -176,6 +176,7 @@ class SlackChannel:
                 session=self._session,
                 retry_handlers=handlers,
             )
+        self._client.token = self._config.token_file.get()  # a rotated token file is used from the next call
         return self._client
 
     async def _call(
