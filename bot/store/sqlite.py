@@ -198,6 +198,28 @@ class StoreInUse(StoreUnavailable):
     """Another process has this store open: two bots on one SQLite file would process every event twice."""
 
 
+class StoreDamaged(StoreUnavailable):
+    """The store file is not a sound SQLite database: starting on it would lose or invent work silently."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        super().__init__(
+            f"the store {path} is damaged ({problem}): stop the bot, move {path} and its -wal/-shm files aside "
+            "(or restore a backup) and start again; acknowledged work in the damaged file is not delivered"
+        )
+
+
+def _check_sound(conn: sqlite3.Connection, path: Path) -> None:
+    """Raise StoreDamaged unless SQLite reads the whole file as a sound database (PRAGMA quick_check)."""
+    try:
+        problems = [str(row[0]).replace("\n", "; ") for row in conn.execute("PRAGMA quick_check(3)").fetchall()]
+    except sqlite3.OperationalError:
+        raise  # the disk or a lock, not the file's content
+    except sqlite3.DatabaseError as exc:  # SQLITE_NOTADB, SQLITE_CORRUPT
+        raise StoreDamaged(path, str(exc)) from exc
+    if problems != ["ok"]:
+        raise StoreDamaged(path, "; ".join(problems))
+
+
 def _lock_exclusively(lock_path: Path) -> int:
     """Hold an exclusive lock on the store for the life of the process; the kernel drops it when the process
     dies, even by SIGKILL, so a crash never leaves a stale lock behind."""
@@ -316,7 +338,12 @@ class SqliteStore(Store):
     def _open_sync(self) -> None:
         self._path.parent.mkdir(parents=True, exist_ok=True)
         self._lock_fd = _lock_exclusively(self._path.with_name(self._path.name + ".lock"))
-        conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        try:
+            conn = self._connect_sound()
+        except BaseException:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+            raise
         conn.row_factory = sqlite3.Row
         conn.execute("PRAGMA journal_mode=WAL")
         # The worker's own writes need no fsync of their own: they are redone from the stored notifications if
@@ -330,6 +357,19 @@ class SqliteStore(Store):
         # The lock above guarantees this is the only process using the store: leases left by a killed one are void.
         conn.execute("UPDATE events SET lease_until = 0 WHERE state = 'pending'")
         self._conn = conn
+
+    def _connect_sound(self) -> sqlite3.Connection:
+        """A connection to the store, refused when an existing file is damaged: a 0-byte file (SQLite would take
+        it for a new, empty store) or one that fails PRAGMA quick_check."""
+        if self._path.exists() and self._path.stat().st_size == 0 and not self._wal_path.exists():
+            raise StoreDamaged(self._path, "the file is empty, 0 bytes")
+        conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        try:
+            _check_sound(conn, self._path)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     async def close(self) -> None:
         if self._batcher is not None:
@@ -356,6 +396,10 @@ class SqliteStore(Store):
     @property
     def path(self) -> Path:
         return self._path
+
+    @property
+    def _wal_path(self) -> Path:
+        return self._path.with_name(self._path.name + "-wal")
 
     @property
     def connection(self) -> sqlite3.Connection:
