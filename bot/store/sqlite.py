@@ -51,6 +51,10 @@ _URGENT, _HEALTH, _BACKGROUND, _LAST = 0, 1, 2, 3
 _CHECKPOINT_EVERY = 1.0
 # A safety net only: the checkpointer thread normally keeps the WAL far below this many pages.
 _AUTOCHECKPOINT_PAGES = 20000
+# Past this size the checkpointer copies the whole WAL and truncates it (and a WAL restarted by SQLite is cut
+# back to it): writers that never pause starve passive checkpoints, and the WAL would otherwise grow over the
+# whole disk, leaving nothing for the database file once space is freed (the store would never recover).
+_WAL_LIMIT_BYTES = 16 * 1024 * 1024
 # The readiness probe writes (and rolls back) this much: room for a typical large notification, so a full
 # disk shows as "not ready" even when a one-row heartbeat still fits in a page that is already allocated.
 _WRITE_PROBE_BYTES = 64 * 1024
@@ -281,6 +285,7 @@ class _Checkpointer:
 
     def __init__(self, path: Path) -> None:
         self._path = path
+        self._wal = path.with_name(path.name + "-wal")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sqlite-checkpoint", daemon=True)
 
@@ -292,11 +297,17 @@ class _Checkpointer:
         try:
             while not self._stop.wait(_CHECKPOINT_EVERY):
                 try:
-                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-                except sqlite3.Error as exc:  # the disk is full or gone: the writer reports that already
+                    self._checkpoint(conn)
+                except (sqlite3.Error, OSError) as exc:  # the disk is full or gone: the writer reports that already
                     log.debug("checkpoint failed", extra={"reason": str(exc)})
         finally:
             conn.close()
+
+    def _checkpoint(self, conn: sqlite3.Connection) -> None:
+        conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        if self._wal.exists() and self._wal.stat().st_size > _WAL_LIMIT_BYTES:
+            # Waits for the writer of the moment, then holds writers off while it copies: a rare, bounded pause.
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
 
     def stop(self) -> None:
         self._stop.set()
@@ -352,7 +363,7 @@ class SqliteStore(Store):
         conn.execute("PRAGMA busy_timeout=5000")
         conn.execute("PRAGMA cache_size=-8000")
         conn.execute(f"PRAGMA wal_autocheckpoint={_AUTOCHECKPOINT_PAGES}")
-        conn.execute("PRAGMA journal_size_limit=67108864")
+        conn.execute(f"PRAGMA journal_size_limit={_WAL_LIMIT_BYTES}")
         conn.executescript(_SCHEMA)
         # The lock above guarantees this is the only process using the store: leases left by a killed one are void.
         conn.execute("UPDATE events SET lease_until = 0 WHERE state = 'pending'")
