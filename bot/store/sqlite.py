@@ -224,6 +224,42 @@ def _check_sound(conn: sqlite3.Connection, path: Path) -> None:
         raise StoreDamaged(path, "; ".join(problems))
 
 
+class _ShmGuard:
+    """SQLite maps the WAL's `-shm` index file into memory. Once that file is truncated, or made unwritable
+    (`chattr +i`, a read-only remount), SQLite's next touch of the mapping gets SIGBUS: the process dies (exit
+    135) with nothing logged. Checked before each use of the connection, the file's state becomes a
+    StoreUnavailable instead: webhooks get 503, /readyz says why, the log says it, the process lives.
+
+    A change landing between this check and SQLite's access (within one store call, milliseconds) is not
+    caught: keeping the index in heap memory (locking_mode=EXCLUSIVE) would close that gap, but would also shut
+    out every other reader of the store (`gpu-alert-bot gpus` beside a running bot).
+    """
+
+    def __init__(self, database: Path) -> None:
+        self._shm = database.with_name(database.name + "-shm")
+        self._lock = threading.Lock()  # the store's thread and the checkpointer's share one guard
+        self._largest = self._size()
+
+    def _size(self) -> int:
+        try:
+            return self._shm.stat().st_size
+        except FileNotFoundError:
+            return -1  # removed while mapped: the mapping keeps the old file, nothing faults
+
+    def check(self) -> None:
+        size = self._size()
+        if size < 0:
+            return
+        with self._lock:
+            if size < self._largest:
+                raise StoreUnavailable(
+                    f"{self._shm} shrank from {self._largest} to {size} bytes while in use: restart the bot"
+                )
+            self._largest = size
+        if not os.access(self._shm, os.W_OK):
+            raise StoreUnavailable(f"{self._shm} is not writable (read-only or immutable): make it writable again")
+
+
 def _lock_exclusively(lock_path: Path) -> int:
     """Hold an exclusive lock on the store for the life of the process; the kernel drops it when the process
     dies, even by SIGKILL, so a crash never leaves a stale lock behind."""
@@ -286,6 +322,7 @@ class _Checkpointer:
     def __init__(self, path: Path) -> None:
         self._path = path
         self._wal = path.with_name(path.name + "-wal")
+        self.shm_guard: _ShmGuard | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sqlite-checkpoint", daemon=True)
 
@@ -298,12 +335,14 @@ class _Checkpointer:
             while not self._stop.wait(_CHECKPOINT_EVERY):
                 try:
                     self._checkpoint(conn)
-                except (sqlite3.Error, OSError) as exc:  # the disk is full or gone: the writer reports that already
+                except (sqlite3.Error, OSError, StoreUnavailable) as exc:  # the writer reports that already
                     log.debug("checkpoint failed", extra={"reason": str(exc)})
         finally:
             conn.close()
 
     def _checkpoint(self, conn: sqlite3.Connection) -> None:
+        if self.shm_guard is not None:
+            self.shm_guard.check()
         conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
         if self._wal.exists() and self._wal.stat().st_size > _WAL_LIMIT_BYTES:
             # Waits for the writer of the moment, then holds writers off while it copies: a rare, bounded pause.
@@ -327,6 +366,7 @@ class SqliteStore(Store):
         self._thread = _StoreThread()
         self._checkpointer = _Checkpointer(path)
         self._conn: sqlite3.Connection | None = None
+        self._shm_guard: _ShmGuard | None = None
         self._lock_fd: int | None = None
         self._ingest_queue: asyncio.Queue[tuple[IncomingNotification, asyncio.Future[IngestResult]]] = asyncio.Queue()
         self._batcher: asyncio.Task[None] | None = None
@@ -335,6 +375,7 @@ class SqliteStore(Store):
     async def open(self) -> None:
         await self._run(self._open_read_only if self._read_only else self._open_sync)
         if not self._read_only:
+            self._checkpointer.shm_guard = self._shm_guard
             self._checkpointer.start()
             self._batcher = asyncio.create_task(self._group_commit_loop(), name="sqlite-group-commit")
 
@@ -368,6 +409,8 @@ class SqliteStore(Store):
         # The lock above guarantees this is the only process using the store: leases left by a killed one are void.
         conn.execute("UPDATE events SET lease_until = 0 WHERE state = 'pending'")
         self._conn = conn
+        # Only from here: opening may legitimately truncate an -shm file left by an earlier process.
+        self._shm_guard = _ShmGuard(self._path)
 
     def _connect_sound(self) -> sqlite3.Connection:
         """A connection to the store, refused when an existing file is damaged: a 0-byte file (SQLite would take
@@ -429,11 +472,16 @@ class SqliteStore(Store):
 
     async def _run(self, fn: Callable[..., T], *args: Any, priority: int = _BACKGROUND) -> T:
         try:
-            return await asyncio.wrap_future(self._thread.submit(priority, functools.partial(fn, *args)))
+            return await asyncio.wrap_future(self._thread.submit(priority, functools.partial(self._guarded, fn, *args)))
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
         except RuntimeError as exc:  # the store thread is shut down
             raise StoreUnavailable(str(exc)) from exc
+
+    def _guarded(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._shm_guard is not None:
+            self._shm_guard.check()
+        return fn(*args)
 
     def _transaction(self, fn: Callable[[sqlite3.Connection], T], *, acknowledged: bool = False) -> T:
         """Run `fn` in one write transaction. `acknowledged` writes are the ones a 2xx promises: with
