@@ -501,6 +501,7 @@ async def test_storm_that_cannot_post_is_counted_as_failed(fake: FakeSlack, make
     for n in range(2, 6):
         await sink.deliver(delivery(alert(n)))
     labels = {"receiver": "slack", "reason": "channel_not_found"}
+    # Waits for the fifth failure: the storm batch of the last alerts may still be in flight.
     await eventually(
         lambda: metrics.registry.get_sample_value("gpu_alert_bot_delivery_failures_total", labels) == 5, timeout=10
     )
