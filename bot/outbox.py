@@ -4,6 +4,12 @@ Each receiver drains its own queue in order, so one sink's outage never delays a
 message never overtakes the post that created it. While a delivery is retried the receiver's queue waits
 behind it: when Slack is down, hammering it with the next message would not help. Every attempt is written
 to the store first, so a restart resumes where the last process stopped.
+
+A delivery that went out but whose outcome the store could not record (disk full) is remembered here and
+recorded before this receiver sends anything else: it is never sent again while the store fails, and only a
+process ending before the store recovers can repeat it, once. A graceful stop lets the attempt under way end
+and be recorded instead of cutting it between the send and the record. An unexpected exception from a sink is
+a bug no retry fixes: the delivery is set aside at once and the receiver's queue moves on.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_result, wait_exponential, wait_random
@@ -28,6 +35,15 @@ _BATCH = 50
 _IDLE_RECHECK = 30.0
 
 
+@dataclass(frozen=True)
+class _Outcome:
+    """The end of a delivery, kept until the store has recorded it."""
+
+    delivery_id: int
+    delivered: bool
+    error: str = ""
+
+
 class Outbox:
     def __init__(self, store: Store, sinks: Mapping[str, Sink], config: OutboxConfig, metrics: Metrics) -> None:
         self._store = store
@@ -36,6 +52,8 @@ class Outbox:
         self._metrics = metrics
         self._wakeups = {name: asyncio.Event() for name in self._sinks}
         self._tasks: list[asyncio.Task[None]] = []
+        self._unrecorded: dict[str, list[_Outcome]] = {name: [] for name in self._sinks}
+        self._attempts: set[asyncio.Task[DeliveryResult]] = set()
 
     @property
     def receivers(self) -> list[str]:
@@ -51,10 +69,14 @@ class Outbox:
         return bool(self._tasks) and not any(task.done() for task in self._tasks)
 
     async def stop(self) -> None:
+        """Stop sending. An attempt under way ends (within `attempt_timeout`) and its outcome is recorded: cut
+        between the send and the record, it would be sent again after the restart."""
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        await asyncio.gather(*self._attempts, return_exceptions=True)
+        await self._record_unrecorded_before_exit()
         for sink in self._sinks.values():
             await sink.close()
 
@@ -68,6 +90,7 @@ class Outbox:
         while True:
             wakeup.clear()
             try:
+                await self._record_outcomes(sink.name)
                 batch = await self._store.due_deliveries(sink.name, _BATCH)
                 for delivery in batch:
                     await self._deliver(sink, delivery)
@@ -130,7 +153,8 @@ class Outbox:
         )
         result: DeliveryResult = await retrying(self._attempt, sink, delivery)
         if result.delivered:
-            await self._store.delivery_succeeded(delivery.id)
+            # Recorded by the attempt, unless the store refused: then raise, and send nothing more until it is.
+            await self._record_outcomes(sink.name)
             return
         reason = result.reason if not result.retry else f"gave_up_{result.reason}"
         self._metrics.delivery_failures.labels(sink.name, reason).inc()
@@ -139,17 +163,58 @@ class Outbox:
             "delivery failed for good",
             extra={"receiver": sink.name, "delivery_id": delivery.id, "reason": reason, "detail": result.detail},
         )
-        await self._store.delivery_failed(delivery.id, f"{reason}: {result.detail}")
+        self._unrecorded[sink.name].append(_Outcome(delivery.id, delivered=False, error=f"{reason}: {result.detail}"))
+        await self._record_outcomes(sink.name)
 
     async def _attempt(self, sink: Sink, delivery: Delivery) -> DeliveryResult:
+        """One attempt and, when it delivered, its record: shielded, so that stop() cannot cut between them."""
+        attempt = asyncio.create_task(self._attempt_and_record(sink, delivery), name=f"delivery-{delivery.id}")
+        self._attempts.add(attempt)
+        attempt.add_done_callback(self._attempts.discard)
+        return await asyncio.shield(attempt)
+
+    async def _attempt_and_record(self, sink: Sink, delivery: Delivery) -> DeliveryResult:
+        result = await self._attempt_once(sink, delivery)
+        if result.delivered:
+            self._unrecorded[sink.name].append(_Outcome(delivery.id, delivered=True))
+            # A store that cannot record it now leaves it in _unrecorded: nothing goes out before it is recorded.
+            with contextlib.suppress(StoreUnavailable):
+                await self._record_outcomes(sink.name)
+        return result
+
+    async def _attempt_once(self, sink: Sink, delivery: Delivery) -> DeliveryResult:
         try:
             async with asyncio.timeout(self._config.attempt_timeout):
                 result = await sink.deliver(delivery)
         except TimeoutError:
             result = DeliveryResult.retry_later("timeout", f"no answer within {self._config.attempt_timeout:g} s")
-        except Exception as exc:  # a sink bug or an unexpected transport error must not kill the dispatcher
-            log.exception("sink raised", extra={"receiver": sink.name, "delivery_id": delivery.id})
+        except (OSError, StoreUnavailable) as exc:  # a transport or store error a later attempt can get past
+            log.warning("sink raised", extra={"receiver": sink.name, "delivery_id": delivery.id, "reason": str(exc)})
             result = DeliveryResult.retry_later("exception", f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # a sink bug: retrying for a day would only hold up the messages behind it
+            log.exception("sink raised", extra={"receiver": sink.name, "delivery_id": delivery.id})
+            result = DeliveryResult.failed("exception", f"{type(exc).__name__}: {exc}")
         outcome: DeliveryOutcome = "delivered" if result.delivered else ("retry" if result.retry else "failed")
         self._metrics.deliveries.labels(sink.name, outcome).inc()
         return result
+
+    async def _record_outcomes(self, receiver: str) -> None:
+        """Write the outcomes this receiver is holding, oldest first; StoreUnavailable keeps the rest."""
+        pending = self._unrecorded[receiver]
+        while pending:
+            outcome = pending[0]
+            if outcome.delivered:
+                await self._store.delivery_succeeded(outcome.delivery_id)
+            else:
+                await self._store.delivery_failed(outcome.delivery_id, outcome.error)
+            pending.pop(0)
+
+    async def _record_unrecorded_before_exit(self) -> None:
+        for receiver, pending in self._unrecorded.items():
+            try:
+                await self._record_outcomes(receiver)
+            except StoreUnavailable as exc:
+                log.error(
+                    "stopping with deliveries sent but not recorded; they will be sent again after the restart",
+                    extra={"receiver": receiver, "delivery_ids": [o.delivery_id for o in pending], "reason": str(exc)},
+                )

@@ -40,6 +40,9 @@ class Worker:
         self._metrics = metrics
         self._wakeup = asyncio.Event()
         self._in_flight: set[asyncio.Task[None]] = set()
+        # Events that failed for want of the store and whose lease the store could not release either: released
+        # as soon as it can write, rather than left for the whole lease once space is back.
+        self._leased_by_store_failure: set[int] = set()
         self._task: asyncio.Task[None] | None = None
         self._next_stats = 0.0
         self._next_prune = 0.0
@@ -86,6 +89,7 @@ class Worker:
                         await self._wakeup.wait()
 
     async def _cycle(self) -> bool:
+        await self._release_leases()
         deduped = await self._pipeline.dedup(_DEDUP_BATCH)
         free = self._config.concurrency - len(self._in_flight)
         events = await self._store.claim_events(free, self._config.event_lease) if free > 0 else []
@@ -107,6 +111,14 @@ class Worker:
             await self._pipeline.handle(event)
         except asyncio.CancelledError:
             raise
+        except StoreUnavailable as exc:
+            # The disk, not the event: it waits for the store like all other work, and is never set aside for it.
+            self._metrics.error("store_unavailable")
+            log.warning("event waits for the store", extra={"event_id": event.id, "reason": str(exc)})
+            try:
+                await self._store.fail_event(event.id, f"StoreUnavailable: {exc}", self._config.retry_backoff)
+            except StoreUnavailable:
+                self._leased_by_store_failure.add(event.id)
         except Exception as exc:
             self._metrics.error("pipeline")
             give_up = event.attempts >= self._config.max_event_attempts
@@ -119,6 +131,11 @@ class Worker:
             )
             with contextlib.suppress(StoreUnavailable):
                 await self._store.fail_event(event.id, f"{type(exc).__name__}: {exc}", retry_in)
+
+    async def _release_leases(self) -> None:
+        for event_id in sorted(self._leased_by_store_failure):
+            await self._store.fail_event(event_id, "StoreUnavailable: the store could not write", 0.0)
+            self._leased_by_store_failure.discard(event_id)
 
     async def _housekeeping(self) -> None:
         now = time.monotonic()

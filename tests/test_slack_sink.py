@@ -131,7 +131,8 @@ async def test_firing_repeat_resolve_is_one_message_updated_in_place(fake: FakeS
     assert "still firing, seen 3 times" in replies[0].text
     assert "resolved after 12 min" in replies[1].text
     assert root.metadata is not None and root.metadata["event_payload"]["alert_key"] == alert(1).alert_key
-    assert [c.method for c in fake.calls] == ["chat.postMessage"] * 2 + ["chat.update", "chat.postMessage"]
+    posts_and_updates = ["chat.postMessage"] * 2 + ["chat.update", "chat.postMessage"]
+    assert [c.method for c in fake.calls] == ["conversations.list", *posts_and_updates]  # the channel's ID, once
 
 
 async def test_firing_again_after_a_resolve_reopens_the_same_message(fake: FakeSlack, make_sink: SinkFactory) -> None:
@@ -593,3 +594,45 @@ async def test_a_storm_summary_whose_answer_was_lost_is_not_posted_twice(
 
     await eventually(lambda: in_a_thread(fake, "`k-ai-05`"), timeout=20)
     assert sum("Alert storm" in m.text for m in fake.top_level()) == 1
+
+
+async def test_a_cold_start_whose_posts_are_answered_too_late_posts_each_alert_once(
+    fake: FakeSlack, make_sink: SinkFactory
+) -> None:
+    # Channel by name, nothing posted yet: the ID the lookup needs comes from conversations.list, not from an
+    # answer to a post, so even the very first post in doubt is looked for rather than posted again.
+    sink = make_sink(timeout=0.3)
+    fake.answer_late("chat.postMessage", 1.0)
+    for n in (1, 2, 3):
+        first = await sink.deliver(delivery(alert(n)))
+        assert (first.retry, first.reason) == (True, "timeout")  # Slack posted it; the bot cannot know
+        assert await sink.deliver(delivery(alert(n))) == DeliveryResult.ok()  # the outbox's retry
+    assert len(fake.top_level()) == 3
+    assert len(fake.calls_of("chat.postMessage")) == 3
+    assert len(fake.calls_of("conversations.history")) == 3
+    [lookup] = fake.calls_of("conversations.list")
+    assert lookup.args["types"] == "public_channel,private_channel"
+
+
+async def test_without_the_channel_list_scope_posting_by_name_still_works(
+    fake: FakeSlack, make_sink: SinkFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.fail_next("conversations.list", error="missing_scope")
+    sink = make_sink()
+    assert await sink.deliver(delivery(alert(1))) == DeliveryResult.ok()
+    assert await sink.deliver(delivery(alert(2))) == DeliveryResult.ok()
+    assert len(fake.top_level()) == 2
+    assert len(fake.calls_of("conversations.list")) == 1  # asked once per process, not before every post
+    assert any("grant channels:read" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_channel_list_that_fails_for_now_is_retried_before_posting(
+    fake: FakeSlack, make_sink: SinkFactory
+) -> None:
+    fake.fail_next("conversations.list", status=503)
+    sink = make_sink()
+    result = await sink.deliver(delivery(alert(1)))
+    assert (result.retry, result.reason) == (True, "http_503")
+    assert fake.top_level() == []
+    assert await sink.deliver(delivery(alert(1))) == DeliveryResult.ok()
+    assert [m.channel for m in fake.top_level()] == ["C0GPUALERTS"]

@@ -52,6 +52,10 @@ _URGENT, _HEALTH, _BACKGROUND, _LAST = 0, 1, 2, 3
 _CHECKPOINT_EVERY = 1.0
 # A safety net only: the checkpointer thread normally keeps the WAL far below this many pages.
 _AUTOCHECKPOINT_PAGES = 20000
+# Past this size the checkpointer copies the whole WAL and truncates it (and a WAL restarted by SQLite is cut
+# back to it): writers that never pause starve passive checkpoints, and the WAL would otherwise grow over the
+# whole disk, leaving nothing for the database file once space is freed (the store would never recover).
+_WAL_LIMIT_BYTES = 16 * 1024 * 1024
 # The readiness probe writes (and rolls back) this much: room for a typical large notification, so a full
 # disk shows as "not ready" even when a one-row heartbeat still fits in a page that is already allocated.
 _WRITE_PROBE_BYTES = 64 * 1024
@@ -210,6 +214,64 @@ class StoreInUse(StoreUnavailable):
     """Another process has this store open: two bots on one SQLite file would process every event twice."""
 
 
+class StoreDamaged(StoreUnavailable):
+    """The store file is not a sound SQLite database: starting on it would lose or invent work silently."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        super().__init__(
+            f"the store {path} is damaged ({problem}): stop the bot, move {path} and its -wal/-shm files aside "
+            "(or restore a backup) and start again; acknowledged work in the damaged file is not delivered"
+        )
+
+
+def _check_sound(conn: sqlite3.Connection, path: Path) -> None:
+    """Raise StoreDamaged unless SQLite reads the whole file as a sound database (PRAGMA quick_check)."""
+    try:
+        problems = [str(row[0]).replace("\n", "; ") for row in conn.execute("PRAGMA quick_check(3)").fetchall()]
+    except sqlite3.OperationalError:
+        raise  # the disk or a lock, not the file's content
+    except sqlite3.DatabaseError as exc:  # SQLITE_NOTADB, SQLITE_CORRUPT
+        raise StoreDamaged(path, str(exc)) from exc
+    if problems != ["ok"]:
+        raise StoreDamaged(path, "; ".join(problems))
+
+
+class _ShmGuard:
+    """SQLite maps the WAL's `-shm` index file into memory. Once that file is truncated, or made unwritable
+    (`chattr +i`, a read-only remount), SQLite's next touch of the mapping gets SIGBUS: the process dies (exit
+    135) with nothing logged. Checked before each use of the connection, the file's state becomes a
+    StoreUnavailable instead: webhooks get 503, /readyz says why, the log says it, the process lives.
+
+    A change landing between this check and SQLite's access (within one store call, milliseconds) is not
+    caught: keeping the index in heap memory (locking_mode=EXCLUSIVE) would close that gap, but would also shut
+    out every other reader of the store (`gpu-alert-bot gpus` beside a running bot).
+    """
+
+    def __init__(self, database: Path) -> None:
+        self._shm = database.with_name(database.name + "-shm")
+        self._lock = threading.Lock()  # the store's thread and the checkpointer's share one guard
+        self._largest = self._size()
+
+    def _size(self) -> int:
+        try:
+            return self._shm.stat().st_size
+        except FileNotFoundError:
+            return -1  # removed while mapped: the mapping keeps the old file, nothing faults
+
+    def check(self) -> None:
+        size = self._size()
+        if size < 0:
+            return
+        with self._lock:
+            if size < self._largest:
+                raise StoreUnavailable(
+                    f"{self._shm} shrank from {self._largest} to {size} bytes while in use: restart the bot"
+                )
+            self._largest = size
+        if not os.access(self._shm, os.W_OK):
+            raise StoreUnavailable(f"{self._shm} is not writable (read-only or immutable): make it writable again")
+
+
 def _lock_exclusively(lock_path: Path) -> int:
     """Hold an exclusive lock on the store for the life of the process; the kernel drops it when the process
     dies, even by SIGKILL, so a crash never leaves a stale lock behind."""
@@ -271,6 +333,8 @@ class _Checkpointer:
 
     def __init__(self, path: Path) -> None:
         self._path = path
+        self._wal = path.with_name(path.name + "-wal")
+        self.shm_guard: _ShmGuard | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sqlite-checkpoint", daemon=True)
 
@@ -282,11 +346,19 @@ class _Checkpointer:
         try:
             while not self._stop.wait(_CHECKPOINT_EVERY):
                 try:
-                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-                except sqlite3.Error as exc:  # the disk is full or gone: the writer reports that already
+                    self._checkpoint(conn)
+                except (sqlite3.Error, OSError, StoreUnavailable) as exc:  # the writer reports that already
                     log.debug("checkpoint failed", extra={"reason": str(exc)})
         finally:
             conn.close()
+
+    def _checkpoint(self, conn: sqlite3.Connection) -> None:
+        if self.shm_guard is not None:
+            self.shm_guard.check()
+        conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        if self._wal.exists() and self._wal.stat().st_size > _WAL_LIMIT_BYTES:
+            # Waits for the writer of the moment, then holds writers off while it copies: a rare, bounded pause.
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
 
     def stop(self) -> None:
         self._stop.set()
@@ -306,6 +378,7 @@ class SqliteStore(Store):
         self._thread = _StoreThread()
         self._checkpointer = _Checkpointer(path)
         self._conn: sqlite3.Connection | None = None
+        self._shm_guard: _ShmGuard | None = None
         self._lock_fd: int | None = None
         self._ingest_queue: asyncio.Queue[tuple[IncomingNotification, asyncio.Future[IngestResult]]] = asyncio.Queue()
         self._batcher: asyncio.Task[None] | None = None
@@ -314,6 +387,7 @@ class SqliteStore(Store):
     async def open(self) -> None:
         await self._run(self._open_read_only if self._read_only else self._open_sync)
         if not self._read_only:
+            self._checkpointer.shm_guard = self._shm_guard
             self._checkpointer.start()
             self._batcher = asyncio.create_task(self._group_commit_loop(), name="sqlite-group-commit")
 
@@ -328,7 +402,12 @@ class SqliteStore(Store):
     def _open_sync(self) -> None:
         self._path.parent.mkdir(parents=True, exist_ok=True)
         self._lock_fd = _lock_exclusively(self._path.with_name(self._path.name + ".lock"))
-        conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        try:
+            conn = self._connect_sound()
+        except BaseException:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+            raise
         conn.row_factory = sqlite3.Row
         conn.execute("PRAGMA journal_mode=WAL")
         # The worker's own writes need no fsync of their own: they are redone from the stored notifications if
@@ -337,11 +416,26 @@ class SqliteStore(Store):
         conn.execute("PRAGMA busy_timeout=5000")
         conn.execute("PRAGMA cache_size=-8000")
         conn.execute(f"PRAGMA wal_autocheckpoint={_AUTOCHECKPOINT_PAGES}")
-        conn.execute("PRAGMA journal_size_limit=67108864")
+        conn.execute(f"PRAGMA journal_size_limit={_WAL_LIMIT_BYTES}")
         conn.executescript(_SCHEMA)
         # The lock above guarantees this is the only process using the store: leases left by a killed one are void.
         conn.execute("UPDATE events SET lease_until = 0 WHERE state = 'pending'")
         self._conn = conn
+        # Only from here: opening may legitimately truncate an -shm file left by an earlier process.
+        self._shm_guard = _ShmGuard(self._path)
+
+    def _connect_sound(self) -> sqlite3.Connection:
+        """A connection to the store, refused when an existing file is damaged: a 0-byte file (SQLite would take
+        it for a new, empty store) or one that fails PRAGMA quick_check."""
+        if self._path.exists() and self._path.stat().st_size == 0 and not self._wal_path.exists():
+            raise StoreDamaged(self._path, "the file is empty, 0 bytes")
+        conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        try:
+            _check_sound(conn, self._path)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     async def close(self) -> None:
         if self._batcher is not None:
@@ -370,6 +464,10 @@ class SqliteStore(Store):
         return self._path
 
     @property
+    def _wal_path(self) -> Path:
+        return self._path.with_name(self._path.name + "-wal")
+
+    @property
     def connection(self) -> sqlite3.Connection:
         if self._conn is None:
             raise StoreUnavailable("store is closed")
@@ -386,11 +484,16 @@ class SqliteStore(Store):
 
     async def _run(self, fn: Callable[..., T], *args: Any, priority: int = _BACKGROUND) -> T:
         try:
-            return await asyncio.wrap_future(self._thread.submit(priority, functools.partial(fn, *args)))
+            return await asyncio.wrap_future(self._thread.submit(priority, functools.partial(self._guarded, fn, *args)))
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
         except RuntimeError as exc:  # the store thread is shut down
             raise StoreUnavailable(str(exc)) from exc
+
+    def _guarded(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._shm_guard is not None:
+            self._shm_guard.check()
+        return fn(*args)
 
     def _transaction(self, fn: Callable[[sqlite3.Connection], T], *, acknowledged: bool = False) -> T:
         """Run `fn` in one write transaction. `acknowledged` writes are the ones a 2xx promises: with

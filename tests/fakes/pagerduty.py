@@ -9,7 +9,8 @@ acknowledge/resolve of an unknown key is accepted and dropped) and records every
 
 Failure modes, switched by the test: `fail_next(n, "429" | "500" | "invalid")` answers the next n requests with
 that error (500 with a text/plain body, as a load balancer would), and `await stop()` / `await start()` take the
-whole service down (connection refused) and back on the same port.
+whole service down (connection refused) and back on the same port. `answer_after(seconds)` processes each event
+at once but answers only after that delay, as a slow PagerDuty does: the event is in, the caller does not know yet.
 
 The oversize answer (400 with "Event object is too large") is this fake's choice: PagerDuty documents the
 512 KB limit but not the exact answer.
@@ -17,6 +18,7 @@ The oversize answer (400 with "Event object is too large") is this fake's choice
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections import deque
@@ -62,6 +64,7 @@ class FakePagerDuty(LoopbackServer):
         self.events: list[RecordedEvent] = []
         self.alerts: dict[str, list[Alert]] = {}  # dedup_key -> every alert opened with it, oldest first
         self._failures: deque[FailureMode] = deque()
+        self._answer_delay = 0.0
 
     @property
     def url(self) -> str:
@@ -76,6 +79,10 @@ class FakePagerDuty(LoopbackServer):
 
     def fail_next(self, count: int, mode: FailureMode) -> None:
         self._failures.extend([mode] * count)
+
+    def answer_after(self, seconds: float) -> None:
+        """Process each event at once, answer it only `seconds` later (0 to answer at once again)."""
+        self._answer_delay = seconds
 
     # --- what tests look at ----------------------------------------------------------------------------
     def accepted(self, action: str | None = None) -> list[dict[str, Any]]:
@@ -109,7 +116,10 @@ class FakePagerDuty(LoopbackServer):
             return self._record(raw, parsed, _invalid(errors))
         key, outcome = self._apply(parsed)
         answer = web.json_response({"status": "success", "message": "Event processed", "dedup_key": key}, status=202)
-        return self._record(raw, parsed, answer, outcome)
+        recorded = self._record(raw, parsed, answer, outcome)
+        if self._answer_delay:
+            await asyncio.sleep(self._answer_delay)
+        return recorded
 
     def _apply(self, body: dict[str, Any]) -> tuple[str, str]:
         action = body["event_action"]

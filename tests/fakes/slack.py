@@ -2,7 +2,8 @@
 
 What it does like Slack (protocols.md section 5):
 - `POST /api/chat.postMessage`, `chat.update`, `chat.postEphemeral` with JSON (or form) bodies and
-  `Authorization: Bearer xoxb-...`; `GET/POST /api/conversations.history`, `conversations.replies`, `auth.test`.
+  `Authorization: Bearer xoxb-...`; `GET/POST /api/conversations.history`, `conversations.replies`, `auth.test`,
+  `conversations.list` (the channels by name and ID, paged with `cursor` and `limit`).
 - Answers shaped like Slack's: `{"ok": true, "channel": "C...", "ts": "1503435956.000247", "message": {...}}`;
   errors as HTTP 200 with `{"ok": false, "error": "channel_not_found"}`; 429 with `Retry-After`; 5xx with a
   text/plain body; "down" (connection refused, open connections reset).
@@ -11,7 +12,8 @@ What it does like Slack (protocols.md section 5):
 - Channel names resolve to IDs for chat.postMessage; chat.update and conversations.* need the ID.
 - Threads (`thread_ts`), message `metadata` (returned with `include_all_metadata`), per-channel post times.
 
-Failure modes switch at runtime: `fail_next`, `lose_answer`, `go_down` / `come_back`, `enforce_rate`, `delay`.
+Failure modes switch at runtime: `fail_next`, `lose_answer`, `go_down` / `come_back`, `enforce_rate`, `delay`,
+`answer_late` (the call is carried out at once, answered only later: past a client's timeout, a lost answer).
 Every call is recorded (`calls`) for assertions.
 """
 
@@ -170,6 +172,7 @@ class FakeSlack(LoopbackServer):
         self._scripted: dict[str, deque[_Scripted]] = defaultdict(deque)
         self._lose_answers: dict[str, int] = defaultdict(int)
         self._delay: dict[str, float] = {}
+        self._answer_late: dict[str, float] = {}
         self._buckets: dict[str, _Bucket] = {}
         self._rate: tuple[float, float] | None = None
         self._down = False
@@ -219,6 +222,10 @@ class FakeSlack(LoopbackServer):
     def delay(self, method: str, seconds: float) -> None:
         """Answer calls of `method` only after `seconds` (0 to stop delaying)."""
         self._delay[method] = seconds
+
+    def answer_late(self, method: str, seconds: float) -> None:
+        """Carry out calls of `method` at once but answer them only `seconds` later (0 to answer at once)."""
+        self._answer_late[method] = seconds
 
     def enforce_rate(self, per_second: float, burst: float = 2.0) -> None:
         """Answer 429 (Retry-After: 1) to a chat.postMessage beyond `per_second` per channel, like Slack, which
@@ -296,6 +303,8 @@ class FakeSlack(LoopbackServer):
             assert request.transport is not None
             request.transport.close()
             raise web.HTTPServiceUnavailable()
+        if self._answer_late.get(method):
+            await asyncio.sleep(self._answer_late[method])
         return self._json(call, answer)
 
     def _handlers(self) -> dict[str, Any]:
@@ -305,6 +314,7 @@ class FakeSlack(LoopbackServer):
             "chat.postEphemeral": self._post_ephemeral,
             "conversations.history": self._history,
             "conversations.replies": self._replies,
+            "conversations.list": self._list,
             "auth.test": lambda _args: {
                 "ok": True,
                 "url": "https://fake-workspace.slack.com/",
@@ -443,6 +453,21 @@ class FakeSlack(LoopbackServer):
         if parent is None:
             return {"ok": False, "error": "thread_not_found"}
         return self._page([parent, *self.replies(parent)], args)
+
+    def _list(self, args: dict[str, Any]) -> dict[str, Any]:
+        start = int(args.get("cursor") or 0)
+        limit = min(int(args.get("limit") or 100), 1000)
+        channels = sorted(self.channels.items())
+        page = channels[start : start + limit]
+        more = start + limit < len(channels)
+        return {
+            "ok": True,
+            "channels": [
+                {"id": channel_id, "name": name, "is_channel": True, "is_private": False, "is_archived": False}
+                for name, channel_id in page
+            ],
+            "response_metadata": {"next_cursor": str(start + limit) if more else ""},
+        }
 
     def _page(self, messages: list[SlackMessage], args: dict[str, Any]) -> dict[str, Any]:
         oldest = float(args.get("oldest") or 0)

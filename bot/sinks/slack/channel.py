@@ -3,8 +3,10 @@
 Exactly once: a post that carries a nonce puts it in its message `metadata`, and the caller records the nonce
 (with the time) before posting. When an attempt ended without a clear answer (timeout, connection lost, crash),
 `find_posted` looks for that nonce in conversations.history / conversations.replies before anything is posted
-again. Without the channel ID (first post ever) or the history scope the lookup is skipped and a duplicate is
-possible; the channel ID is learnt from the first answer to a post and kept in the sink state.
+again. The lookup needs the channel's ID: configured as such, or, for a channel given by name, looked up with
+conversations.list before the first post and kept in the sink state (a lost answer to the very first post
+would otherwise leave nothing to search with, and every retry would post again). Without the read or history
+scopes the lookup is skipped and a duplicate is possible.
 
 Errors: slack_sdk waits out a short 429 per Retry-After and retries a connection that could not be opened;
 everything else becomes a SlackFailure carrying the DeliveryResult for the outbox: retry-later (5xx,
@@ -48,6 +50,8 @@ _METADATA_TYPE = "gpu_alert_bot_message"
 # Slack's clock and ours may differ: the lookup of a post in doubt starts this long before the attempt.
 _LOOKUP_SLACK_SECONDS = 120.0
 _LOOKUP_PAGES = 5
+# conversations.list pages of 1000 channels (Slack's maximum) searched for the configured name.
+_CHANNEL_LIST_PAGES = 20
 _CHANNEL_ID = re.compile(r"^[CGD][A-Z0-9]{6,}$")
 
 
@@ -72,6 +76,7 @@ class SlackChannel:
         )
         self._session: aiohttp.ClientSession | None = None
         self._client: AsyncWebClient | None = None
+        self._cannot_look_up = False
 
     async def close(self) -> None:
         if self._session is not None:
@@ -147,10 +152,53 @@ class SlackChannel:
         )
 
     async def channel_id(self) -> str:
-        """The channel's ID: configured as such, or learnt from an earlier post ("" until then)."""
+        """The channel's ID: configured as such, known from earlier, or looked up by name; "" when Slack would
+        not say (posting by name still works, without the lookup of a post in doubt)."""
         if _CHANNEL_ID.match(self._config.channel):
             return self._config.channel
-        return (await self._state.channel_state()).channel_id
+        known = (await self._state.channel_state()).channel_id
+        if known or self._cannot_look_up:
+            return known
+        found = await self._look_up_channel_id()
+        await self._learn_channel_id(found)
+        return found
+
+    async def _look_up_channel_id(self) -> str:
+        name = self._config.channel.removeprefix("#")
+        cursor: str | None = None
+        for _ in range(_CHANNEL_LIST_PAGES):
+            try:
+                answer = await self._channel_page(cursor)
+            except SlackFailure as failure:
+                if failure.result.retry:
+                    raise
+                self._cannot_look_up = True
+                log.warning(
+                    "cannot look up the Slack channel's ID; a post whose answer is lost may be posted twice "
+                    "(grant channels:read and groups:read, or configure the channel's ID)",
+                    extra={"receiver": self.name, "reason": failure.result.reason},
+                )
+                return ""
+            for channel in answer.get("channels") or []:
+                if channel.get("name") == name:
+                    return str(channel.get("id", ""))
+            cursor = (answer.get("response_metadata") or {}).get("next_cursor")
+            if not cursor:
+                break
+        log.warning(
+            "the Slack channel is not in conversations.list; posting by name",
+            extra={"receiver": self.name, "channel": self._config.channel},
+        )
+        self._cannot_look_up = True
+        return ""
+
+    async def _channel_page(self, cursor: str | None) -> dict[str, Any]:
+        return await self._call(
+            "conversations.list",
+            lambda c: c.conversations_list(
+                types="public_channel,private_channel", exclude_archived=True, limit=1000, cursor=cursor
+            ),
+        )
 
     async def _learn_channel_id(self, channel: str) -> None:
         if not _CHANNEL_ID.match(channel) or channel == self._config.channel:
