@@ -59,6 +59,14 @@ def error_lines(bot: BotProcess) -> list[dict[str, object]]:
     return [line for line in lines if line["level"] in ("warning", "error")]
 
 
+def wait_for_log(bot: BotProcess, reason: str) -> None:
+    """The log line is read from the bot's stderr by a thread: it may come a moment after the answer."""
+    deadline = time.monotonic() + 20
+    while not any(reason in str(line.get("reason")) for line in error_lines(bot)):
+        assert time.monotonic() < deadline, f"no log line with {reason!r}"
+        time.sleep(0.05)
+
+
 def test_an_immutable_shm_file_gives_503s_and_the_bot_recovers_when_it_is_writable_again(tmp_path: Path) -> None:
     shm = tmp_path / "bot.db-shm"
     with serving(tmp_path) as bot:
@@ -73,7 +81,7 @@ def test_an_immutable_shm_file_gives_503s_and_the_bot_recovers_when_it_is_writab
             not_ready = httpx.get(f"{bot.url}/readyz")
             assert not_ready.status_code == 503
             assert "bot.db-shm is not writable" in not_ready.json()["checks"]["store"]
-            assert any("bot.db-shm is not writable" in str(line.get("reason")) for line in error_lines(bot))
+            wait_for_log(bot, "bot.db-shm is not writable")
         finally:
             chattr("-i", shm)
         assert post(bot, 3).status_code == 200
