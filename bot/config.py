@@ -183,6 +183,11 @@ class ServerConfig(StrictModel):
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     auth: WebhookAuthConfig = WebhookAuthConfig()
     ingest_timeout: Duration = 5.0
+    # Hostile or broken clients (docs/hardening.md): how long each may hold a connection, and how many at once.
+    header_timeout: Duration = Field(default=10.0, gt=0)
+    body_timeout: Duration = Field(default=30.0, gt=0)
+    idle_timeout: Duration = Field(default=60.0, gt=0)
+    max_connections: int = Field(default=256, ge=1)
 
     @property
     def host(self) -> str:
