@@ -80,7 +80,7 @@ class GuardedRequestHandler(web.RequestHandler):
         if len(self._connections.connections) > self._config.max_connections:
             # Evicting the longest-idle connection keeps the bot reachable when idle or slow clients hold
             # every slot; only when all are busy is the newcomer the one refused.
-            idle = [c for c in self._guarded_connections() if c is not self and not c._handling]
+            idle = [c for c in self._guarded_connections() if c is not self and c.open and not c._handling]
             victim = min(idle, key=lambda c: c._idle_since) if idle else self
             self._logs.log(
                 logging.WARNING,
@@ -91,6 +91,11 @@ class GuardedRequestHandler(web.RequestHandler):
                 max_connections=self._config.max_connections,
             )
             victim.force_close()
+
+    @property
+    def open(self) -> bool:
+        """Not closed nor closing (a connection evicted a moment ago leaves the list only when its handler ends)."""
+        return self.transport is not None
 
     def _guarded_connections(self) -> list[GuardedRequestHandler]:
         return [c for c in self._connections.connections if isinstance(c, GuardedRequestHandler)]

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import socket
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from http.client import HTTPResponse
+from http.client import HTTPException, HTTPResponse
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ import pytest
 import yaml
 
 from tests.support.payloads import am_alert, body, webhook
-from tests.support.processes import BotProcess
+from tests.support.processes import BotProcess, ManagedProcess, find_binary, free_port, wait_http
 
 TOKEN = "hostile-test-token-0123456789"
 # A credential someone sent by mistake: it must never reach the log, whatever the bot thinks of the request.
@@ -31,6 +33,10 @@ BOUND = 20.0  # seconds: only so that a broken bot fails the test instead of han
 
 
 def serve(tmp_path: Path, **server: Any) -> BotProcess:
+    return BotProcess(write_config(tmp_path, **server))
+
+
+def write_config(tmp_path: Path, **server: Any) -> Path:
     (tmp_path / "token").write_text(TOKEN + "\n")
     (tmp_path / "playbooks").mkdir(exist_ok=True)
     config = {
@@ -46,7 +52,19 @@ def serve(tmp_path: Path, **server: Any) -> BotProcess:
     }
     path = tmp_path / "bot.yaml"
     path.write_text(yaml.safe_dump(config))
-    return BotProcess(path)
+    return path
+
+
+class BotWithFewFiles(ManagedProcess):
+    """`serve` under a low open-file limit (prlimit), as on a host whose ulimit -n was left small."""
+
+    def __init__(self, config: Path, open_files: int) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        args = [find_binary("prlimit"), f"--nofile={open_files}", sys.executable, "-m", "bot", "serve"]
+        args += ["--config", str(config), "--listen", f"127.0.0.1:{self.port}"]
+        super().__init__(args, cwd=config.parent, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        wait_http(f"{self.url}/healthz", process=self.process)
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +103,15 @@ def exchange(port: int, request: bytes) -> Answer:
     with connect(port) as sock:
         sock.sendall(request)
         return read_answer(sock)
+
+
+def healthy(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: bot\r\n\r\n")
+            return read_answer(sock).status == 200
+    except (OSError, HTTPException):
+        return False
 
 
 def closed_by_server(sock: socket.socket) -> bool:
@@ -194,6 +221,39 @@ def test_idle_clients_past_the_connection_limit_do_not_lock_the_bot_out(tmp_path
     lines = [json.loads(line) for line in process.stderr.snapshot()]
     limit = [line for line in lines if line["msg"].startswith("connection limit reached")]
     assert len(limit) == 1, "one line a minute, whatever the number of connections refused"
+
+
+def test_under_a_low_open_file_limit_the_connection_limit_keeps_the_bot_reachable(tmp_path: Path) -> None:
+    config = write_config(tmp_path, max_connections=16, header_timeout="60s", idle_timeout="60s")
+    process = BotWithFewFiles(config, open_files=64)
+    try:
+        idle = [connect(process.port) for _ in range(100)]
+        # A burst larger than the file table may fail a few accepts before the eviction catches up; then the
+        # bot answers again while every idle client still holds its socket.
+        wait_for(lambda: healthy(process.port))
+        assert exchange(process.port, webhook_request(PAYLOAD)).status == 200
+        for sock in idle:
+            sock.close()
+    finally:
+        process.stop()
+
+
+def test_a_full_file_table_is_logged_once_and_the_bot_recovers_when_connections_go(tmp_path: Path) -> None:
+    config = write_config(tmp_path, max_connections=1000, header_timeout="60s", idle_timeout="60s")
+    process = BotWithFewFiles(config, open_files=64)
+    try:
+        idle = [connect(process.port) for _ in range(100)]
+        wait_for(lambda: any("cannot accept connections" in line for line in process.stderr.snapshot()))
+        for sock in idle:
+            sock.close()
+        wait_for(lambda: healthy(process.port))
+    finally:
+        process.stop()
+    lines = [json.loads(line) for line in process.stderr.snapshot()]
+    accept = [line for line in lines if line["msg"].startswith("cannot accept connections")]
+    assert len(accept) == 1
+    assert accept[0]["errno"] == "EMFILE"
+    assert "error" not in accept[0], "no traceback"
 
 
 # --- compressed bodies and credentials ------------------------------------------------------------------
