@@ -77,6 +77,13 @@ async def test_garbage_in_an_error_answer_reaches_the_message_as_printable_text(
     assert "\\u202eboom\\x07" in section.reason
 
 
+def test_every_query_error_detail_prints_whatever_the_service_said() -> None:
+    """Prometheus's JSON error envelope, a transport error, a garbage body: all become a QueryError detail."""
+    error = QueryError("api_error", "Prometheus: bad_data: \x1b]8;;http://evil.example\x1b\\\u2028x")
+    assert error.detail == "Prometheus: bad_data: \\x1b]8;;http://evil.example\\x1b\\\\u2028x"
+    assert str(error) == error.detail
+
+
 def serve_with_loki(tmp_path: Path, loki: FakeLoki) -> BotProcess:
     (tmp_path / "playbooks").mkdir()
     config: dict[str, Any] = {

@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.support.payloads import am_alert, body, webhook
 from tests.support.processes import BotProcess, ManagedProcess, find_binary, free_port, wait_http
@@ -328,3 +330,18 @@ def test_a_malformed_header_is_never_logged(tmp_path: Path) -> None:
         json.loads(line)
         assert LEAKED not in line
         assert "Traceback" not in line
+
+
+@settings(max_examples=40, deadline=None)
+@given(garbage=st.binary(max_size=300))
+def test_whatever_follows_the_request_line_every_answer_is_json_and_no_500(bot: BotProcess, garbage: bytes) -> None:
+    """Either the request is complete and answered (JSON, never a 500), or the bot closes it at header_timeout."""
+    request = b"POST /alertmanager HTTP/1.1\r\nHost: bot\r\n" + garbage + b"\r\n\r\n"
+    with connect(bot.port) as sock:
+        sock.sendall(request)
+        try:
+            answer = read_answer(sock)
+        except (HTTPException, ConnectionResetError):
+            return  # closed without an answer: the headers never ended, or the bot cut an unfinished body
+    assert answer.status != 500
+    assert answer.headers["content-type"].startswith("application/json"), answer

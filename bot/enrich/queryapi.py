@@ -36,6 +36,8 @@ class QueryError(Exception):
     """A query that failed: `reason` is a short stable code, `detail` says what happened in words."""
 
     def __init__(self, reason: str, detail: str, *, retryable: bool = False, retry_after: float | None = None) -> None:
+        # The detail often quotes what the service answered: it goes into messages as printable text only.
+        detail = printable(detail)
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
@@ -174,8 +176,8 @@ def _transport_text(exc: httpx.TransportError) -> str:
 
 
 def body_text(response: httpx.Response) -> str:
-    """An error body as one short line of printable text, whatever its Content-Type claims."""
-    text = printable(" ".join(response.text.split()))
+    """An error body as one short line of text, whatever its Content-Type claims."""
+    text = " ".join(response.text.split())
     if len(text) > _ERROR_BODY_CHARS:
         text = text[: _ERROR_BODY_CHARS - 1] + "…"
     return text or "(empty body)"
