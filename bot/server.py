@@ -40,7 +40,7 @@ _PARSER_PROBLEMS: tuple[tuple[type[http_exceptions.HttpProcessingError], str, st
 )
 
 
-def parser_problem(exc: BaseException | None) -> tuple[str, str]:
+def parser_problem(exc: http_exceptions.HttpProcessingError) -> tuple[str, str]:
     """A stable code and a description of what the parser refused; never the parser's message."""
     for kind, code, description in _PARSER_PROBLEMS:
         if isinstance(exc, kind):
@@ -146,16 +146,14 @@ class GuardedRequestHandler(web.RequestHandler):
     ) -> web.StreamResponse:
         if request.writer.output_size > 0:
             raise ConnectionError("the response had started; the connection is closed instead")
-        if status == 500:
-            error, description = "internal_error", "unexpected error; see the bot's log"
-        elif status == 504:
-            error, description = "timeout", "the request took too long"
-        else:
+        if isinstance(exc, http_exceptions.HttpProcessingError):
             error, description = parser_problem(exc)
+        else:  # aiohttp's own answer to an exception or a timeout the application did not catch
+            error, description = "internal_error", "unexpected error; see the bot's log"
         self._logs.log(
             logging.WARNING,
             f"http_{status}_{error}",
-            "refused a malformed HTTP request: %s (HTTP %d)",
+            "refused a malformed HTTP request: %s (HTTP %d)" if status < 500 else "HTTP request failed: %s (HTTP %d)",
             error,
             status,
             peer=request.remote,

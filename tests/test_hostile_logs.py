@@ -10,11 +10,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+from aiohttp import web
 
+from bot.config import ServerConfig
 from bot.logs import RateLimitedLog
-from bot.server import install_accept_error_log
+from bot.server import GuardedSite, install_accept_error_log
 from tests.support.bot import running_bot
 from tests.support.payloads import body, gpu_alerts, webhook
+from tests.support.processes import free_port
 
 
 class FakeClock:
@@ -81,3 +84,31 @@ async def test_a_store_that_cannot_write_logs_one_error_for_many_503s(
     errors = [r for r in caplog.records if r.getMessage().startswith("cannot store the notification")]
     assert len(errors) == 1
     assert "readonly" in errors[0].__dict__["reason"]
+
+
+async def test_an_exception_no_middleware_caught_is_a_json_500_logged_without_its_text(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The bot's own middleware turns handler exceptions into JSON; below it, aiohttp's last resort must too."""
+
+    async def broken(request: web.Request) -> web.Response:
+        raise RuntimeError(f"failed on {request.headers['Authorization']}")
+
+    app = web.Application()
+    app.router.add_get("/broken", broken)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    caplog.set_level(logging.DEBUG)
+    try:
+        await GuardedSite(runner, "127.0.0.1", port, ServerConfig()).start()
+        async with httpx.AsyncClient() as client:
+            answer = await client.get(f"http://127.0.0.1:{port}/broken", headers={"Authorization": "Bearer s3cr3t"})
+    finally:
+        await runner.cleanup()
+    assert answer.status_code == 500
+    assert answer.json()["error"] == "internal_error"
+    assert [r.getMessage() for r in caplog.records if r.name == "bot.server"] == [
+        "HTTP request failed: internal_error (HTTP 500)"
+    ]
+    assert not any("s3cr3t" in r.getMessage() or r.exc_info for r in caplog.records)
