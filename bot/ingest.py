@@ -177,8 +177,10 @@ class WebhookHandler:
             response.force_close()
             return response
         except (ConnectionError, web.RequestPayloadError):
-            # The client closed the connection mid-body or broke the chunked framing: nobody hears an answer.
-            self._reject(request, 400, "incomplete_body", "the body ended before its announced length")
+            # The client closed the connection mid-body or broke the chunked framing: nobody hears an answer, and
+            # Alertmanager takes a lost connection for a failure it retries, so this is no refusal.
+            self._metrics.error("incomplete_body")
+            self._rejections.rejected(request.remote, 400, "incomplete_body", "the body ended before its length")
             response = json_error(400, "incomplete_body", "the body ended before its announced length")
             response.force_close()
             return response

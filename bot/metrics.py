@@ -26,9 +26,17 @@ WebhookRefusal = Literal[
     "too_large",
     "not_found",
     "body_timeout",
-    "incomplete_body",
 ]
-ErrorKind = Literal[WebhookRefusal, "store_unavailable", "internal", "worker", "pipeline", "outbox", "delivery_failed"]
+ErrorKind = Literal[
+    WebhookRefusal,
+    "incomplete_body",
+    "store_unavailable",
+    "internal",
+    "worker",
+    "pipeline",
+    "outbox",
+    "delivery_failed",
+]
 WEBHOOK_REFUSALS: tuple[WebhookRefusal, ...] = get_args(WebhookRefusal)
 ERROR_KINDS: tuple[ErrorKind, ...] = get_args(ErrorKind)
 DeliveryOutcome = Literal["delivered", "retry", "failed"]
