@@ -14,7 +14,6 @@ import logging
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -48,12 +47,6 @@ def json_error(status: int, error: str, message: str, **extra: Any) -> web.Respo
     return web.json_response({"error": error, "message": message, **extra}, status=status)
 
 
-@dataclass
-class _ReasonLog:
-    logged_at: float
-    suppressed: int = 0
-
-
 class RejectionLog:
     """One WARNING line per refused webhook, at most one per reason per `interval` seconds. The rejections of
     that reason left out meanwhile are counted and reported as `suppressed` on the reason's next line.
@@ -62,29 +55,20 @@ class RejectionLog:
     credential."""
 
     def __init__(self, interval: float = _REJECTION_LOG_INTERVAL, clock: Callable[[], float] = time.monotonic) -> None:
-        self._interval = interval
-        self._clock = clock
-        self._by_reason: dict[str, _ReasonLog] = {}
+        self._log = RateLimitedLog(log, interval, clock)
 
     def rejected(self, peer: str | None, status: int, reason: str, detail: str, **fields: str) -> None:
-        now = self._clock()
-        previous = self._by_reason.get(reason)
-        if previous is not None and now - previous.logged_at < self._interval:
-            previous.suppressed += 1
-            return
-        self._by_reason[reason] = _ReasonLog(logged_at=now)
-        log.warning(
+        self._log.log(
+            logging.WARNING,
+            reason,
             "rejected a webhook: %s (HTTP %d)",
             reason,
             status,
-            extra={
-                "peer": peer,
-                "status": status,
-                "reason": reason,
-                "detail": _shorten(detail),
-                "suppressed": previous.suppressed if previous is not None else 0,
-                **fields,
-            },
+            peer=peer,
+            status=status,
+            reason=reason,
+            detail=_shorten(detail),
+            **fields,
         )
 
 
