@@ -20,11 +20,14 @@ from http.client import HTTPException, HTTPResponse
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bot.config import ConfigError, load_config
+from tests.support.bot import running_bot
 from tests.support.payloads import am_alert, body, webhook
 from tests.support.processes import BotProcess, ManagedProcess, find_binary, free_port, wait_http
 
@@ -154,6 +157,20 @@ def wait_for(check: Callable[[], bool]) -> None:
     while not check():
         assert time.monotonic() < deadline, "condition not met"
         time.sleep(0.05)
+
+
+def test_the_limits_are_checked_when_the_configuration_loads(tmp_path: Path) -> None:
+    config = {"header_timeout": "0s", "body_timeout": "-1s", "idle_timeout": "soon", "max_connections": 0}
+    with pytest.raises(ConfigError) as refused:
+        load_config(write_config(tmp_path, **config))
+    assert [p.split(":", 1)[0] for p in refused.value.problems] == [
+        "server.header_timeout",
+        "server.body_timeout",
+        "server.idle_timeout",
+        "server.max_connections",
+    ]
+    loaded = load_config(write_config(tmp_path, header_timeout="250ms", max_connections=8))
+    assert (loaded.server.header_timeout, loaded.server.max_connections) == (0.25, 8)
 
 
 # --- slow clients -------------------------------------------------------------------------------------
@@ -290,6 +307,13 @@ def test_two_authorization_headers_are_a_401(bot: BotProcess, order: str) -> Non
     assert answer.status == 401
     assert answer.json["message"] == "more than one Authorization header"
     assert answer.headers["www-authenticate"].startswith("Bearer")
+
+
+async def test_without_configured_credentials_two_authorization_headers_are_ignored(tmp_path: Path) -> None:
+    async with running_bot(tmp_path) as bot, httpx.AsyncClient() as client:
+        headers = [("Content-Type", "application/json"), ("Authorization", "Bearer a"), ("Authorization", "Bearer b")]
+        answer = await client.post(bot.webhook_url, content=PAYLOAD, headers=headers)
+    assert answer.status_code == 200
 
 
 # --- what the HTTP parser refuses ---------------------------------------------------------------------
