@@ -21,6 +21,7 @@ from bot.outbox import Outbox
 from bot.pipeline import Pipeline
 from bot.playbooks import PlaybookSet
 from bot.routing import Router
+from bot.server import request_deadlines
 from bot.sinks import build_sinks
 from bot.store import Store, StoreUnavailable, open_store
 from bot.worker import Worker
@@ -79,7 +80,7 @@ def build_app(
 ) -> web.Application:
     """The bot as an aiohttp application. `console` is where console sinks write (default: stdout)."""
     metrics = metrics or Metrics()
-    app = web.Application(client_max_size=config.server.max_body_bytes, middlewares=[_json_errors])
+    app = web.Application(client_max_size=config.server.max_body_bytes, middlewares=[request_deadlines, _json_errors])
     app[METRICS_KEY] = metrics
     auth = WebhookAuth(config.server.auth)
 

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import BotConfig
+from bot.printable import printable
 from bot.store import StoreUnavailable, open_store
 from bot.store.base import AuditEntry, Store
 
@@ -29,12 +30,8 @@ class AuditLog:
         return entry
 
 
-def printable(text: str) -> str:
-    """Audit fields come from people (Slack text, user names): never let them drive the terminal."""
-    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
-
-
 def format_audit_table(entries: Sequence[AuditEntry]) -> str:
+    # Audit fields come from people (Slack text, user names): they must never drive the terminal.
     rows = [_COLUMNS] + [
         (
             entry.at.strftime("%Y-%m-%d %H:%M:%S"),

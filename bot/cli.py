@@ -27,6 +27,7 @@ from bot.healthcheck import ALIVE_PATH, READY_PATH, probe
 from bot.ingest import WEBHOOK_PATH
 from bot.logs import configure_logging
 from bot.playbooks import PlaybookError, PlaybookSet
+from bot.server import GuardedSite
 from bot.store import StoreUnavailable
 from bot.xid_catalog import xid_command
 
@@ -250,10 +251,9 @@ async def _run_server(config: BotConfig, playbooks: PlaybookSet) -> None:
             "set server.auth (bearer_token_file or basic) to accept a remote Alertmanager",
             extra={"requested": config.server.host, "listening": host},
         )
-    runner = web.AppRunner(build_app(config, playbooks), access_log=None, handle_signals=False)
+    runner = web.AppRunner(build_app(config, playbooks), access_log=None, handle_signals=False, shutdown_timeout=5)
     await runner.setup()
-    site = web.TCPSite(runner, host, config.server.port, shutdown_timeout=5)
-    await site.start()
+    await GuardedSite(runner, host, config.server.port, config.server).start()
     # Everything loaded so far (modules, config, playbooks) lives as long as the process: keep it out of the
     # garbage collector's full passes, which would otherwise stop the bot for tens of milliseconds each.
     gc.collect()

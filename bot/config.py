@@ -253,6 +253,11 @@ class ServerConfig(StrictModel):
     auth: WebhookAuthConfig = WebhookAuthConfig()
     # 0 would answer every webhook 503: the durable write always needs some time.
     ingest_timeout: Duration = Field(default=5.0, gt=0)
+    # Hostile or broken clients (docs/hardening.md): how long each may hold a connection, and how many at once.
+    header_timeout: Duration = Field(default=10.0, gt=0)
+    body_timeout: Duration = Field(default=30.0, gt=0)
+    idle_timeout: Duration = Field(default=60.0, gt=0)
+    max_connections: int = Field(default=256, ge=1)
 
     @property
     def host(self) -> str:

@@ -37,6 +37,7 @@ from bot.message import Message
 from bot.metrics import Metrics
 from bot.models import AlertState, AmAlert, Delivery, Event, EventKind, WebhookPayload
 from bot.playbooks import Playbook, PlaybookSet
+from bot.printable import printable, printable_json
 from bot.render.email import build_email, render_email, sender_domain
 from bot.render.pagerduty import pagerduty_event
 from bot.render.slack import slack_payload
@@ -81,10 +82,14 @@ def run(path: Path, config: BotConfig, playbooks: PlaybookSet, *, enrich: bool, 
     try:
         payload = read_payload(path)
     except PayloadError as exc:
-        print(exc, file=sys.stderr)
+        print(printable(str(exc), keep="\n"), file=sys.stderr)
         return 2
     report = asyncio.run(explain(payload, config, playbooks, enrich=enrich))
-    print(json.dumps(report, indent=2, ensure_ascii=False) if output == "json" else format_text(report))
+    # Label values are data: a terminal escape in one is shown, never run (as the console sink's JSON does).
+    if output == "json":
+        print(printable_json(json.dumps(report, indent=2, ensure_ascii=False)))
+    else:
+        print(printable(format_text(report), keep="\n\t"))
     return 0
 
 

@@ -14,7 +14,6 @@ import logging
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -22,6 +21,7 @@ from pydantic import ValidationError
 
 from bot.auth import WebhookAuth
 from bot.config import ServerConfig
+from bot.logs import RateLimitedLog
 from bot.metrics import Metrics, WebhookRefusal
 from bot.models import SUPPORTED_PAYLOAD_VERSION, WebhookPayload
 from bot.store.base import IncomingNotification, Store, StoreUnavailable
@@ -37,18 +37,14 @@ _MAX_LOGGED_TEXT = 200
 _REJECTION_LOG_INTERVAL = 60.0
 _RETRY_AFTER_SECONDS = "5"
 _KNOWN_SCHEMES = frozenset({"bearer", "basic"})
+# Alertmanager never compresses its webhooks: any other encoding is refused before the body is read.
+_IDENTITY_ENCODINGS = frozenset({"", "identity"})
 # A version label is client-chosen text: keep it short and plain so it cannot blow up the metric.
 _VERSION_LABEL = re.compile(r"[^0-9A-Za-z._-]")
 
 
 def json_error(status: int, error: str, message: str, **extra: Any) -> web.Response:
     return web.json_response({"error": error, "message": message, **extra}, status=status)
-
-
-@dataclass
-class _ReasonLog:
-    logged_at: float
-    suppressed: int = 0
 
 
 class RejectionLog:
@@ -59,29 +55,20 @@ class RejectionLog:
     credential."""
 
     def __init__(self, interval: float = _REJECTION_LOG_INTERVAL, clock: Callable[[], float] = time.monotonic) -> None:
-        self._interval = interval
-        self._clock = clock
-        self._by_reason: dict[str, _ReasonLog] = {}
+        self._log = RateLimitedLog(log, interval, clock)
 
     def rejected(self, peer: str | None, status: int, reason: str, detail: str, **fields: str) -> None:
-        now = self._clock()
-        previous = self._by_reason.get(reason)
-        if previous is not None and now - previous.logged_at < self._interval:
-            previous.suppressed += 1
-            return
-        self._by_reason[reason] = _ReasonLog(logged_at=now)
-        log.warning(
+        self._log.log(
+            logging.WARNING,
+            reason,
             "rejected a webhook: %s (HTTP %d)",
             reason,
             status,
-            extra={
-                "peer": peer,
-                "status": status,
-                "reason": reason,
-                "detail": _shorten(detail),
-                "suppressed": previous.suppressed if previous is not None else 0,
-                **fields,
-            },
+            peer=peer,
+            status=status,
+            reason=reason,
+            detail=_shorten(detail),
+            **fields,
         )
 
 
@@ -100,6 +87,7 @@ class WebhookHandler:
         self._metrics = metrics
         self._on_accepted = on_accepted
         self._rejections = RejectionLog()
+        self._store_failures = RateLimitedLog(log, _REJECTION_LOG_INTERVAL)
 
     async def __call__(self, request: web.Request) -> web.Response:
         started = time.perf_counter()
@@ -124,27 +112,62 @@ class WebhookHandler:
         self._rejections.rejected(request.remote, status, reason, detail, **fields)
 
     async def _handle(self, request: web.Request) -> web.Response:
+        credentials = request.headers.getall("Authorization", [])
+        if self._auth.enabled and len(credentials) > 1:
+            # Proxies and servers disagree on which of two wins: a request that names two is nobody's.
+            self._reject(request, 401, "unauthorized", f"{len(credentials)} Authorization headers")
+            return self._unauthorized("more than one Authorization header")
         if not self._auth.allows(request.headers.get("Authorization")):
             # Never the header itself: a wrong credential is often a right one sent to the wrong place.
             scheme = _scheme(request.headers.get("Authorization"))
             self._reject(request, 401, "unauthorized", "missing or wrong credentials", scheme=scheme)
-            response = json_error(401, "unauthorized", "missing or wrong credentials")
-            response.headers["WWW-Authenticate"] = self._auth.challenge
-            return response
+            return self._unauthorized("missing or wrong credentials")
         if request.content_type != "application/json":
             got = f"got Content-Type {request.content_type!r}"
             self._reject(request, 415, "unsupported_media_type", got)
             return json_error(415, "unsupported_media_type", f"expected Content-Type application/json, {got}")
+        encodings = [e.strip().lower() for e in ",".join(request.headers.getall("Content-Encoding", [])).split(",")]
+        if not set(encodings) <= _IDENTITY_ENCODINGS:
+            got = f"got Content-Encoding {', '.join(e for e in encodings if e)!r}"
+            self._reject(request, 415, "unsupported_media_type", got)
+            return json_error(415, "unsupported_encoding", f"expected an uncompressed body, {got}")
         if request.content_length is not None and request.content_length > self._config.max_body_bytes:
             return self._too_large(request, f"Content-Length {request.content_length}")
-        try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return self._too_large(request, "chunked body")
+        body = await self._read_body(request)
+        if isinstance(body, web.Response):
+            return body
         payload = self._validate(request, body)
         if isinstance(payload, web.Response):
             return payload
         return await self._store_notification(payload, body)
+
+    def _unauthorized(self, message: str) -> web.Response:
+        response = json_error(401, "unauthorized", message)
+        response.headers["WWW-Authenticate"] = self._auth.challenge
+        return response
+
+    async def _read_body(self, request: web.Request) -> bytes | web.Response:
+        try:
+            async with asyncio.timeout(self._config.body_timeout):
+                return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return self._too_large(request, "chunked body")
+        except TimeoutError:
+            # A body shorter than its Content-Length, or a client that stopped sending: the connection cannot
+            # carry another request, so it is closed after the answer.
+            limit = f"server.body_timeout ({self._config.body_timeout:g} s)"
+            self._reject(request, 408, "body_timeout", f"body incomplete after {limit}")
+            response = json_error(408, "body_timeout", f"the body did not arrive within {limit}")
+            response.force_close()
+            return response
+        except (ConnectionError, web.RequestPayloadError):
+            # The client closed the connection mid-body or broke the chunked framing: nobody hears an answer, and
+            # Alertmanager takes a lost connection for a failure it retries, so this is no refusal.
+            self._metrics.error("incomplete_body")
+            self._rejections.rejected(request.remote, 400, "incomplete_body", "the body ended before its length")
+            response = json_error(400, "incomplete_body", "the body ended before its announced length")
+            response.force_close()
+            return response
 
     def _too_large(self, request: web.Request, sent: str) -> web.Response:
         limit = f"server.max_body_bytes ({self._config.max_body_bytes} bytes)"
@@ -194,7 +217,12 @@ class WebhookHandler:
                 result = await self._store.ingest(notification)
         except (StoreUnavailable, TimeoutError) as exc:
             self._metrics.error("store_unavailable")
-            log.error("cannot store the notification; asking Alertmanager to retry", extra={"reason": str(exc)})
+            self._store_failures.log(
+                logging.ERROR,
+                "store_unavailable",
+                "cannot store the notification; asking Alertmanager to retry",
+                reason=str(exc),
+            )
             response = json_error(503, "store_unavailable", "the notification could not be stored; retry later")
             response.headers["Retry-After"] = _RETRY_AFTER_SECONDS
             return response

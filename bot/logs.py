@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
@@ -42,6 +43,32 @@ class JsonFormatter(logging.Formatter):
             if escaped != secret:
                 text = text.replace(escaped, _MASK)
         return text
+
+
+class RateLimitedLog:
+    """At most one line per key every `interval` seconds: a flood of identical failures (a client retrying,
+    a full disk, a full file table) stays visible without filling the disk. The lines left out meanwhile are
+    counted and reported as `suppressed` on the key's next line."""
+
+    def __init__(
+        self, logger: logging.Logger, interval: float = 60.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._logger = logger
+        self._interval = interval
+        self._clock = clock
+        self._last: dict[str, tuple[float, int]] = {}
+
+    def log(self, level: int, key: str, msg: str, *args: object, **fields: object) -> bool:
+        """Log `msg` unless `key` was logged within the interval; whether it was logged."""
+        now = self._clock()
+        previous = self._last.get(key)
+        if previous is not None and now - previous[0] < self._interval:
+            self._last[key] = (previous[0], previous[1] + 1)
+            return False
+        self._last[key] = (now, 0)
+        suppressed = previous[1] if previous is not None else 0
+        self._logger.log(level, msg, *args, extra={**fields, "suppressed": suppressed})
+        return True
 
 
 def configure_logging(level: str, secrets: Callable[[], Iterable[str]] = tuple) -> None:

@@ -19,9 +19,24 @@ _PREFIX = "gpu_alert_bot"
 # checks that the code counts no other kind). Webhooks answered with a 4xx come first: Alertmanager does not
 # retry them, so each one is a notification that reached nobody.
 WebhookRefusal = Literal[
-    "unauthorized", "unsupported_media_type", "invalid_json", "invalid_payload", "too_large", "not_found"
+    "unauthorized",
+    "unsupported_media_type",
+    "invalid_json",
+    "invalid_payload",
+    "too_large",
+    "not_found",
+    "body_timeout",
 ]
-ErrorKind = Literal[WebhookRefusal, "store_unavailable", "internal", "worker", "pipeline", "outbox", "delivery_failed"]
+ErrorKind = Literal[
+    WebhookRefusal,
+    "incomplete_body",
+    "store_unavailable",
+    "internal",
+    "worker",
+    "pipeline",
+    "outbox",
+    "delivery_failed",
+]
 WEBHOOK_REFUSALS: tuple[WebhookRefusal, ...] = get_args(WebhookRefusal)
 ERROR_KINDS: tuple[ErrorKind, ...] = get_args(ErrorKind)
 DeliveryOutcome = Literal["delivered", "retry", "failed"]

@@ -5,7 +5,9 @@ string, escaped for it (and regex-escaped when the string is a regex: `=~`, `!~`
 placeholder sits outside a string, or names a label the alert lacks, is refused rather than sent half-filled.
 
 HTTP calls retry transport errors, 5xx and 429 with backoff, but never past the caller's deadline; errors
-carry a short stable `reason` (for logs and metrics) and a human `detail` (for the message).
+carry a short stable `reason` (for logs and metrics) and a human `detail` (for the message). An answer is read
+up to `max_bytes` (16 MiB by default) and refused beyond: a huge or endless answer costs that much memory at
+most. `read_capped` does this for any httpx client (the Alertmanager API client reuses it).
 """
 
 from __future__ import annotations
@@ -19,17 +21,24 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 from tenacity.stop import stop_base
 
 from bot.config import Secret
+from bot.printable import printable
 from bot.retry_after import retry_after_seconds
 
 _MAX_ATTEMPTS = 3
 _MIN_ATTEMPT_TIME = 0.1
 _ERROR_BODY_CHARS = 300
+MAX_ANSWER_BYTES = 16 * 1024 * 1024
+_MB = 1024 * 1024
+# Headers that describe the body as sent; the capped copy holds it decoded.
+_WIRE_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
 
 
 class QueryError(Exception):
     """A query that failed: `reason` is a short stable code, `detail` says what happened in words."""
 
     def __init__(self, reason: str, detail: str, *, retryable: bool = False, retry_after: float | None = None) -> None:
+        # The detail often quotes what the service answered: it goes into messages as printable text only.
+        detail = printable(detail)
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
@@ -81,9 +90,11 @@ async def send(
     *,
     service: str,
     error_text: Callable[[httpx.Response], str],
+    max_bytes: int = MAX_ANSWER_BYTES,
     **request: Any,
 ) -> httpx.Response:
-    """A 2xx response to the request, retried within the deadline; otherwise QueryError."""
+    """A 2xx response to the request, its body read (at most `max_bytes`), retried within the deadline;
+    otherwise QueryError."""
     retrying = AsyncRetrying(
         retry=retry_if_exception(_retryable),
         stop=stop_after_attempt(_MAX_ATTEMPTS) | _StopNearDeadline(deadline),
@@ -92,7 +103,7 @@ async def send(
     )
     async for attempt in retrying:
         with attempt:
-            return await _attempt(client, method, url, deadline, service, error_text, request)
+            return await _attempt(client, method, url, deadline, service, error_text, max_bytes, request)
     raise AssertionError("unreachable: tenacity either returns or re-raises")
 
 
@@ -103,6 +114,7 @@ async def _attempt(
     deadline: Deadline,
     service: str,
     error_text: Callable[[httpx.Response], str],
+    max_bytes: int,
     request: dict[str, Any],
 ) -> httpx.Response:
     remaining = deadline.remaining()
@@ -111,9 +123,12 @@ async def _attempt(
     try:
         # httpx's timeout bounds each read; asyncio's bounds the whole exchange (a server trickling bytes).
         async with asyncio.timeout(remaining):
-            response = await client.request(method, url, timeout=remaining, **request)
+            streamed = await client.send(client.build_request(method, url, timeout=remaining, **request), stream=True)
+            response = await read_capped(streamed, max_bytes)
     except (httpx.TimeoutException, TimeoutError):
         raise QueryError("timeout", f"no answer from {service} within {deadline.seconds:g} s") from None
+    except httpx.DecodingError:
+        raise QueryError("malformed", f"{service} answered a body that cannot be decoded") from None
     except httpx.TransportError as exc:
         detail = f"cannot reach {service} at {client.base_url}: {_transport_text(exc)}"
         raise QueryError("connect", detail, retryable=True) from None
@@ -128,6 +143,30 @@ async def _attempt(
         retryable=retryable,
         retry_after=retry_after_seconds(response.headers.get("Retry-After")),
     )
+
+
+class AnswerTooLarge(QueryError):
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__("too_large", f"answer over {max_bytes / _MB:g} MB")
+
+
+async def read_capped(response: httpx.Response, max_bytes: int = MAX_ANSWER_BYTES) -> httpx.Response:
+    """The streamed `response` read and closed, as a response holding its (decoded) body; AnswerTooLarge, read
+    no further, once the body passes `max_bytes`: neither a huge nor an endless answer nor a compression bomb
+    costs more memory than that."""
+    try:
+        announced = response.headers.get("Content-Length", "")
+        if announced.isdigit() and int(announced) > max_bytes:
+            raise AnswerTooLarge(max_bytes)
+        body = bytearray()
+        async for chunk in response.aiter_bytes():
+            body += chunk
+            if len(body) > max_bytes:
+                raise AnswerTooLarge(max_bytes)
+    finally:
+        await response.aclose()
+    headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in _WIRE_HEADERS]
+    return httpx.Response(response.status_code, headers=headers, content=bytes(body), request=response.request)
 
 
 def _transport_text(exc: httpx.TransportError) -> str:

@@ -8,13 +8,15 @@ JSON Content-Type Loki 2.6 sends), `/loki/api/v1/query` refusing log queries. Lo
 `=`, `!=`, `=~`, `!~` (anchored RE2-ish regexes) followed by line filters `|=`, `!=`, `|~`, `!~`.
 
 Failure modes for tests: `down()` (connection refused), `delay` (slow), `fail(status, body, times)` (500,
-429, 504...), `malformed()` (200 with a body that is not a query result). Every request is recorded.
+429, 504...), `malformed()` (200 with a body that is not a query result), `oversized(size)` (a 200 query
+result of `size` bytes, or an endless one, optionally gzip-compressed). Every request is recorded.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import math
 import re
 from dataclasses import dataclass, field
@@ -236,6 +238,7 @@ class FakeLoki(LoopbackServer):
     entries: list[Entry] = field(default_factory=list)
     _failures: list[_Failure] = field(default_factory=list)
     _malformed: bool = False
+    _oversized: tuple[int | None, bool] | None = None
     _released: asyncio.Event = field(default_factory=asyncio.Event)
 
     # --- lifecycle ---
@@ -274,9 +277,15 @@ class FakeLoki(LoopbackServer):
     def malformed(self, on: bool = True) -> None:
         self._malformed = on
 
+    def oversized(self, size: int | None, *, compressed: bool = False) -> None:
+        """Answer every query with a well-formed start of a result whose one line runs to `size` bytes (None:
+        forever, until the client hangs up); `compressed` sends it gzip-encoded (a few kB on the wire)."""
+        self._oversized = (size, compressed)
+
     def heal(self) -> None:
         self._failures.clear()
         self._malformed = False
+        self._oversized = None
         self.delay = 0.0
 
     @property
@@ -310,6 +319,8 @@ class FakeLoki(LoopbackServer):
             return self._error(401, "no org id")
         if self._malformed:
             return web.Response(status=200, body=b"<html>upstream connect error</html>", content_type="text/html")
+        if self._oversized is not None:
+            return await self._oversized_answer(request, *self._oversized)
         try:
             query = parse_logql(params.get("query", ""))
         except LogQLError as exc:
@@ -364,6 +375,25 @@ class FakeLoki(LoopbackServer):
             },
         }
         return web.json_response(body)
+
+    async def _oversized_answer(self, request: web.Request, size: int | None, compressed: bool) -> web.StreamResponse:
+        start = b'{"status":"success","data":{"resultType":"streams","result":[{"stream":{},"values":[["1","'
+        end = b'"]]}]}}'
+        if compressed:
+            assert size is not None, "an endless answer is sent uncompressed"
+            bomb = gzip.compress(start + b"x" * size + end)
+            return web.Response(body=bomb, headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        chunk = b"x" * 65536
+        written = 0
+        with contextlib.suppress(ConnectionError):
+            await response.write(start)
+            while size is None or written < size:
+                await response.write(chunk)
+                written += len(chunk)
+            await response.write(end)
+        return response
 
     def _next_failure(self) -> _Failure | None:
         if not self._failures:
