@@ -8,6 +8,7 @@ Works against 0.25 (Debian bookworm) and 0.27+: the differences that matter (DEL
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Sequence
 from datetime import datetime
@@ -18,7 +19,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bot.config import AlertmanagerConfig
-from bot.enrich.queryapi import bearer_auth, body_text
+from bot.enrich.queryapi import MAX_ANSWER_BYTES, AnswerTooLarge, bearer_auth, body_text, read_capped
 
 API = "/api/v2"
 _Model = TypeVar("_Model", bound=BaseModel)
@@ -137,7 +138,7 @@ class PostableAlert(_ApiModel):
 
 class AlertmanagerClient:
     """Calls go to `urls` in order until one answers. `http` is injectable (a transport in tests); by default
-    the client owns one, closed by `close()`."""
+    the client owns one, closed by `close()`. An answer is read up to `max_answer_bytes`, refused beyond."""
 
     def __init__(
         self,
@@ -146,6 +147,7 @@ class AlertmanagerClient:
         timeout: float = 5.0,
         auth: httpx.Auth | None = None,
         http: httpx.AsyncClient | None = None,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
     ) -> None:
         if not urls:
             raise ValueError("at least one Alertmanager URL is needed")
@@ -153,6 +155,7 @@ class AlertmanagerClient:
         self._owns_http = http is None
         self._http = http or httpx.AsyncClient(timeout=timeout, auth=auth)
         self._timeout = timeout
+        self._max_answer_bytes = max_answer_bytes
 
     @classmethod
     def from_config(cls, config: AlertmanagerConfig, http: httpx.AsyncClient | None = None) -> AlertmanagerClient:
@@ -242,9 +245,14 @@ class AlertmanagerClient:
         self, base: str, method: str, path: str, not_found_is_final: bool, request: dict[str, Any]
     ) -> Any:
         try:
-            response = await self._http.request(method, f"{base}{API}{path}", timeout=self._timeout, **request)
-        except httpx.TimeoutException:
+            # asyncio's timeout bounds the whole exchange (a replica trickling bytes), httpx's each read.
+            async with asyncio.timeout(self._timeout):
+                built = self._http.build_request(method, f"{base}{API}{path}", timeout=self._timeout, **request)
+                response = await read_capped(await self._http.send(built, stream=True), self._max_answer_bytes)
+        except (httpx.TimeoutException, TimeoutError):
             raise _TryNext(AlertmanagerError("timeout", f"no answer from {base} within {self._timeout:g} s")) from None
+        except AnswerTooLarge as exc:
+            raise _TryNext(AlertmanagerError("too_large", f"{base}: {exc.detail}")) from None
         except httpx.TransportError as exc:
             raise _TryNext(AlertmanagerError("connect", f"cannot reach {base}: {exc or type(exc).__name__}")) from None
         if response.status_code >= 500:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
 from bot.alertmanager import (
     AlertmanagerClient,
@@ -144,3 +146,34 @@ async def test_the_configuration_names_the_replicas_and_the_token(tmp_path: Path
     await client.close()
     assert client.urls == [alertmanager.url]
     assert status.url == alertmanager.url
+
+
+async def test_an_endless_answer_is_cut_and_the_next_replica_asked(alertmanager: Alertmanager) -> None:
+    async def endless(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        await response.prepare(request)
+        with contextlib.suppress(ConnectionError):
+            for _ in range(10_000):
+                await response.write(b"[" * 65536)
+        return response
+
+    app = web.Application()
+    app.router.add_get("/api/v2/status", endless)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        hostile = f"http://127.0.0.1:{port}"
+        client = AlertmanagerClient([hostile], timeout=5, max_answer_bytes=1024 * 1024)
+        with pytest.raises(AlertmanagerError) as cut:
+            await client.status()
+        await client.close()
+        assert cut.value.reason == "too_large"
+        assert "answer over 1 MB" in cut.value.detail
+
+        client = AlertmanagerClient([hostile, alertmanager.url], timeout=5, max_answer_bytes=1024 * 1024)
+        assert (await client.status()).url == alertmanager.url
+        await client.close()
+    finally:
+        await runner.cleanup()
