@@ -154,10 +154,11 @@ class WebhookHandler:
             return self._too_large(request, "chunked body")
         except TimeoutError:
             # A body shorter than its Content-Length, or a client that stopped sending: the connection cannot
-            # carry another request, so it is closed after the answer.
+            # carry another request, so it is closed after the answer. A 503, not a 408: Alertmanager retries a
+            # 5xx at once, while after a 4xx the notification waits for the next group_interval.
             limit = f"server.body_timeout ({self._config.body_timeout:g} s)"
-            self._reject(request, 408, "body_timeout", f"body incomplete after {limit}")
-            response = json_error(408, "body_timeout", f"the body did not arrive within {limit}")
+            self._reject(request, 503, "body_timeout", f"body incomplete after {limit}")
+            response = json_error(503, "body_timeout", f"the body did not arrive within {limit}")
             response.force_close()
             return response
         except (ConnectionError, web.RequestPayloadError):

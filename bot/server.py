@@ -6,7 +6,7 @@ exception with a traceback whose text quotes the offending bytes, credentials in
 application through a `RequestHandler` subclass that answers those with JSON like every other refusal and logs
 one rate-limited line naming the kind of error only. The same handler bounds how long a client may take to send
 its headers, how long a connection may stay idle, and how many connections are open at once; the body's own
-deadline is the webhook handler's (bot/ingest.py), which answers 408.
+deadline is the webhook handler's (bot/ingest.py), which answers 503 so that Alertmanager retries.
 """
 
 from __future__ import annotations
