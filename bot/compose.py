@@ -27,8 +27,9 @@ def compose_message(event: Event, enrichment: Enrichment, advice: Advice) -> Mes
         group_key=alert.group_key,
         event=event.kind.value,
         status=alert.status,
-        severity=alert.severity,
-        title=_title(alert.alertname or advice.title, host, gpu),
+        severity=advice.severity or alert.severity,
+        alert_severity=alert.severity,
+        title=_title(alert.alertname or advice.title, host, gpu, advice.verdict),
         summary=_summary(alert.annotations, advice),
         host=host,
         gpu=gpu,
@@ -47,12 +48,14 @@ def compose_message(event: Event, enrichment: Enrichment, advice: Advice) -> Mes
     )
 
 
-def _title(name: str, host: str, gpu: str) -> str:
+def _title(name: str, host: str, gpu: str, verdict: str) -> str:
     title = name
     if host:
         title += f" on {host}"
     if gpu:
         title += f" GPU {gpu}"
+    if verdict:
+        title += f": {verdict}"
     return title
 
 
@@ -61,10 +64,11 @@ def _gpu_text(labels: dict[str, str], enrichment: Enrichment) -> str:
 
 
 def _summary(annotations: dict[str, str], advice: Advice) -> str:
-    for name in _SUMMARY_ANNOTATIONS:
-        if annotations.get(name, "").strip():
-            return annotations[name].strip()
-    return advice.title
+    """The first line: a verdict leads, since it changes what the alert's own summary means."""
+    own = next((annotations[n].strip() for n in _SUMMARY_ANNOTATIONS if annotations.get(n, "").strip()), "")
+    if advice.verdict_line:
+        return f"{advice.verdict_line}\nThe alert says: {own}" if own else advice.verdict_line
+    return own or advice.title
 
 
 def _facts(event: Event, host: str, gpu: str, enrichment: Enrichment) -> list[Fact]:
