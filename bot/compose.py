@@ -80,9 +80,9 @@ def _facts(event: Event, host: str, gpu: str, enrichment: Enrichment) -> list[Fa
     if gpu or identity:
         parts = [p for p in (gpu, identity.get("model"), identity.get("uuid"), identity.get("pci_bus_id")) if p]
         facts.append(Fact(label="GPU", value=" · ".join(str(p) for p in parts)))
-    history = enrichment.data("prometheus").get("history") or {}
-    if history.get("current_text"):
-        facts.append(Fact(label="Value", value=str(history["current_text"])))
+    value = _value_text(enrichment.data("prometheus"))
+    if value:
+        facts.append(Fact(label="Value", value=value))
     if alert.severity:
         facts.append(Fact(label="Severity", value=alert.severity))
     facts.append(Fact(label="Started", value=alert.starts_at.strftime("%Y-%m-%d %H:%M:%S UTC")))
@@ -94,6 +94,15 @@ def _facts(event: Event, host: str, gpu: str, enrichment: Enrichment) -> list[Fa
     if event.kind is EventKind.REPEAT or alert.times_seen > 1:
         facts.append(Fact(label="Seen", value=f"{alert.times_seen} times"))
     return facts
+
+
+def _value_text(prometheus: dict[str, Any]) -> str:
+    """The alert's value with what it measures; nothing where the number misleads (see value_meaning)."""
+    history = prometheus.get("history") or {}
+    meaning = prometheus.get("value_meaning", "")
+    if not history.get("current_text") or meaning is None:
+        return ""
+    return f"{history['current_text']} ({meaning})" if meaning else str(history["current_text"])
 
 
 def _sections(event: Event, enrichment: Enrichment, advice: Advice) -> list[Section]:

@@ -1,5 +1,6 @@
 """Verdicts drive the message: a stale Xid gauge is told first (title, first line, shown severity, steps,
-escalation), a fresh Xid reads as before, and a verdict that could not be reached says why in the same place."""
+escalation), a fresh Xid reads as before, and a verdict that could not be reached says why in the same place.
+The Value line says what the alert's number measures, and is left out where that number misleads."""
 
 from __future__ import annotations
 
@@ -196,3 +197,23 @@ def test_verdicts_of_reads_only_well_formed_verdicts_of_sections_that_answered()
         ]
     )
     assert verdicts_of(enrichment) == [Verdict(STALE_XID_GAUGE, "h", "l")]
+
+
+@pytest.mark.parametrize(
+    ("meaning", "shown"),
+    [
+        ("", "93"),
+        ("rate over 10m of DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "93 (rate over 10m of DCGM_FI_DEV_PCIE_REPLAY_COUNTER)"),
+        (None, None),
+    ],
+)
+async def test_the_value_line_says_what_it_measures_or_is_left_out(meaning: str | None, shown: str | None) -> None:
+    alert = alert_state(XID_79)
+    prometheus = EnrichmentSection(
+        name="prometheus",
+        title="Metric history",
+        status="ok",
+        data={"history": {"current_text": "93"}, "value_meaning": meaning},
+    )
+    message = await message_for(alert, Enrichment(sections=[prometheus]))
+    assert next((f.value for f in message.facts if f.label == "Value"), None) == shown
