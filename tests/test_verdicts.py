@@ -14,9 +14,13 @@ from bot.enrich.xid import STALE_GAUGE_TEXT, XidEnricher
 from bot.message import Message
 from bot.models import AlertState, Event, EventKind
 from bot.playbooks import Evidence, PlaybookSet
+from bot.render.email import render_email
+from bot.render.pagerduty import pagerduty_event
+from bot.render.slack import slack_payload
 from bot.verdict import STALE_XID_GAUGE, Verdict, verdicts_of
 from bot.xid_catalog import XidCatalog, load_catalog
 from tests.support.processes import REPO
+from tests.test_pagerduty import ROUTING_KEY, receiver
 from tests.test_xid_enricher import (
     GPU_LABELS,
     T0,
@@ -217,3 +221,41 @@ async def test_the_value_line_says_what_it_measures_or_is_left_out(meaning: str 
     )
     message = await message_for(alert, Enrichment(sections=[prometheus]))
     assert next((f.value for f in message.facts if f.label == "Value"), None) == shown
+
+
+def test_a_correlation_case_says_the_host_is_down_not_only_its_exporter() -> None:
+    alert = alert_state({"job": "dcgm", "instance": "k-ai-01:9400"}).model_copy(
+        update={"labels": {"alertname": "ExporterDown", "job": "dcgm", "instance": "k-ai-01:9400"}}
+    )
+    playbook = PLAYBOOKS.match(alert)
+    node = {"related": {"node_up": {"current": 0}}}
+    enrichment = Enrichment(sections=[EnrichmentSection(name="prometheus", title="P", status="ok", data=node)])
+    advice = PLAYBOOKS.advise(playbook, alert, enrichment)
+    assert advice.verdict.startswith("the whole host is down or unreachable, not only its exporter")
+    assert advice.steps[0].startswith("Check the host's power state and console from its BMC")
+    assert (
+        advice.steps[-1]
+        == "Only if the host answers again: Restart the exporter: `docker compose restart dcgm-exporter`"
+    )
+    up = {"related": {"node_up": {"current": 1}}}
+    answered = Enrichment(sections=[EnrichmentSection(name="prometheus", title="P", status="ok", data=up)])
+    assert PLAYBOOKS.advise(playbook, alert, answered).verdict == ""
+
+
+async def test_every_sink_says_the_verdict_in_its_title_and_first_line(catalog: XidCatalog, tmp_path: Path) -> None:
+    alert = alert_state(XID_79)
+    message = await message_for(alert, await stale(catalog, alert))
+    title = "GPUXIDError on k-ai-01 GPU 3: probably a stale gauge, no Xid in the kernel log"
+
+    slack = slack_payload(message)
+    assert slack["text"].startswith(f"🔵 [INFO] {title}: {STALE_GAUGE_TEXT}")
+    assert slack["attachments"][0]["color"] == "#2E90FA"
+
+    mail = render_email(message, "bot.example")
+    assert title in mail.subject
+    assert mail.text.splitlines()[0] == f"FIRING (info): {title}"
+    assert mail.text.split("\n\n")[1].splitlines()[0] == STALE_GAUGE_TEXT
+
+    page = pagerduty_event(message, receiver(tmp_path), ROUTING_KEY)["payload"]
+    assert page["summary"].startswith(f"{title}: {STALE_GAUGE_TEXT}")
+    assert page["severity"] == "critical"  # the alert's own, unless downgrade_on_verdict
