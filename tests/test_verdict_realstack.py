@@ -109,9 +109,10 @@ def header(message: SlackMessage) -> str:
 
 
 def first_line(message: SlackMessage) -> str:
-    """The first line under the title, status and facts: the message's summary."""
-    texts = [b["text"]["text"] for b in message.all_blocks if b["type"] == "section" and "text" in b]
-    return str(texts[0].splitlines()[0])
+    """The first line under the title."""
+    blocks = message.all_blocks
+    assert blocks[0]["type"] == "header"
+    return str(blocks[1]["text"]["text"].splitlines()[0])
 
 
 def runbook(message: SlackMessage) -> list[str]:
