@@ -110,8 +110,8 @@ async def test_without_the_kernel_log_the_title_says_staleness_cannot_be_told(ca
     message = await message_for(alert, await run(alert, Static(loki_down()), gauge, XidEnricher(catalog)))
 
     assert message.title == (
-        "GPUXIDError on k-ai-01 GPU 3: Xid gauge unchanged since before the alert, stale or not unknown without "
-        "the kernel log"
+        "GPUXIDError on k-ai-01 GPU 3: Xid gauge unchanged since before the alert, stale or fresh cannot be told "
+        "(no kernel log)"
     )
     assert message.summary.splitlines()[0] == (
         "DCGM_FI_DEV_XID_ERRORS has not changed over the window; whether it is stale cannot be told without the "
@@ -119,6 +119,16 @@ async def test_without_the_kernel_log_the_title_says_staleness_cannot_be_told(ca
     )
     assert message.severity == "critical"  # not judged stale: nothing is lowered
     assert steps(message)[0].startswith("Read every Xid of the last hour")
+
+
+async def test_a_kernel_log_cut_at_lokis_limit_is_said_in_the_title(catalog: XidCatalog) -> None:
+    alert = alert_state(XID_79)
+    cut = loki_section([(at(-1), "NVRM: Xid (PCI:0000:86:00): 13, pid=7, name=x, Graphics Exception")], True)
+    gauge = Static(prometheus_section(related={"xid_gauge": series([79] * 30)}))
+    message = await message_for(alert, await run(alert, Static(cut), gauge, XidEnricher(catalog)))
+    assert message.title.endswith("stale or fresh cannot be told (kernel log cut at Loki's line limit)")
+    assert message.summary.splitlines()[0].endswith("(Loki's answer was cut at its line limit)")
+    assert message.severity == "critical"
 
 
 async def test_a_stale_gauge_silences_the_xid_79_power_judgement(catalog: XidCatalog) -> None:
