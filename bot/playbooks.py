@@ -375,8 +375,8 @@ ShownSeverity = Literal["critical", "warning", "info"]
 
 class Case(_Model):
     """What an alert means once the evidence is in. The first case whose conditions hold reshapes the advice: its
-    steps come first, the playbook's own steps follow only under `own_steps_if`, its `escalate` replaces the
-    playbook's, and messages show its `severity` (the alert's labels, and PagerDuty by default, keep their own)."""
+    steps come first and the playbook's own follow (each under `own_steps_if` when given), its `escalate` replaces
+    the playbook's, and messages show its `severity` (the alert's labels, and PagerDuty by default, keep theirs)."""
 
     when: list[Condition] = Field(min_length=1)
     unless: list[Condition] = Field(default_factory=list)
@@ -756,7 +756,7 @@ class PlaybookSet:
         first = [_step_text(step, values) for step in (borrowed.steps if borrowed is not None else [])]
         first += [_step_text(step, values) for step in case.steps]
         if case.own_steps_if is None:
-            return first
+            return first + own
         condition = fill(case.own_steps_if, values)
         return first + [f"Only if {condition}: {step}" for step in own]
 

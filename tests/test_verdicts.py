@@ -172,6 +172,7 @@ cases:
     steps:
       - text: Restart the exporter
         command: docker compose restart dcgm-exporter
+    own_steps_if: the exporter shows the other GPUs again
 """,
     )
     playbooks = PlaybookSet.load(tmp_path / "playbooks")
@@ -186,10 +187,38 @@ cases:
     assert advice.verdict == advice.verdict_line == "the exporter lost its GPUs, GPU 3 did not fall off the bus"
     assert (advice.severity, advice.steps) == (
         "warning",
-        ["Restart the exporter: `docker compose restart dcgm-exporter`"],
+        [
+            "Restart the exporter: `docker compose restart dcgm-exporter`",
+            "Only if the exporter shows the other GPUs again: Power-cycle the host",
+        ],
     )
     plain = playbooks.advise(playbooks.match(alert), alert, Enrichment())
     assert (plain.verdict, plain.severity, plain.steps) == ("", None, ["Power-cycle the host"])
+
+
+def test_a_case_without_steps_keeps_the_playbooks_own(tmp_path: Path) -> None:
+    write_playbook(
+        tmp_path / "playbooks",
+        """
+match:
+  alertname: GPUMissing
+title: A GPU disappeared
+steps:
+  - text: Power-cycle the host
+cases:
+  - when:
+      - { label: gpu, equals: "3" }
+    say: GPU 3 is the one on the flaky riser
+""",
+    )
+    playbooks = PlaybookSet.load(tmp_path / "playbooks")
+    alert = alert_state({"gpu": "3"}).model_copy(update={"labels": {"alertname": "GPUMissing", "gpu": "3"}})
+    advice = playbooks.advise(playbooks.match(alert), alert, Enrichment())
+    assert (advice.verdict, advice.severity, advice.steps) == (
+        "GPU 3 is the one on the flaky riser",
+        None,
+        ["Power-cycle the host"],
+    )
 
 
 def test_a_verdict_condition_holds_only_for_its_own_verdict() -> None:
