@@ -39,7 +39,7 @@ def compose_message(event: Event, enrichment: Enrichment, advice: Advice) -> Mes
         times_seen=alert.times_seen,
         acked_by=alert.acked_by,
         related_to=enrichment.data("related").get("root"),
-        facts=_facts(event, host, gpu, enrichment),
+        facts=_facts(event, host, gpu, enrichment, advice),
         sections=_sections(event, enrichment, advice),
         links=_links(alert.annotations, alert.generator_url, advice),
         actions=advice.actions if alert.status == "firing" else [],
@@ -71,7 +71,7 @@ def _summary(annotations: dict[str, str], advice: Advice) -> str:
     return own or advice.title
 
 
-def _facts(event: Event, host: str, gpu: str, enrichment: Enrichment) -> list[Fact]:
+def _facts(event: Event, host: str, gpu: str, enrichment: Enrichment, advice: Advice) -> list[Fact]:
     alert = event.alert
     facts: list[Fact] = []
     if host:
@@ -83,7 +83,9 @@ def _facts(event: Event, host: str, gpu: str, enrichment: Enrichment) -> list[Fa
     value = _value_text(enrichment.data("prometheus"))
     if value:
         facts.append(Fact(label="Value", value=value))
-    if alert.severity:
+    if advice.severity and advice.severity != alert.severity:
+        facts.append(Fact(label="Severity", value=f"{advice.severity} (the alert says {alert.severity or 'none'})"))
+    elif alert.severity:
         facts.append(Fact(label="Severity", value=alert.severity))
     facts.append(Fact(label="Started", value=alert.starts_at.strftime("%Y-%m-%d %H:%M:%S UTC")))
     if alert.status == "resolved" and alert.resolved_at is not None:

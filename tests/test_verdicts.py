@@ -75,6 +75,7 @@ async def test_a_stale_gauge_is_told_first_and_shown_as_info(catalog: XidCatalog
     assert message.summary.splitlines()[0] == STALE_GAUGE_TEXT
     assert (message.severity, message.alert_severity) == ("info", "critical")
     assert message.labels == alert.labels and alert.labels["severity"] == "critical"
+    assert next(f.value for f in message.facts if f.label == "Severity") == "info (the alert says critical)"
     runbook = steps(message)
     assert runbook[0].startswith("Check whether the Xid still recurs")
     assert "docker compose restart dcgm-exporter" in runbook[1]
@@ -99,6 +100,7 @@ async def test_a_fresh_kernel_line_keeps_the_fatal_xid_message(catalog: XidCatal
     assert verdicts_of(enrichment) == []
     assert message.title == "GPUXIDError on k-ai-01 GPU 3"
     assert (message.severity, message.alert_severity) == ("critical", "critical")
+    assert next(f.value for f in message.facts if f.label == "Severity") == "critical"
     assert steps(message)[0].startswith("Read every Xid of the last hour")
     assert steps(message) == steps(await message_for(alert, Enrichment()))
     assert escalation(message).startswith("Escalate at once for Xid 48, 64, 79")
