@@ -25,6 +25,7 @@ from bot.enrich.prometheus import (
     RawSeries,
     best_series,
     choose_step,
+    describe,
     expression_from_generator_url,
     format_value,
     gpu_inventory,
@@ -184,6 +185,7 @@ def test_a_minute_of_data_in_a_30_minute_window_shows_its_rise() -> None:
     raw = RawSeries({"gpu": "2"}, [(end - 50 + 10 * i, float(v)) for i, v in enumerate(rise)])
     summary = series_summary("DCGM_FI_DEV_GPU_TEMP", raw, start=1000, end=end, step=10)
     assert summary["sparkline"] == "▁▂▃▅▇█"
+    assert describe(summary, "30 min").startswith("current 93 (min 60, max 93 over 50 s) ")
     assert sparkline(raw.samples, 1000, end).strip() == "█"  # over the whole window the minute is one block
 
 
@@ -386,7 +388,7 @@ async def test_expression_comes_from_the_generator_url_and_the_configured_promet
     history = section.data["history"]
     assert history["labels"]["gpu"] == "3"
     assert (history["current"], history["min"], history["max"]) == (91.0, 62.0, 91.0)
-    assert section.summary.startswith("current 91 (min 62, max 91 over 31 min) ")
+    assert section.summary.startswith("current 91 (min 62, max 91 over 1 min) ")  # the minute with data
     assert section.summary.endswith(" · fires when > 87")
     assert all(path != "/api/v1/rules" for _, path, _ in stub.requests)
 

@@ -442,13 +442,16 @@ def series_summary(
         "max": max(values) if values else None,
         "changes": sum(1 for a, b in itertools.pairwise(values) if a != b),
         "sparkline": fitted_sparkline(raw.samples, start, end, step, pick),
+        # How much of the window the data covers: a series that began a minute ago has a minute's min and max.
+        "covered_seconds": round(end - max(start, finite[0][0])) if finite else None,
     }
 
 
 def describe(series: Mapping[str, Any], span: str) -> str:
-    """`current 91 (min 62, max 93 over 30 min) ▁▂▃▅▇█`."""
+    """`current 91 (min 62, max 93 over 30 min) ▁▂▃▅▇█`; the span is the part of the window with data."""
     text = f"current {series['current_text']} (min {format_value(series['min'])}, max {format_value(series['max'])}"
-    text += f" over {span})"
+    covered = series.get("covered_seconds")
+    text += f" over {format_duration(covered) if isinstance(covered, int | float) else span})"
     return f"{text} {series['sparkline']}" if series["sparkline"] else text
 
 
