@@ -300,3 +300,22 @@ async def test_every_sink_says_the_verdict_in_its_title_and_first_line(catalog: 
     page = pagerduty_event(message, receiver(tmp_path), ROUTING_KEY)["payload"]
     assert page["summary"].startswith(f"{title}: {STALE_GAUGE_TEXT}")
     assert page["severity"] == "critical"  # the alert's own, unless downgrade_on_verdict
+
+
+def test_an_idle_vllm_server_is_told_as_idle_and_not_reset() -> None:
+    labels = {"alertname": "GPUIdleDuringWork", "severity": "warning", "gpu": "1", "host": "k-ai-02"}
+    alert = alert_state({}).model_copy(update={"labels": {**labels, "UUID": "GPU-1", "instance": "k-ai-02:9400"}})
+    idle = {"related": {"vllm_active": {"current": 0}}}
+    enrichment = Enrichment(sections=[EnrichmentSection(name="prometheus", title="P", status="ok", data=idle)])
+    advice = PLAYBOOKS.advise(PLAYBOOKS.match(alert), alert, enrichment)
+    assert (
+        advice.verdict
+        == "an idle vLLM server keeping its KV cache, not a hang (no request running or waiting on k-ai-02)"
+    )
+    assert advice.severity == "info"
+    assert 'host="k-ai-02"' in advice.steps[0]
+    fatal = [step for step in advice.steps if "nvidia-smi -r" in step or "Kill the job" in step]
+    assert fatal and all(step.startswith("Only if requests are running or waiting") for step in fatal)
+    busy = {"related": {"vllm_active": {"current": 3}}}
+    working = Enrichment(sections=[EnrichmentSection(name="prometheus", title="P", status="ok", data=busy)])
+    assert PLAYBOOKS.advise(PLAYBOOKS.match(alert), alert, working).severity is None
