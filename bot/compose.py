@@ -27,8 +27,9 @@ def compose_message(event: Event, enrichment: Enrichment, advice: Advice) -> Mes
         group_key=alert.group_key,
         event=event.kind.value,
         status=alert.status,
-        severity=alert.severity,
-        title=_title(alert.alertname or advice.title, host, gpu),
+        severity=advice.severity or alert.severity,
+        alert_severity=alert.severity,
+        title=_title(alert.alertname or advice.title, host, gpu, advice.verdict),
         summary=_summary(alert.annotations, advice),
         host=host,
         gpu=gpu,
@@ -38,7 +39,7 @@ def compose_message(event: Event, enrichment: Enrichment, advice: Advice) -> Mes
         times_seen=alert.times_seen,
         acked_by=alert.acked_by,
         related_to=enrichment.data("related").get("root"),
-        facts=_facts(event, host, gpu, enrichment),
+        facts=_facts(event, host, gpu, enrichment, advice),
         sections=_sections(event, enrichment, advice),
         links=_links(alert.annotations, alert.generator_url, advice),
         actions=advice.actions if alert.status == "firing" else [],
@@ -47,12 +48,14 @@ def compose_message(event: Event, enrichment: Enrichment, advice: Advice) -> Mes
     )
 
 
-def _title(name: str, host: str, gpu: str) -> str:
+def _title(name: str, host: str, gpu: str, verdict: str) -> str:
     title = name
     if host:
         title += f" on {host}"
     if gpu:
         title += f" GPU {gpu}"
+    if verdict:
+        title += f": {verdict}"
     return title
 
 
@@ -61,13 +64,14 @@ def _gpu_text(labels: dict[str, str], enrichment: Enrichment) -> str:
 
 
 def _summary(annotations: dict[str, str], advice: Advice) -> str:
-    for name in _SUMMARY_ANNOTATIONS:
-        if annotations.get(name, "").strip():
-            return annotations[name].strip()
-    return advice.title
+    """The first line: a verdict leads, since it changes what the alert's own summary means."""
+    own = next((annotations[n].strip() for n in _SUMMARY_ANNOTATIONS if annotations.get(n, "").strip()), "")
+    if advice.verdict_line:
+        return f"{advice.verdict_line}\nThe alert says: {own}" if own else advice.verdict_line
+    return own or advice.title
 
 
-def _facts(event: Event, host: str, gpu: str, enrichment: Enrichment) -> list[Fact]:
+def _facts(event: Event, host: str, gpu: str, enrichment: Enrichment, advice: Advice) -> list[Fact]:
     alert = event.alert
     facts: list[Fact] = []
     if host:
@@ -76,10 +80,12 @@ def _facts(event: Event, host: str, gpu: str, enrichment: Enrichment) -> list[Fa
     if gpu or identity:
         parts = [p for p in (gpu, identity.get("model"), identity.get("uuid"), identity.get("pci_bus_id")) if p]
         facts.append(Fact(label="GPU", value=" · ".join(str(p) for p in parts)))
-    history = enrichment.data("prometheus").get("history") or {}
-    if history.get("current_text"):
-        facts.append(Fact(label="Value", value=str(history["current_text"])))
-    if alert.severity:
+    value = _value_text(enrichment.data("prometheus"))
+    if value:
+        facts.append(Fact(label="Value", value=value))
+    if advice.severity and advice.severity != alert.severity:
+        facts.append(Fact(label="Severity", value=f"{advice.severity} (the alert says {alert.severity or 'none'})"))
+    elif alert.severity:
         facts.append(Fact(label="Severity", value=alert.severity))
     facts.append(Fact(label="Started", value=alert.starts_at.strftime("%Y-%m-%d %H:%M:%S UTC")))
     if alert.status == "resolved" and alert.resolved_at is not None:
@@ -90,6 +96,15 @@ def _facts(event: Event, host: str, gpu: str, enrichment: Enrichment) -> list[Fa
     if event.kind is EventKind.REPEAT or alert.times_seen > 1:
         facts.append(Fact(label="Seen", value=f"{alert.times_seen} times"))
     return facts
+
+
+def _value_text(prometheus: dict[str, Any]) -> str:
+    """The alert's value with what it measures; nothing where the number misleads (see value_meaning)."""
+    history = prometheus.get("history") or {}
+    meaning = prometheus.get("value_meaning", "")
+    if not history.get("current_text") or meaning is None:
+        return ""
+    return f"{history['current_text']} ({meaning})" if meaning else str(history["current_text"])
 
 
 def _sections(event: Event, enrichment: Enrichment, advice: Advice) -> list[Section]:

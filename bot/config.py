@@ -475,6 +475,8 @@ class PagerDutyReceiver(StrictModel):
     default_severity: PagerDutySeverity = "error"
     # Wait after a 429 before the next attempt; PagerDuty asks for a backoff of minutes rather than seconds.
     rate_limit_delay: Duration = 60.0
+    # Page with the severity a verdict lowered the message to (a stale Xid gauge: info) instead of the alert's own.
+    downgrade_on_verdict: bool = False
 
     @field_validator("routing_key_file")
     @classmethod

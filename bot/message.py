@@ -57,7 +57,10 @@ class Message(BaseModel):
     group_key: str
     event: str
     status: Literal["firing", "resolved"]
+    # The severity shown (colour, emoji, level): the alert's own unless a verdict lowered it.
     severity: str
+    # The alert's own `severity` label, whatever a verdict did to the shown one (PagerDuty gets it by default).
+    alert_severity: str = ""
     title: str
     summary: str = ""
     host: str = ""

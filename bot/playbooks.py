@@ -40,6 +40,7 @@ from bot.message import ActionRef, Link, Safety
 from bot.models import AlertState, host_from_labels
 from bot.querytemplate import query_template_problems
 from bot.routing import LabelMatcher
+from bot.verdict import KNOWN_VERDICTS, Verdict, verdicts_of
 from bot.xid_catalog import XidCatalog, XidCatalogError, bundled_catalog, load_catalog
 from bot.yamldoc import Document, Loc, NotUtf8Error, duplicate_keys, read_document
 
@@ -195,11 +196,13 @@ class ActionChoice(_Model):
 
 @dataclass(frozen=True)
 class Evidence:
-    """What judgements can look at: the alert's labels, related series' current values, related alerts."""
+    """What judgements can look at: the alert's labels, related series' current values, related alerts, and the
+    verdicts the enrichment reached."""
 
     labels: Mapping[str, str]
     series: Mapping[str, float]
     related: Sequence[Mapping[str, Any]]
+    verdicts: Sequence[Verdict] = ()
 
     @classmethod
     def of(cls, alert: AlertState, enrichment: Enrichment) -> Evidence:
@@ -210,7 +213,7 @@ class Evidence:
             if isinstance(value, dict) and _is_number(value.get("current"))
         }
         related = [a for a in enrichment.data("related").get("alerts") or [] if isinstance(a, dict)]
-        return cls(alert.labels, series, related)
+        return cls(alert.labels, series, related, verdicts_of(enrichment))
 
 
 def _is_number(value: Any) -> TypeGuard[float]:
@@ -299,6 +302,22 @@ class RelatedCondition(_Model):
         return True
 
 
+class VerdictCondition(_Model):
+    """The enrichment reached this verdict (bot/verdict.py lists them), such as a stale Xid gauge."""
+
+    verdict: str
+
+    @field_validator("verdict")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        if value not in KNOWN_VERDICTS:
+            raise ValueError(f"unknown verdict {value!r} (known: {', '.join(KNOWN_VERDICTS)})")
+        return value
+
+    def holds(self, evidence: Evidence) -> bool:
+        return any(found.name == self.verdict for found in evidence.verdicts)
+
+
 class AnyCondition(_Model):
     """At least one of the conditions holds."""
 
@@ -308,13 +327,19 @@ class AnyCondition(_Model):
         return any(c.holds(evidence) for c in self.any)
 
 
-_CONDITION_KEYS = ("series", "label", "related", "any")
+_CONDITION_KEYS = ("series", "label", "related", "verdict", "any")
 
 
 def _condition_kind(value: Any) -> str | None:
     if isinstance(value, dict):
         return next((key for key in _CONDITION_KEYS if key in value), None)
-    for kind, model in (("series", SeriesCondition), ("label", LabelCondition), ("related", RelatedCondition)):
+    models = (
+        ("series", SeriesCondition),
+        ("label", LabelCondition),
+        ("related", RelatedCondition),
+        ("verdict", VerdictCondition),
+    )
+    for kind, model in models:
         if isinstance(value, model):
             return kind
     return "any" if isinstance(value, AnyCondition) else None
@@ -324,11 +349,12 @@ Condition = Annotated[
     Annotated[SeriesCondition, Tag("series")]
     | Annotated[LabelCondition, Tag("label")]
     | Annotated[RelatedCondition, Tag("related")]
+    | Annotated[VerdictCondition, Tag("verdict")]
     | Annotated[AnyCondition, Tag("any")],
     Discriminator(
         _condition_kind,
         custom_error_type="condition",
-        custom_error_message="a condition has one of the keys series, label, related, any",
+        custom_error_message="a condition has one of the keys series, label, related, verdict, any",
     ),
 ]
 AnyCondition.model_rebuild()
@@ -340,6 +366,27 @@ class Judgement(_Model):
     when: list[Condition] = Field(default_factory=list)
     unless: list[Condition] = Field(default_factory=list)
     say: str = Field(min_length=1)
+
+    def holds(self, evidence: Evidence) -> bool:
+        return all(c.holds(evidence) for c in self.when) and not any(c.holds(evidence) for c in self.unless)
+
+
+ShownSeverity = Literal["critical", "warning", "info"]
+
+
+class Case(_Model):
+    """What an alert means once the evidence is in. The first case whose conditions hold reshapes the advice: its
+    steps come first and the playbook's own follow (each under `own_steps_if` when given), its `escalate` replaces
+    the playbook's, and messages show its `severity` (the alert's labels, and PagerDuty by default, keep theirs)."""
+
+    when: list[Condition] = Field(min_length=1)
+    unless: list[Condition] = Field(default_factory=list)
+    say: str = ""
+    severity: ShownSeverity | None = None
+    steps_from: str | None = None
+    steps: list[Step] = Field(default_factory=list)
+    own_steps_if: str | None = None
+    escalate: str | None = None
 
     def holds(self, evidence: Evidence) -> bool:
         return all(c.holds(evidence) for c in self.when) and not any(c.holds(evidence) for c in self.unless)
@@ -360,6 +407,7 @@ class Playbook(_Model):
         default_factory=list
     )
     judgements: list[Judgement] = Field(default_factory=list)
+    cases: list[Case] = Field(default_factory=list)
     actions: list[Annotated[ActionChoice, BeforeValidator(_name_or_mapping("name"))]] = Field(default_factory=list)
     links: list[LinkTemplate] = Field(default_factory=list)
 
@@ -376,6 +424,11 @@ class Advice:
     judgements: list[str] = field(default_factory=list)
     links: list[Link] = field(default_factory=list)
     actions: list[ActionRef] = field(default_factory=list)
+    # What the evidence says the alert is (a case's `say`, else the enrichment's verdict): title and first line.
+    verdict: str = ""
+    verdict_line: str = ""
+    # The severity messages show when a case lowers it; None keeps the alert's own.
+    severity: str | None = None
 
 
 # --- templates ----------------------------------------------------------------------------------------
@@ -509,6 +562,11 @@ def _text_problems(playbook: Playbook) -> Iterator[tuple[Loc, str]]:
     texts += [(("steps", i, "command"), s.command) for i, s in enumerate(playbook.steps) if s.command]
     texts += [(("links", i, "url"), link.url) for i, link in enumerate(playbook.links)]
     texts += [(("judgements", i, "say"), j.say) for i, j in enumerate(playbook.judgements)]
+    for i, case in enumerate(playbook.cases):
+        texts += [(("cases", i, "say"), case.say), (("cases", i, "escalate"), case.escalate or "")]
+        texts += [(("cases", i, "own_steps_if"), case.own_steps_if or "")]
+        texts += [(("cases", i, "steps", j, "text"), s.text) for j, s in enumerate(case.steps)]
+        texts += [(("cases", i, "steps", j, "command"), s.command) for j, s in enumerate(case.steps) if s.command]
     for loc, text in texts:
         for problem in text_template_problems(text):
             yield loc, problem
@@ -516,14 +574,18 @@ def _text_problems(playbook: Playbook) -> Iterator[tuple[Loc, str]]:
 
 def _judgement_problems(playbook: Playbook) -> Iterator[tuple[Loc, str]]:
     related = {r.alert for r in playbook.related_alerts}
-    for index, judgement in enumerate(playbook.judgements):
+    conditional: list[tuple[str, int, Judgement | Case]] = [
+        ("judgements", i, j) for i, j in enumerate(playbook.judgements)
+    ]
+    conditional += [("cases", i, c) for i, c in enumerate(playbook.cases)]
+    for part, index, item in conditional:
         for key in ("when", "unless"):
-            for position, condition in enumerate(getattr(judgement, key)):
-                yield from _condition_problems(condition, ("judgements", index, key, position), playbook, related)
+            for position, condition in enumerate(getattr(item, key)):
+                yield from _condition_problems(condition, (part, index, key, position), playbook, related)
 
 
 def _condition_problems(
-    condition: SeriesCondition | LabelCondition | RelatedCondition | AnyCondition,
+    condition: SeriesCondition | LabelCondition | RelatedCondition | VerdictCondition | AnyCondition,
     loc: Loc,
     playbook: Playbook,
     related: set[str],
@@ -578,6 +640,7 @@ class PlaybookSet:
                 if found is not None:
                     loaded.append(found)
         _overlap_problems(loaded, problems)
+        _steps_from_problems(loaded, problems)
         try:
             catalog = load_catalog(directory)
         except XidCatalogError as exc:
@@ -609,18 +672,36 @@ class PlaybookSet:
         values = template_values(alert, self._variables)
         evidence = Evidence.of(alert, enrichment)
         spoken = {**values, **{name: _number_text(v) for name, v in evidence.series.items()}}
+        case = next((c for c in playbook.cases if c.holds(evidence)), None)
+        said = fill(case.say, spoken) if case is not None and case.say else ""
+        verdict = evidence.verdicts[0] if evidence.verdicts else None
         return Advice(
             playbook=playbook.name,
             title=fill(playbook.title, values),
             meaning=fill(playbook.meaning, values),
             causes=[fill(c, values) for c in playbook.causes],
             thresholds=[_threshold_text(t, values) for t in playbook.thresholds],
-            steps=[_step_text(step, values) for step in playbook.steps],
-            escalation=fill(playbook.escalate, values),
+            steps=self._steps(playbook, case, values),
+            escalation=fill(case.escalate if case is not None and case.escalate else playbook.escalate, values),
             judgements=[fill(j.say, spoken) for j in playbook.judgements if j.holds(evidence)],
             links=self._links(playbook, alert, values),
             actions=[_action_ref(choice) for choice in playbook.actions],
+            verdict=said or (verdict.headline if verdict is not None else ""),
+            verdict_line=said or (verdict.line if verdict is not None else ""),
+            severity=case.severity if case is not None else None,
         )
+
+    def _steps(self, playbook: Playbook, case: Case | None, values: Mapping[str, str]) -> list[str]:
+        own = [_step_text(step, values) for step in playbook.steps]
+        if case is None:
+            return own
+        borrowed = self.get(case.steps_from) if case.steps_from is not None else None
+        first = [_step_text(step, values) for step in (borrowed.steps if borrowed is not None else [])]
+        first += [_step_text(step, values) for step in case.steps]
+        if case.own_steps_if is None:
+            return first + own
+        condition = fill(case.own_steps_if, values)
+        return first + [f"Only if {condition}: {step}" for step in own]
 
     def _links(self, playbook: Playbook, alert: AlertState, values: Mapping[str, str]) -> list[Link]:
         trusted = {**self._variables, **_time_window(alert)}
@@ -662,6 +743,14 @@ def _overlap_problems(loaded: Sequence[tuple[Document, Playbook]], problems: _Pr
             if key in seen:
                 problems.add(document, ("match",), f"{seen[key].name} already matches {name} with the same matchers")
             seen.setdefault(key, document.path)
+
+
+def _steps_from_problems(loaded: Sequence[tuple[_Document, Playbook]], problems: _Problems) -> None:
+    names = {playbook.name for _, playbook in loaded}
+    for document, playbook in loaded:
+        for index, case in enumerate(playbook.cases):
+            if case.steps_from is not None and case.steps_from not in names:
+                problems.add(document, ("cases", index, "steps_from"), f"no playbook named {case.steps_from!r}")
 
 
 def _time_window(alert: AlertState) -> dict[str, str]:

@@ -120,6 +120,13 @@ def test_severity_is_mapped_case_insensitively_with_a_default(tmp_path: Path, se
     assert event["payload"]["severity"] == expected
 
 
+def test_a_verdict_lowers_the_pagerduty_severity_only_when_the_receiver_asks(tmp_path: Path) -> None:
+    stale = message(severity="info", alert_severity="critical")
+    assert pagerduty_event(stale, receiver(tmp_path), ROUTING_KEY)["payload"]["severity"] == "critical"
+    lowered = receiver(tmp_path, downgrade_on_verdict=True)
+    assert pagerduty_event(stale, lowered, ROUTING_KEY)["payload"]["severity"] == "info"
+
+
 def test_unknown_severity_uses_the_configured_default(tmp_path: Path) -> None:
     config = receiver(tmp_path, default_severity="warning")
     assert pagerduty_event(message(severity="sev9"), config, ROUTING_KEY)["payload"]["severity"] == "warning"

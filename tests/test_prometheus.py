@@ -25,12 +25,14 @@ from bot.enrich.prometheus import (
     RawSeries,
     best_series,
     choose_step,
+    describe,
     expression_from_generator_url,
     format_value,
     gpu_inventory,
     series_summary,
     sparkline,
     value_expression,
+    value_meaning,
 )
 from bot.enrich.queryapi import Deadline, QueryError
 from bot.models import AlertState
@@ -174,7 +176,41 @@ def test_series_summary_gives_current_min_max_changes_and_a_sparkline() -> None:
     assert summary["current"] == 91 and summary["current_text"] == "91"
     assert (summary["min"], summary["max"], summary["changes"]) == (62, 93, 4)
     assert summary["values"][0] == [1000.0, 62]
-    assert summary["sparkline"] == sparkline(raw.samples, 1000, 1050)
+    assert summary["sparkline"] == "▁▁▃▅██"  # one slot per point: no gaps between the samples of the grid
+
+
+def test_a_minute_of_data_in_a_30_minute_window_shows_its_rise() -> None:
+    end = 1000.0 + 1800
+    rise = [60, 66, 72, 80, 86, 93]
+    raw = RawSeries({"gpu": "2"}, [(end - 50 + 10 * i, float(v)) for i, v in enumerate(rise)])
+    summary = series_summary("DCGM_FI_DEV_GPU_TEMP", raw, start=1000, end=end, step=10)
+    assert summary["sparkline"] == "▁▂▃▅▇█"
+    assert describe(summary, "30 min").startswith("current 93 (min 60, max 93 over 50 s) ")
+    assert sparkline(raw.samples, 1000, end).strip() == "█"  # over the whole window the minute is one block
+
+
+@pytest.mark.parametrize(
+    ("query", "meaning"),
+    [
+        ("DCGM_FI_DEV_GPU_TEMP", ""),
+        ('DCGM_FI_DEV_GPU_TEMP{gpu="2"}', ""),
+        ("rate(DCGM_FI_DEV_PCIE_REPLAY_COUNTER[10m])", "rate over 10m of DCGM_FI_DEV_PCIE_REPLAY_COUNTER"),
+        ('DCGM_FI_DEV_XID_ERRORS{gpu="2"}', "last Xid code"),
+        ("increase(DCGM_FI_DEV_XID_ERRORS[5m]) or DCGM_FI_DEV_XID_ERRORS", None),
+        ("max_over_time(DCGM_FI_DEV_XID_ERRORS[1h])", None),
+        ("sum(up)", ""),
+    ],
+)
+def test_the_value_says_what_it_measures_or_nothing_where_it_misleads(query: str, meaning: str | None) -> None:
+    assert value_meaning(query) == meaning
+
+
+@given(st.text(alphabet="()[]{}_:=\"' abcrate5mDCGM_FI_DEV_XID_ERRORSincrease", max_size=80))
+def test_any_expression_gets_a_meaning_or_none_never_an_error(query: str) -> None:
+    meaning = value_meaning(query)
+    assert meaning is None or isinstance(meaning, str)
+    if "DCGM_FI_DEV_XID_ERRORS" not in query:
+        assert meaning is not None
 
 
 def test_a_series_that_stopped_before_now_has_no_current_value() -> None:
@@ -352,7 +388,7 @@ async def test_expression_comes_from_the_generator_url_and_the_configured_promet
     history = section.data["history"]
     assert history["labels"]["gpu"] == "3"
     assert (history["current"], history["min"], history["max"]) == (91.0, 62.0, 91.0)
-    assert section.summary.startswith("current 91 (min 62, max 91 over 31 min) ")
+    assert section.summary.startswith("current 91 (min 62, max 91 over 1 min) ")  # the minute with data
     assert section.summary.endswith(" · fires when > 87")
     assert all(path != "/api/v1/rules" for _, path, _ in stub.requests)
 

@@ -14,6 +14,7 @@ import itertools
 import json
 import logging
 import math
+import re
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -40,6 +41,13 @@ _IGNORED_ALERT_LABELS = frozenset({"alertname", "severity"})
 # Labels that differ between exporters on one host; a related query's series may carry other values.
 _EXPORTER_LABELS = frozenset({"__name__", "instance", "job"})
 _COMPARISONS = ("==", "!=", ">=", "<=", ">", "<")
+# Gauges whose value is a code (the last Xid seen), not a quantity: a range function of one measures nothing.
+CODE_GAUGES: Mapping[str, str] = {"DCGM_FI_DEV_XID_ERRORS": "last Xid code"}
+_RANGE_FUNCTION = re.compile(
+    r"\b(increase|rate|irate|delta|idelta|deriv|changes|resets|[a-z]+_over_time)\s*\(\s*"
+    r"([A-Za-z_:][A-Za-z0-9_:]*)\s*(?:\{[^}]*\})?\s*\[([^\]]+)\]"
+)
+_PLAIN_SELECTOR = re.compile(r"^\s*([A-Za-z_:][A-Za-z0-9_:]*)\s*(?:\{[^}]*\})?\s*$")
 _SET_OPERATORS = ("or", "and", "unless")
 _RULES_TTL = 30.0
 
@@ -356,6 +364,32 @@ def format_value(value: float | None) -> str:
     return f"{value:.2f}".rstrip("0").rstrip(".") if abs(value) >= 1 else f"{value:.3g}"
 
 
+def value_meaning(query: str) -> str | None:
+    """What the alert's graphed value measures, said beside it: "" for a metric's own value, `increase over 5m
+    of NAME` for a range function. None where the number would mislead: a range function of a code gauge (the
+    increase of the last-Xid gauge, extrapolated, reads 81.14 beside an Xid 79 and is neither)."""
+    functions = _RANGE_FUNCTION.findall(query)
+    if any(metric in CODE_GAUGES for _, metric, _ in functions):
+        return None
+    if functions:
+        return ", ".join(dict.fromkeys(f"{name} over {window} of {metric}" for name, metric, window in functions))
+    plain = _PLAIN_SELECTOR.match(query)
+    return CODE_GAUGES.get(plain.group(1), "") if plain else ""
+
+
+def fitted_sparkline(
+    samples: Sequence[tuple[float, float]], start: float, end: float, step: float, pick: Callable[[list[float]], float]
+) -> str:
+    """The sparkline over the part of the window that has data, one slot per point at most: a series that began
+    a minute ago spreads that minute over the line rather than filling one slot of a 30-minute window."""
+    first = next((ts for ts, value in samples if math.isfinite(value)), None)
+    if first is None:
+        return ""
+    begin = max(start, first)
+    points = int((end - begin) / step) + 1 if step > 0 else SPARK_WIDTH
+    return sparkline(samples, begin, end, width=max(1, min(SPARK_WIDTH, points)), pick=pick)
+
+
 def sparkline(
     samples: Sequence[tuple[float, float]],
     start: float,
@@ -406,14 +440,17 @@ def series_summary(
         "min": min(values) if values else None,
         "max": max(values) if values else None,
         "changes": sum(1 for a, b in itertools.pairwise(values) if a != b),
-        "sparkline": sparkline(raw.samples, start, end, pick=pick),
+        "sparkline": fitted_sparkline(raw.samples, start, end, step, pick),
+        # How much of the window the data covers: a series that began a minute ago has a minute's min and max.
+        "covered_seconds": round(end - max(start, finite[0][0])) if finite else None,
     }
 
 
 def describe(series: Mapping[str, Any], span: str) -> str:
-    """`current 91 (min 62, max 93 over 30 min) ▁▂▃▅▇█`."""
+    """`current 91 (min 62, max 93 over 30 min) ▁▂▃▅▇█`; the span is the part of the window with data."""
     text = f"current {series['current_text']} (min {format_value(series['min'])}, max {format_value(series['max'])}"
-    text += f" over {span})"
+    covered = series.get("covered_seconds")
+    text += f" over {format_duration(covered) if isinstance(covered, int | float) else span})"
     return f"{text} {series['sparkline']}" if series["sparkline"] else text
 
 
@@ -581,12 +618,17 @@ class PrometheusEnricher:
             "comparison": found.graphed.comparison if found else None,
             "window": {"start": window.start, "end": window.end, "step": window.step},
             "history": series,
+            "value_meaning": value_meaning(found.graphed.query) if found else "",
             "related": {name: part.value for name, part in related.items() if part.value is not None},
             "unavailable": {name: _problem(part) for name, part in related.items() if part.value is None},
             "gpus": gpus.value or [],
         }
         if series is not None:
             summary = describe(series, window.span)
+            if data["value_meaning"] is None:
+                summary = f"{data['graphed']}: {summary} · a function of a code, not a count"
+            elif data["value_meaning"]:
+                summary = f"{data['value_meaning']}: {summary}"
             if data["comparison"]:
                 summary += f" · fires when {data['comparison']}"
         else:

@@ -18,6 +18,7 @@ from bot.enrich.base import EnrichmentRequest, EnrichmentSection
 from bot.enrich.gpu import GpuIdentity, from_kernel, kernel_report, resolve_identity
 from bot.models import AlertState
 from bot.nvrm import XidEvent
+from bot.verdict import STALE_XID_GAUGE, XID_GAUGE_UNJUDGED, Verdict
 from bot.xid_catalog import DecodedXid, XidCatalog, decode_events, severity_rank, worst
 
 XID_GAUGE = "DCGM_FI_DEV_XID_ERRORS"
@@ -26,6 +27,7 @@ STALE_GAUGE_TEXT = (
     "Probable stale Xid gauge: DCGM_FI_DEV_XID_ERRORS keeps its last value until the exporter restarts; "
     "no NVRM Xid line for this GPU in the window"
 )
+STALE_GAUGE_HEADLINE = "probably a stale gauge, no Xid in the kernel log"
 # At most this many decoded events are kept in the section (the most severe); the message shows fewer.
 # How long before the alert's start a gauge series must already show its value to be suspected stale: more than
 # GPUXIDError's own 5 min lookback for a new series, plus a scrape and an evaluation.
@@ -83,6 +85,7 @@ class XidEnricher:
                 "worst": _worst_data(mine),
                 "stale_gauge": stale,
                 "stale_reason": stale_note,
+                "verdict": _verdict(stale, stale_note, loki),
                 "kernel_log": _kernel_log_state(loki),
                 "gpus": {} if report is None else {pci.bus_id: uuid for pci, uuid in report.uuids.items()},
                 "truncated": bool(loki is not None and loki.status == "ok" and loki.data.get("truncated")),
@@ -212,10 +215,8 @@ def _stale_gauge(
         return None, ""
     if not _held_since_before(series, alert_start):
         return False, ""
-    if loki is None or loki.status != "ok" or loki.data.get("truncated"):
-        why = "not configured" if loki is None else (loki.reason or loki.status)
-        if loki is not None and loki.status == "ok":
-            why = "Loki's answer was cut at its line limit"
+    why = _kernel_log_gap(loki)
+    if why:
         return None, (
             f"{XID_GAUGE} has not changed over the window; whether it is stale cannot be told without the "
             f"kernel log ({why})"
@@ -223,6 +224,26 @@ def _stale_gauge(
     if mine:
         return False, ""
     return True, STALE_GAUGE_TEXT
+
+
+def _kernel_log_gap(loki: EnrichmentSection | None) -> str:
+    """Why the kernel log cannot show that no Xid happened, or "" when it can."""
+    if loki is None:
+        return "not configured"
+    if loki.status != "ok":
+        return loki.reason or loki.status
+    return "Loki's answer was cut at its line limit" if loki.data.get("truncated") else ""
+
+
+def _verdict(stale: bool | None, stale_note: str, loki: EnrichmentSection | None) -> dict[str, str] | None:
+    """The stale-gauge judgement as a verdict: stale, or held but not judgeable (the note says why)."""
+    if stale:
+        return Verdict(STALE_XID_GAUGE, STALE_GAUGE_HEADLINE, STALE_GAUGE_TEXT).to_data()
+    if stale is None and stale_note:
+        gap = "kernel log cut at Loki's line limit" if loki is not None and loki.status == "ok" else "no kernel log"
+        headline = f"Xid gauge unchanged since before the alert, stale or fresh cannot be told ({gap})"
+        return Verdict(XID_GAUGE_UNJUDGED, headline, stale_note).to_data()
+    return None
 
 
 def _held_since_before(series: Mapping[str, Any], alert_start: datetime) -> bool:

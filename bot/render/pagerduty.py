@@ -70,7 +70,9 @@ def encode_event(event: dict[str, Any]) -> bytes:
 
 
 def severity(message: Message, config: PagerDutyReceiver) -> str:
-    return config.severity_map.get(message.severity.lower(), config.default_severity)
+    """The alert's own severity, mapped; the one a verdict lowered it to only when the receiver asks for it."""
+    chosen = message.severity if config.downgrade_on_verdict else (message.alert_severity or message.severity)
+    return config.severity_map.get(chosen.lower(), config.default_severity)
 
 
 def summary(message: Message) -> str:

@@ -249,12 +249,13 @@ def _header_text(message: Message) -> str:
 
 def _head_blocks(message: Message, related: Sequence[RelatedNote]) -> list[Block]:
     blocks: list[Block] = [{"type": "header", "text": _plain(" ".join(_header_text(message).split()), MAX_HEADER_TEXT)}]
+    # The summary right under the title: when a verdict changes what the alert means, it is the first line read.
+    if message.summary.strip():
+        blocks.append(_section(clip(escape(message.summary), _SUMMARY_BUDGET)))
     blocks.append(_context(clip(_status_line(message, related), _STATUS_BUDGET)))
     fields = [_fact_field(fact.label, fact.value) for fact in message.facts[:MAX_FIELDS]]
     if fields:
         blocks.append({"type": "section", "fields": fields})
-    if message.summary.strip():
-        blocks.append(_section(clip(escape(message.summary), _SUMMARY_BUDGET)))
     return blocks
 
 

@@ -186,6 +186,36 @@ class Prometheus(ManagedProcess):
         wait_http(f"{self.url}/-/ready", timeout=30, process=self.process)
 
 
+def backfill(workdir: Path, series: dict[str, float], start: float, end: float, interval: float = 15.0) -> None:
+    """Write gauge samples every `interval` seconds over [start, end] into the TSDB a Prometheus(workdir) will
+    open, with `promtool tsdb create-blocks-from openmetrics`: history without waiting for it. `series` maps an
+    exposition-format series (`name{labels}`) to its constant value."""
+    times = [start + index * interval for index in range(int((end - start) // interval) + 1)]
+    lines: list[str] = []
+    # OpenMetrics: each family once, its TYPE first, then its samples in time order.
+    for name in sorted({text.split("{", 1)[0] for text in series}):
+        lines.append(f"# TYPE {name} gauge")
+        for text, value in series.items():
+            if text.split("{", 1)[0] == name:
+                lines.extend(f"{text} {value} {at:.3f}" for at in times)
+    exposition = workdir / "backfill.om"
+    workdir.mkdir(parents=True, exist_ok=True)
+    exposition.write_text("\n".join([*lines, "# EOF", ""]))
+    subprocess.run(
+        [
+            find_binary("promtool"),
+            "tsdb",
+            "create-blocks-from",
+            "openmetrics",
+            str(exposition),
+            str(workdir / "prom-data"),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+
+
 class BotProcess(ManagedProcess):
     """`python -m bot serve` as a real process: for crash (SIGKILL) and restart tests."""
 
