@@ -745,7 +745,7 @@ def _overlap_problems(loaded: Sequence[tuple[Document, Playbook]], problems: _Pr
             seen.setdefault(key, document.path)
 
 
-def _steps_from_problems(loaded: Sequence[tuple[_Document, Playbook]], problems: _Problems) -> None:
+def _steps_from_problems(loaded: Sequence[tuple[Document, Playbook]], problems: _Problems) -> None:
     names = {playbook.name for _, playbook in loaded}
     for document, playbook in loaded:
         for index, case in enumerate(playbook.cases):
