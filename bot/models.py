@@ -168,6 +168,10 @@ class AlertState(BaseModel):
     acked_by: str | None = None
     acked_at: datetime | None = None
     enrichment: dict[str, Any] | None = None
+    # The Alertmanager silence set from the bot for this episode, while the bot knows it active.
+    silence_id: str | None = None
+    silenced_by: str | None = None
+    silenced_until: datetime | None = None
 
     @property
     def alertname(self) -> str:

@@ -158,6 +158,26 @@ class Store(abc.ABC):
         like the alert's other events, into the alert's conversation. Raises UnknownAlert for an unknown key."""
 
     @abc.abstractmethod
+    async def ack(self, alert_key: str, by: str, at: datetime) -> bool:
+        """Acknowledge a firing, unacknowledged episode and queue its ACK event, together; False when there was
+        nothing to do (resolved, or acknowledged already). Raises UnknownAlert for an unknown key."""
+
+    @abc.abstractmethod
+    async def unack(self, alert_key: str, note: str) -> bool:
+        """Withdraw an acknowledgement and queue `note` about it, together; False when it was not acknowledged."""
+
+    @abc.abstractmethod
+    async def set_silence(
+        self, alert_key: str, silence_id: str | None, by: str | None, until: datetime | None, note: str
+    ) -> int:
+        """Remember (or, with None, forget) the episode's Alertmanager silence and queue `note` about it, together;
+        returns the note's event id. Raises UnknownAlert for an unknown key."""
+
+    @abc.abstractmethod
+    async def silenced_alerts(self) -> list[AlertState]:
+        """Episodes with a silence the bot set and still believes active, for the periodic check."""
+
+    @abc.abstractmethod
     async def alert_events(self, key: str) -> list[EventRecord]:
         """Every event of one alert episode, oldest first: its history, and proof that each was decided once."""
 

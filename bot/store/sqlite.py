@@ -364,6 +364,7 @@ class SqliteStore(Store):
         conn.execute("PRAGMA journal_size_limit=67108864")
         conn.executescript(_SCHEMA)
         _add_missing_short_ids(conn)
+        _add_missing_columns(conn, "alerts", _ALERT_SILENCE_COLUMNS)
         # The lock above guarantees this is the only process using the store: leases left by a killed one are void.
         conn.execute("UPDATE events SET lease_until = 0 WHERE state = 'pending'")
         self._conn = conn
@@ -644,6 +645,9 @@ class SqliteStore(Store):
                 previous.key,
             ),
         )
+        if previous.status == "resolved" and status == "firing":
+            # Firing again is a new state: nobody has acknowledged it yet.
+            conn.execute("UPDATE alerts SET acked_by = NULL, acked_at = NULL WHERE key = ?", (previous.key,))
 
     def _alerts_by_keys(self, conn: sqlite3.Connection, keys: Sequence[str]) -> list[AlertState]:
         states: list[AlertState] = []
@@ -860,18 +864,53 @@ class SqliteStore(Store):
 
     def _add_note_sync(self, alert_key: str, text: str) -> int:
         def add(conn: sqlite3.Connection) -> int:
-            if conn.execute("SELECT 1 FROM alerts WHERE key = ?", (alert_key,)).fetchone() is None:
-                raise UnknownAlert(alert_key)
-            cursor = conn.execute(
-                "INSERT INTO events (alert_key, kind, created_at) VALUES (?, ?, ?)",
-                (alert_key, EventKind.NOTE.value, _now()),
-            )
-            event_id = cursor.lastrowid
-            assert event_id is not None
-            conn.execute("INSERT INTO event_notes (event_id, text) VALUES (?, ?)", (event_id, text))
-            return event_id
+            _require_alert(conn, alert_key)
+            return _insert_note(conn, alert_key, text)
 
         return self._transaction(add, acknowledged=True)
+
+    async def ack(self, alert_key: str, by: str, at: datetime) -> bool:
+        def acknowledge(conn: sqlite3.Connection) -> bool:
+            _require_alert(conn, alert_key)
+            changed = conn.execute(
+                "UPDATE alerts SET acked_by = ?, acked_at = ? WHERE key = ? AND status = 'firing' AND acked_by IS NULL",
+                (by, at.timestamp(), alert_key),
+            ).rowcount
+            if changed:
+                _insert_event(conn, alert_key, EventKind.ACK)
+            return bool(changed)
+
+        return await self._run(functools.partial(self._transaction, acknowledge, acknowledged=True))
+
+    async def unack(self, alert_key: str, note: str) -> bool:
+        def withdraw(conn: sqlite3.Connection) -> bool:
+            _require_alert(conn, alert_key)
+            changed = conn.execute(
+                "UPDATE alerts SET acked_by = NULL, acked_at = NULL WHERE key = ? AND acked_by IS NOT NULL",
+                (alert_key,),
+            ).rowcount
+            if changed:
+                _insert_note(conn, alert_key, note)
+            return bool(changed)
+
+        return await self._run(functools.partial(self._transaction, withdraw, acknowledged=True))
+
+    async def set_silence(
+        self, alert_key: str, silence_id: str | None, by: str | None, until: datetime | None, note: str
+    ) -> int:
+        def remember(conn: sqlite3.Connection) -> int:
+            _require_alert(conn, alert_key)
+            conn.execute(
+                "UPDATE alerts SET silence_id = ?, silenced_by = ?, silenced_until = ? WHERE key = ?",
+                (silence_id, by, _ts(until), alert_key),
+            )
+            return _insert_note(conn, alert_key, note)
+
+        return await self._run(functools.partial(self._transaction, remember, acknowledged=True))
+
+    async def silenced_alerts(self) -> list[AlertState]:
+        rows = await self._run(self._fetchall, "SELECT * FROM alerts WHERE silence_id IS NOT NULL ORDER BY key", ())
+        return [_alert_from_row(row) for row in rows]
 
     async def alert_events(self, key: str) -> list[EventRecord]:
         rows = await self._run(
@@ -1028,6 +1067,17 @@ class SqliteStore(Store):
         return self._transaction(prune)
 
 
+# Columns added after the first release: added to an existing store on open.
+_ALERT_SILENCE_COLUMNS = {"silence_id": "TEXT", "silenced_by": "TEXT", "silenced_until": "REAL"}
+
+
+def _add_missing_columns(conn: sqlite3.Connection, table: str, columns: dict[str, str]) -> None:
+    present = {row["name"] for row in conn.execute(f"PRAGMA table_info({table})")}
+    for name, sql_type in columns.items():
+        if name not in present:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {sql_type}")
+
+
 def _add_missing_short_ids(conn: sqlite3.Connection) -> None:
     """Short ids for alerts stored by a version that had none."""
     keys = conn.execute(
@@ -1040,6 +1090,25 @@ def _add_missing_short_ids(conn: sqlite3.Connection) -> None:
             [(short_id(row["key"]), row["key"]) for row in keys],
         )
         conn.execute("COMMIT")
+
+
+def _require_alert(conn: sqlite3.Connection, alert_key: str) -> None:
+    if conn.execute("SELECT 1 FROM alerts WHERE key = ?", (alert_key,)).fetchone() is None:
+        raise UnknownAlert(alert_key)
+
+
+def _insert_event(conn: sqlite3.Connection, alert_key: str, kind: EventKind) -> int:
+    cursor = conn.execute(
+        "INSERT INTO events (alert_key, kind, created_at) VALUES (?, ?, ?)", (alert_key, kind.value, _now())
+    )
+    assert cursor.lastrowid is not None
+    return cursor.lastrowid
+
+
+def _insert_note(conn: sqlite3.Connection, alert_key: str, text: str) -> int:
+    event_id = _insert_event(conn, alert_key, EventKind.NOTE)
+    conn.execute("INSERT INTO event_notes (event_id, text) VALUES (?, ?)", (event_id, text))
+    return event_id
 
 
 def _alert_from_row(row: sqlite3.Row) -> AlertState:
@@ -1062,4 +1131,7 @@ def _alert_from_row(row: sqlite3.Row) -> AlertState:
         acked_by=row["acked_by"],
         acked_at=_dt(row["acked_at"]),
         enrichment=json.loads(row["enrichment"]) if row["enrichment"] else None,
+        silence_id=row["silence_id"],
+        silenced_by=row["silenced_by"],
+        silenced_until=_dt(row["silenced_until"]),
     )

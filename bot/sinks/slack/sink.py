@@ -25,6 +25,7 @@ from bot.message import Message
 from bot.metrics import Metrics
 from bot.models import Delivery
 from bot.render.slack import (
+    Controls,
     Payload,
     RelatedNote,
     ack_note,
@@ -46,9 +47,15 @@ log = logging.getLogger(__package__)
 
 class SlackSink:
     def __init__(
-        self, receiver: SlackReceiver, store: Store, metrics: Metrics, limits: SlackRateLimits | None = None
+        self,
+        receiver: SlackReceiver,
+        store: Store,
+        metrics: Metrics,
+        limits: SlackRateLimits | None = None,
+        controls: Controls = Controls(),  # noqa: B008 (frozen)
     ) -> None:
         self.name = receiver.name
+        self._controls = controls
         self._state = SinkState(store, receiver.name)
         self._channel = SlackChannel(receiver, self._state, limits)
         self._storms = StormControl(receiver, self._state, self._channel, metrics)
@@ -107,12 +114,14 @@ class SlackSink:
                 return
         key = message.alert_key
         if record.mode == "related":
-            await self._post_alert_once(key, record, slack_payload(message, compact=True), record.thread_ts)
+            await self._post_alert_once(
+                key, record, slack_payload(message, compact=True, controls=self._controls), record.thread_ts
+            )
             record.root_pending = True
             await self._state.save_record(key, record, message)
             await self._show_in_root(message, record)
             return
-        await self._post_alert_once(key, record, slack_payload(message), "")
+        await self._post_alert_once(key, record, slack_payload(message, controls=self._controls), "")
         record.thread_ts = record.ts
         record.status = message.status
         record.told_ack = message.acked_by or ""
@@ -144,7 +153,9 @@ class SlackSink:
         hears of it."""
         related = [RelatedNote(r.title, r.status) for r in record.related]
         compact = record.mode == "related"
-        await self._channel.update(record.channel, record.ts, slack_payload(message, compact=compact, related=related))
+        await self._channel.update(
+            record.channel, record.ts, slack_payload(message, compact=compact, related=related, controls=self._controls)
+        )
         record.status = message.status
         await self._state.save_record(message.alert_key, record, message)
         if compact:
@@ -178,9 +189,15 @@ class SlackSink:
             thread_ts = storm.summary_ts if storm is not None else ""
         if not thread_ts:
             return
+        if record.mode != "storm" and record.ts:
+            # The message shows the state the note tells of (acknowledged, silenced...): refreshed first, since
+            # an update can be repeated and the reply must not be.
+            related = [RelatedNote(r.title, r.status) for r in record.related]
+            payload = slack_payload(message, compact=record.mode == "related", related=related, controls=self._controls)
+            await self._channel.update(record.channel, record.ts, payload)
         nonce = f"note:{message.alert_key}:{delivery.id}"
         await self._post_once(message.alert_key, record, note_reply(message), thread_ts, nonce)
-        await self._state.save_record(message.alert_key, record)
+        await self._state.save_record(message.alert_key, record, message)
 
     async def _storms_summary(self, storm_id: str) -> Storm | None:
         storm = await self._state.storm(storm_id)
@@ -217,7 +234,9 @@ class SlackSink:
             shown = Message.model_validate(root.message)
             notes = [RelatedNote(r.title, r.status) for r in root.related]
             try:
-                await self._channel.update(root.channel, root.ts, slack_payload(shown, related=notes))
+                await self._channel.update(
+                    root.channel, root.ts, slack_payload(shown, related=notes, controls=self._controls)
+                )
             except SlackFailure as failure:
                 if failure.result.retry:
                     raise
