@@ -4,18 +4,20 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
-from bot.alertmanager import AlertmanagerClient
+from bot.alertmanager import AlertmanagerClient, SilenceMatcher
+from bot.interact.silences import SilenceWatcher
 from bot.models import AlertState, short_id
 from tests.fakes.pagerduty import FakePagerDuty
 from tests.fakes.slack import FakeSlack, SlackMessage
 from tests.support.bot import RunningBot, eventually, running_bot
+from tests.support.clock import FakeClock
 from tests.support.payloads import gpu_alerts, webhook
 from tests.support.processes import free_port
 from tests.support.slack_requests import (
@@ -25,6 +27,7 @@ from tests.support.slack_requests import (
     post_click,
     post_command,
 )
+from tests.support.store import ingest_and_dedup, query, sqlite_store
 
 pytestmark = pytest.mark.realstack
 
@@ -161,3 +164,41 @@ async def test_an_unauthorised_user_is_refused_and_the_refusal_is_audited(tmp_pa
         assert stored is not None and stored.acked_by is None
         entries = await bot.runtime.store.audit_log(datetime(2026, 1, 1, tzinfo=UTC))
         assert [(e.actor, e.action, e.outcome) for e in entries] == [("slack:U0STRANGER mallory", "ack", "refused")] * 2
+
+
+async def test_the_periodic_check_tells_when_a_silence_was_removed_in_alertmanager(
+    tmp_path: Path, alertmanager_factory: Any
+) -> None:
+    am = alertmanager_factory("http://127.0.0.1:9")
+    client = AlertmanagerClient([am.url])
+    clock = FakeClock()
+    async with sqlite_store(tmp_path) as store:
+        await ingest_and_dedup(store, webhook(gpu_alerts(2)))
+        kept, removed = await store.list_alerts()
+        for alert in (kept, removed):
+            silence_id = await client.create_silence(
+                [SilenceMatcher(name="gpu", value=alert.labels["gpu"])],
+                starts_at=datetime.now(UTC),
+                ends_at=datetime.now(UTC) + timedelta(hours=1),
+                created_by="alice",
+                comment="test",
+            )
+            await store.set_silence(alert.key, silence_id, "alice", datetime.now(UTC) + timedelta(hours=1), "silenced")
+        gone = (await store.get_alert(removed.key)).silence_id  # type: ignore[union-attr]
+        assert gone is not None
+        await client.expire_silence(gone)  # someone else, with amtool or the UI
+        watcher = SilenceWatcher(store, client, clock, interval=60)
+        watcher.start()
+        await eventually(lambda: clock.sleeping == 1)
+        await clock.advance(60)
+        await eventually(lambda: _unsilenced(store, removed.key))
+        await watcher.stop()
+        assert [a.key for a in await store.silenced_alerts()] == [kept.key]
+        [(note,)] = query(store, "SELECT text FROM event_notes ORDER BY event_id DESC LIMIT 1")
+        assert note == f"silence {gone} of {short_id(removed.key)} was expired early in Alertmanager"
+    await client.close()
+
+
+async def _unsilenced(store: Any, key: str) -> bool:
+    alert = await store.get_alert(key)
+    return alert is not None and alert.silence_id is None
