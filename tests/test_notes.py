@@ -138,3 +138,9 @@ async def test_a_note_reaches_the_console_and_the_slack_thread_of_its_alert(tmp_
             assert "silenced by &lt;!channel&gt;" in reply.rendered_text()
             await eventually(lambda: any(e["event"] == "note" for e in bot.console_events()))
             assert [e["short_id"] for e in bot.console_events()] == [short_id(alert.key)] * 2
+
+
+def test_acknowledged_again_after_an_unack_is_a_new_mail() -> None:
+    first = message(KEY, "ack").model_copy(update={"acked_by": "alice", "acked_at": datetime(2026, 11, 30, tzinfo=UTC)})
+    again = first.model_copy(update={"acked_at": datetime(2026, 11, 30, 1, tzinfo=UTC)})
+    assert render_email(first, "example.com").message_id != render_email(again, "example.com").message_id

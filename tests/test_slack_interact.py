@@ -3,6 +3,7 @@ Mode against the Slack fake, ack and repeats, and the configuration checks."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import urllib.parse
@@ -24,6 +25,7 @@ from bot.interact.access import Access
 from bot.interact.silences import BadSilence, parse_silence_duration, typed_matchers
 from bot.interact.verify import RequestVerifier
 from bot.models import AlertState, AmAlert, EventKind, short_id
+from bot.render.slack import escape
 from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack
 from tests.support.bot import RunningBot, eventually, running_bot
 from tests.support.clock import FakeClock
@@ -292,3 +294,70 @@ def test_check_config_validates_the_interactivity_section(tmp_path: Path) -> Non
     assert "interactivity: silences need the alertmanager section" in problems
     assert "app_token_file: Socket Mode needs the app-level token" in problems
     assert "is not an http(s) URL" in "\n".join(_config_problems(tmp_path, good, am_url="alertmanager:9093"))
+
+
+async def test_a_registered_slow_command_answers_in_time_then_through_response_url(
+    tmp_path: Path, slack: FakeSlack
+) -> None:
+    from bot.audit import AuditLog
+    from bot.interact.dispatch import CommandSpec, Dispatcher, Invocation, Outcome
+    from bot.interact.transport import ANSWER_WITHIN, Interactions
+
+    release = asyncio.Event()
+
+    async def slow(invocation: Invocation) -> Outcome:
+        await release.wait()
+        return Outcome(f"ran {escape(' '.join(invocation.args))}", "done", "restart-dcgm-exporter")
+
+    config = InteractivityConfig.model_validate(
+        {
+            "receiver": "slack",
+            "signing_secret_file": __file__,
+            "roles": [{"name": "viewer"}, {"name": "responder"}, {"name": "admin", "users": ["U0RESPOND1"]}],
+        }
+    )
+    clock = FakeClock()
+    async with sqlite_store(tmp_path) as store:
+
+        async def nobody(_group: str) -> list[str]:
+            return []
+
+        dispatcher = Dispatcher(Access(config, nobody, clock), AuditLog(store, clock))
+        # What the remediation engine does: a command of its own, in the same table.
+        dispatcher.add_command(CommandSpec("run", "run ACTION ID", "run an action", slow, "run", "admin"))
+        interactions = Interactions(dispatcher, clock, f"{slack.url}/response/", timeout=2)
+        answer = asyncio.create_task(
+            interactions.command(command_fields("run restart <b>", response_url=slack.response_url()))
+        )
+        await eventually(lambda: clock.sleeping == 1)
+        await clock.advance(ANSWER_WITHIN)
+        assert (await answer)["text"] == "Working on it… the answer follows here."
+        release.set()
+        [late] = await eventually(lambda: slack.responses)
+        assert late == {"response_type": "ephemeral", "text": "ran restart &lt;b&gt;"}
+        await interactions.close()
+        [entry] = await store.audit_log(datetime(2026, 1, 1, tzinfo=UTC))
+        assert (entry.actor, entry.action, entry.target, entry.outcome) == (
+            "slack:U0RESPOND1 alice",
+            "run",
+            "restart-dcgm-exporter",
+            "done",
+        )
+
+
+async def test_answers_go_to_slack_only(tmp_path: Path, slack: FakeSlack) -> None:
+    from bot.interact.transport import Interactions
+
+    async with sqlite_store(tmp_path):
+        interactions = Interactions(_never_dispatched(), FakeClock(), f"{slack.url}/response/", timeout=2)
+        await interactions.interaction(click_payload("ack", "k", "1.2", response_url="http://169.254.169.254/x"))
+        assert slack.responses == []
+        await interactions.close()
+
+
+def _never_dispatched() -> Any:
+    class Unused:
+        async def click(self, *_args: object) -> str:
+            return "answer"
+
+    return Unused()

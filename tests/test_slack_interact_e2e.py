@@ -82,6 +82,17 @@ async def test_silence_and_unsilence_from_the_slash_command(
         silence_id = answer.rsplit("`", 2)[-2]
         assert silence_id in active_silences(am)
         assert await eventually(lambda: muted_by(am, silence_id), timeout=15)
+        client = AlertmanagerClient([am.url])
+        silence = await client.silence(silence_id)
+        await client.close()
+        assert silence.created_by == "alice"
+        link = f"https://slack.com/archives/{root.channel}/p{root.ts.replace('.', '')}"
+        assert silence.comment == f"disk swap <!channel> (alert {sid} {link}, by alice via gpu-alert-bot)"
+        assert [(m.name, m.value) for m in silence.matchers] == [
+            ("alertname", "GPUXidError"),
+            ("host", "k-ai-01"),
+            ("gpu", "3"),
+        ]
         stored = await bot.runtime.store.get_alert(alert.key)
         assert stored is not None and stored.silence_id == silence_id and stored.silenced_by == "alice"
         # The message says so in place, with an Unsilence button, and the thread tells who did it.

@@ -44,6 +44,7 @@ class AlertCommands:
         config: InteractivityConfig,
         clock: Clock,
     ) -> None:
+        """`config.receiver` is the Slack receiver whose messages a silence's comment links to."""
         self._store = store
         self._am = alertmanager
         self._config = config
@@ -221,7 +222,7 @@ class AlertCommands:
         now = self._clock.now()
         until = now + timedelta(seconds=seconds)
         name = invocation.actor.name
-        about = f"alert {short_id(alert.key)}" if alert is not None else "typed matchers"
+        about = f"alert {short_id(alert.key)}{await self._message_link(alert.key)}" if alert else "typed matchers"
         comment = f"{reason or 'silenced from Slack'} ({about}, by {name} via gpu-alert-bot)"
         silence_id = await self._am.create_silence(
             matchers, starts_at=now, ends_at=until, created_by=name, comment=comment
@@ -240,6 +241,14 @@ class AlertCommands:
                 detail,
             )
         return Outcome(f"Silenced {shown} for {length}: silence `{silence_id}`.", "done", silence_id, detail)
+
+    async def _message_link(self, alert_key: str) -> str:
+        """` <link>` to the alert's Slack message (Slack redirects /archives links into the workspace), or ""."""
+        record = await self._store.get_sink_state(self._config.receiver, f"alert:{alert_key}") or {}
+        channel, ts = str(record.get("channel", "")), str(record.get("ts", ""))
+        if not channel or not ts:
+            return ""
+        return f" https://slack.com/archives/{channel}/p{ts.replace('.', '')}"
 
     async def _silences(self, invocation: Invocation) -> Outcome:
         active = [s for s in await self._am.silences() if s.state is SilenceState.ACTIVE]

@@ -96,6 +96,11 @@ def _reply_id(message: Message, domain: str) -> str:
     # which mail systems would drop; a retry of the same delivery keeps its ID.
     if message.event == "note":
         return thread_message_id(message.alert_key, domain, f"note.{message.note_id}")
+    if message.event == "ack" and message.acked_at is not None:
+        # Acknowledged again after an unack: a new mail, not a copy of the first acknowledgement.
+        return thread_message_id(
+            message.alert_key, domain, f"ack.{message.times_seen}.{int(message.acked_at.timestamp())}"
+        )
     return thread_message_id(message.alert_key, domain, f"{message.event}.{message.times_seen}")
 
 
