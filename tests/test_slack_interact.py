@@ -245,6 +245,12 @@ async def test_ack_is_stored_with_its_event_once_and_firing_again_clears_it(tmp_
         acked = await store.get_alert(alert.key)
         assert acked is not None and (acked.acked_by, acked.acked_at) == ("alice", at)
         assert [e.kind for e in await store.alert_events(alert.key)] == [EventKind.FIRING, EventKind.ACK]
+        assert await store.unack(alert.key, "acknowledgement withdrawn by alice")
+        assert not await store.unack(alert.key, "again")
+        assert (await store.get_alert(alert.key)).acked_by is None  # type: ignore[union-attr]
+        assert await store.ack(alert.key, "bob", at)
+        kinds = [e.kind for e in await store.alert_events(alert.key)]
+        assert kinds == [EventKind.FIRING, EventKind.ACK, EventKind.NOTE, EventKind.ACK]
         resolved = gpu_alerts(1)
         resolved[0].update(status="resolved", endsAt=datetime.now(UTC).isoformat())
         await ingest_and_dedup(store, webhook(resolved))
@@ -343,6 +349,34 @@ async def test_a_registered_slow_command_answers_in_time_then_through_response_u
             "restart-dcgm-exporter",
             "done",
         )
+
+
+async def test_a_failing_command_gets_an_answer_not_a_500(tmp_path: Path, slack: FakeSlack) -> None:
+    from bot.audit import AuditLog
+    from bot.interact.dispatch import CommandSpec, Dispatcher, Invocation, Outcome
+    from bot.interact.transport import Interactions
+
+    async def broken(_invocation: Invocation) -> Outcome:
+        raise RuntimeError("a bug")
+
+    async def nobody(_group: str) -> list[str]:
+        return []
+
+    config = InteractivityConfig.model_validate(
+        {
+            "receiver": "slack",
+            "signing_secret_file": __file__,
+            "roles": [{"name": "viewer"}, {"name": "responder"}],
+        }
+    )
+    async with sqlite_store(tmp_path) as store:
+        dispatcher = Dispatcher(Access(config, nobody, FakeClock()), AuditLog(store, FakeClock()))
+        dispatcher.add_command(CommandSpec("broken", "broken", "fails", broken))
+        interactions = Interactions(dispatcher, FakeClock(), f"{slack.url}/response/", timeout=2)
+        assert (await interactions.command(command_fields("broken")))[
+            "text"
+        ] == "The command failed; see the bot's log."
+        await interactions.close()
 
 
 async def test_answers_go_to_slack_only(tmp_path: Path, slack: FakeSlack) -> None:

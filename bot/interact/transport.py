@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 # Slack's limit is 3 s from its side; the network and the verification need some of it.
 ANSWER_WITHIN = 2.5
 _WORKING = "Working on it… the answer follows here."
+_FAILED = "The command failed; see the bot's log."
 _MAX_FORM_FIELDS = 50
 COMMANDS_PATH = "/slack/commands"
 INTERACTIONS_PATH = "/slack/interactions"
@@ -81,9 +82,16 @@ class Interactions:
             return
         for action in actions[:1]:  # Slack sends one action per click
             if isinstance(action, dict):
-                reply = await self._dispatcher.click(
-                    actor, str(action.get("action_id", "")), str(action.get("value", "")), str(channel.get("id", ""))
-                )
+                try:
+                    reply = await self._dispatcher.click(
+                        actor,
+                        str(action.get("action_id", "")),
+                        str(action.get("value", "")),
+                        str(channel.get("id", "")),
+                    )
+                except Exception:
+                    log.exception("a Slack button failed")
+                    reply = _FAILED
                 if reply:
                     await self._post_late(response_url, ephemeral(reply))
 
@@ -93,6 +101,9 @@ class Interactions:
         await asyncio.wait({task, deadline}, return_when=asyncio.FIRST_COMPLETED)
         deadline.cancel()
         if task.done():
+            if task.exception() is not None:
+                log.error("a Slack command failed", exc_info=task.exception())
+                return ephemeral(_FAILED)
             return ephemeral(task.result())
         late = asyncio.create_task(self._answer_later(task, response_url))
         self._late.add(late)
@@ -104,7 +115,7 @@ class Interactions:
             text = await task
         except Exception:
             log.exception("a slow Slack command failed")
-            text = "The command failed; see the bot's log."
+            text = _FAILED
         await self._post_late(response_url, ephemeral(text))
 
     async def _post_late(self, response_url: str, body: dict[str, Any]) -> None:
