@@ -395,3 +395,15 @@ def _never_dispatched() -> Any:
             return "answer"
 
     return Unused()
+
+
+async def test_with_slack_unreachable_socket_mode_does_not_keep_the_bot_from_taking_webhooks(
+    tmp_path: Path, slack: FakeSlack
+) -> None:
+    config = interactive_config(tmp_path, slack, ["http://127.0.0.1:9"], socket_mode=True)
+    config["interactivity"]["app_token_file"] = str(tmp_path / "app_token")
+    await slack.go_down()
+    async with running_bot(tmp_path, config) as bot, aiohttp.ClientSession() as http:
+        async with http.post(bot.webhook_url, json=webhook(gpu_alerts(1))) as response:
+            assert response.status == 200
+        assert not slack.socket_connected

@@ -72,7 +72,7 @@ class Interactivity:
     async def start(self) -> None:
         self.watcher.start()
         if self.socket is not None:
-            await self.socket.start()
+            self.socket.start()
 
     async def close(self) -> None:
         await self.watcher.stop()

@@ -187,11 +187,16 @@ class SocketModeTransport:
         self._client = SocketModeClient(app_token=app_token, web_client=web_client)
         self._client.socket_mode_request_listeners.append(self._on_request)
         self._interactions = interactions
+        self._connecting: asyncio.Task[None] | None = None
 
-    async def start(self) -> None:
-        await self._client.connect()  # type: ignore[no-untyped-call]
+    def start(self) -> None:
+        """Connect in the background: slack_sdk retries until Slack answers, and the webhook must not wait."""
+        self._connecting = asyncio.create_task(self._client.connect(), name="slack-socket-mode")  # type: ignore[no-untyped-call]
 
     async def close(self) -> None:
+        if self._connecting is not None:
+            self._connecting.cancel()
+            await asyncio.gather(self._connecting, return_exceptions=True)
         await self._client.close()  # type: ignore[no-untyped-call]
 
     async def _on_request(self, client: AsyncBaseSocketModeClient, request: SocketModeRequest) -> None:
