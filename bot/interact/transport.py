@@ -70,13 +70,11 @@ class Interactions:
         """Run the clicks of a block_actions payload; answers go to its response_url."""
         if payload.get("type") != "block_actions":
             return
-        user = payload.get("user") if isinstance(payload.get("user"), dict) else {}
-        assert isinstance(user, dict)
+        user, channel = _object(payload.get("user")), _object(payload.get("channel"))
         actor = Actor(str(user.get("id", "")), str(user.get("username") or user.get("name") or user.get("id", "")))
-        channel = payload.get("channel") if isinstance(payload.get("channel"), dict) else {}
-        assert isinstance(channel, dict)
-        actions = payload.get("actions") if isinstance(payload.get("actions"), list) else []
-        assert isinstance(actions, list)
+        actions = payload.get("actions")
+        if not isinstance(actions, list):
+            return
         response_url = str(payload.get("response_url", ""))
         if not actor.user_id:
             return
@@ -129,6 +127,10 @@ class Interactions:
             return
         if not response.is_success:
             log.warning("response_url refused the answer", extra={"status": response.status_code})
+
+
+def _object(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 class SlackHttpEndpoints:
