@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from bot.message import ActionRef, Fact, Link, Message, Section
+from bot.models import short_id
 from bot.render.slack import (
     MAX_TOTAL_TEXT,
     Controls,
@@ -193,7 +194,7 @@ def test_storm_summary_and_batch_stay_within_limits() -> None:
     lines = [storm_line(message(host=f"k-ai-{n:02d}", summary="x" * 500)) for n in range(60)]
     batch = storm_batch_payload(lines, 41)
     assert block_kit_errors(batch) == []
-    assert "41. 🔴 *GPUXidError* · `k-ai-00` GPU 3" in "\n".join(texts(batch))
+    assert f"41. 🔴 *GPUXidError* · `k-ai-00` GPU 3 · id `{short_id(message().alert_key)}`" in "\n".join(texts(batch))
 
 
 def test_shrunk_message_renders_the_same() -> None:

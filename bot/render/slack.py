@@ -545,6 +545,7 @@ def storm_line(message: Message, *, posted_above: bool = False) -> str:
     parts = [f"{emoji} *{escape(message.alertname or message.title)}*"]
     if where:
         parts.append(where)
+    parts.append(f"id `{short_id(message.alert_key)}`")  # what `/gpu ack` takes, during a storm too
     if message.summary:
         parts.append(escape(" ".join(message.summary.split())))
     line = " · ".join(parts)
