@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from slack_sdk.web.async_client import AsyncWebClient
 
@@ -407,3 +407,43 @@ async def test_with_slack_unreachable_socket_mode_does_not_keep_the_bot_from_tak
         async with http.post(bot.webhook_url, json=webhook(gpu_alerts(1))) as response:
             assert response.status == 200
         assert not slack.socket_connected
+
+
+_COMMAND_WORDS = st.sampled_from(["", "list ", "ack ", "unack ", "silence ", "unsilence ", "silences ", "help ", "x "])
+_HOSTILE = st.text(alphabet=st.sampled_from(list("<>&!@#|=~\"' abcxyz019.*+()\\\n")), max_size=60)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(_COMMAND_WORDS, _HOSTILE)
+def test_whatever_is_typed_the_answer_mentions_nobody_and_is_audited(
+    tmp_path_factory: pytest.TempPathFactory, command: str, text: str
+) -> None:
+    asyncio.run(_answer_is_inert(tmp_path_factory.mktemp("store"), command + text))
+
+
+async def _answer_is_inert(directory: Path, text: str) -> None:
+    from bot.alertmanager import AlertmanagerClient
+    from bot.audit import AuditLog
+    from bot.interact.commands import AlertCommands
+    from bot.interact.dispatch import Actor, Dispatcher
+
+    config = InteractivityConfig.model_validate(
+        {
+            "receiver": "slack",
+            "signing_secret_file": __file__,
+            "roles": [{"name": "viewer"}, {"name": "responder", "users": ["U0RESPOND1"]}],
+        }
+    )
+
+    async def nobody(_group: str) -> list[str]:
+        return []
+
+    clock = FakeClock()
+    alertmanager = AlertmanagerClient(["http://127.0.0.1:9"], timeout=0.5)
+    async with sqlite_store(directory) as store:
+        dispatcher = Dispatcher(Access(config, nobody, clock), AuditLog(store, clock))
+        AlertCommands(store, alertmanager, config, clock).register(dispatcher)
+        answer = await dispatcher.command(Actor("U0RESPOND1", "alice"), text)
+        assert answer and "<!" not in answer and "<@" not in answer and "<#" not in answer
+        assert len(await store.audit_log(datetime(2026, 1, 1, tzinfo=UTC))) == 1
+    await alertmanager.close()

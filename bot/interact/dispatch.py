@@ -94,10 +94,6 @@ class Dispatcher:
     def add_button(self, spec: ButtonSpec) -> None:
         self._buttons[spec.action_id] = spec
 
-    @property
-    def commands(self) -> list[CommandSpec]:
-        return list(self._commands.values())
-
     def usage(self) -> str:
         return "\n".join(f"`{escape(spec.usage)}`: {spec.summary}" for spec in self._commands.values())
 

@@ -46,7 +46,6 @@ class Interactivity:
     def __init__(self, config: BotConfig, store: Store, clock: Clock = SYSTEM_CLOCK) -> None:
         section = config.interactivity
         assert section is not None and config.alertmanager is not None  # both checked by the configuration
-        self.config = section
         receiver = next(r for r in config.receivers if isinstance(r, SlackReceiver) and r.name == section.receiver)
         self._web = AsyncWebClient(
             token=receiver.token_file.get(), base_url=receiver.api_url, timeout=int(max(1, section.timeout))
