@@ -113,6 +113,12 @@ async def test_unsigned_stale_malformed_and_replayed_requests_get_401_with_json(
         async with http.post(bot.url + "/slack/commands", data=body, headers=good) as response:
             assert response.status == 401
             assert (await response.json())["message"] == "replayed request"
+        for form, status in ((b"payload=not-json", 400), (b"payload=%5B1%5D", 400), (b"ssl_check=1&token=x", 200)):
+            path = "/slack/commands" if b"ssl_check" in form else "/slack/interactions"
+            async with http.post(bot.url + path, data=form, headers=signed_headers(form)) as response:
+                assert response.status == status, form
+                if status == 400:
+                    assert (await response.json())["error"] == "bad_payload"
 
 
 async def test_hostile_commands_get_a_clear_refusal_and_nothing_is_echoed_unescaped(bot: RunningBot) -> None:
