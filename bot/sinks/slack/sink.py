@@ -195,6 +195,7 @@ class SlackSink:
             related = [RelatedNote(r.title, r.status) for r in record.related]
             payload = slack_payload(message, compact=record.mode == "related", related=related, controls=self._controls)
             await self._channel.update(record.channel, record.ts, payload)
+            record.told_ack = message.acked_by or ""  # after an unack, the next ack is news again
         nonce = f"note:{message.alert_key}:{delivery.id}"
         await self._post_once(message.alert_key, record, note_reply(message), thread_ts, nonce)
         await self._state.save_record(message.alert_key, record, message)
