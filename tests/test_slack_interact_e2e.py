@@ -77,7 +77,7 @@ async def test_silence_and_unsilence_from_the_slash_command(
         fire(am)
         alert, root = await posted_alert(bot, slack)
         sid = short_id(alert.key)
-        answer = await post_command(bot.url, f"silence {sid} 1h disk swap <!channel>")
+        answer = await post_command(bot.url, f"silence {sid} 1h disk swap <!channel> ticket=OPS-1")
         assert answer.startswith(f"Silenced `{sid}` for 1 h")
         silence_id = answer.rsplit("`", 2)[-2]
         assert silence_id in active_silences(am)
@@ -87,7 +87,7 @@ async def test_silence_and_unsilence_from_the_slash_command(
         await client.close()
         assert silence.created_by == "alice"
         link = f"https://slack.com/archives/{root.channel}/p{root.ts.replace('.', '')}"
-        assert silence.comment == f"disk swap <!channel> (alert {sid} {link}, by alice via gpu-alert-bot)"
+        assert silence.comment == f"disk swap <!channel> ticket=OPS-1 (alert {sid} {link}, by alice via gpu-alert-bot)"
         assert [(m.name, m.value) for m in silence.matchers] == [
             ("alertname", "GPUXidError"),
             ("host", "k-ai-01"),

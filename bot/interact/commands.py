@@ -168,14 +168,12 @@ class AlertCommands:
             words = shlex.split(" ".join(invocation.args))
         except ValueError:
             raise UsageError("Unbalanced quotes.") from None
-        targets = [w for w in words if looks_like_matcher(w)]
-        rest = words[len(targets) :]
+        leading = next((i for i, word in enumerate(words) if not looks_like_matcher(word)), len(words))
+        targets, rest = words[:leading], words[leading:]  # matchers first; a reason may hold an `=`
         if not rest:
             raise UsageError("Give an alert id or matchers, then a duration.")
         try:
             if targets:
-                if any(looks_like_matcher(w) for w in rest):
-                    raise BadSilence("matchers come first, then the duration")
                 matchers = typed_matchers(targets)
                 seconds = parse_silence_duration(rest[0], self._config.max_silence)
                 alert = None
