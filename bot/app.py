@@ -16,6 +16,9 @@ from bot.config import BotConfig
 from bot.enrich import build_enrichers
 from bot.enrich.base import EnrichmentRunner
 from bot.ingest import WEBHOOK_PATH, WebhookHandler, json_error
+from bot.interact.service import Interactivity, slack_controls
+from bot.interact.service import add_http_routes as add_slack_routes
+from bot.interact.service import enabled as interactivity_enabled
 from bot.metrics import Metrics
 from bot.outbox import Outbox
 from bot.pipeline import Pipeline
@@ -39,8 +42,11 @@ class Runtime:
     outbox: Outbox
     worker: Worker
     enrichers: EnrichmentRunner
+    interactivity: Interactivity | None = None
 
     async def close(self) -> None:
+        if self.interactivity is not None:
+            await self.interactivity.close()
         await self.worker.stop()
         await self.outbox.stop()
         await self.enrichers.close()
@@ -51,7 +57,7 @@ async def start_runtime(
     config: BotConfig, metrics: Metrics, playbooks: PlaybookSet, console: TextIO | None = None
 ) -> Runtime:
     store = await open_store(config.store)
-    sinks = build_sinks(config.receivers, store, metrics, console)
+    sinks = build_sinks(config.receivers, store, metrics, console, slack_controls(config))
     metrics.init_receivers(sinks)
     outbox = Outbox(store, sinks, config.outbox, metrics)
     enrichers = build_enrichers(config.enrichment, store, metrics, playbooks.xid_catalog)
@@ -67,7 +73,10 @@ async def start_runtime(
     worker = Worker(pipeline, store, config.worker, config.store, metrics)
     outbox.start()
     worker.start()
-    return Runtime(store=store, outbox=outbox, worker=worker, enrichers=enrichers)
+    interactivity = Interactivity(config, store) if interactivity_enabled(config.interactivity) else None
+    if interactivity is not None:
+        await interactivity.start()
+    return Runtime(store=store, outbox=outbox, worker=worker, enrichers=enrichers, interactivity=interactivity)
 
 
 RUNTIME_KEY = web.AppKey("runtime", Runtime)
@@ -96,6 +105,7 @@ def build_app(
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)
+    add_slack_routes(app, config.interactivity, lambda request: request.app[RUNTIME_KEY].interactivity)
     return app
 
 

@@ -48,6 +48,8 @@ def _repeats(decision: AlertDecision, known: Mapping[str, AlertState], group_key
     if decision.alert.status != "firing" or decision.stale:
         return False
     previous = known.get(decision.alert.key)
+    if previous is not None and previous.acked_by:
+        return False  # someone is on it: reminders stop for this episode
     return not group_key or previous is None or previous.group_key == group_key
 
 

@@ -11,8 +11,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from bot.message import ActionRef, Fact, Link, Message, Section
+from bot.models import short_id
 from bot.render.slack import (
     MAX_TOTAL_TEXT,
+    Controls,
     RelatedNote,
     StormSummary,
     repeat_note,
@@ -80,7 +82,7 @@ def texts(node: Any) -> list[str]:
 
 
 def test_firing_message_shows_severity_facts_sections_links_and_buttons() -> None:
-    payload = slack_payload(message())
+    payload = slack_payload(message(), controls=Controls(interactive=True, executable=frozenset({"reset_gpu"})))
     attachment = payload["attachments"][0]
     assert attachment["color"] == "#D92D20"
     assert payload["text"].startswith("🔴 [CRITICAL] GPUXidError on k-ai-01 GPU 3")
@@ -97,8 +99,8 @@ def test_firing_message_shows_severity_facts_sections_links_and_buttons() -> Non
     assert "<https://wiki.example.com/xid?code=79&amp;gpu=3|Runbook>" in links
     buttons = next(b for b in attachment["blocks"] if b["type"] == "actions")["elements"]
     assert [(b["action_id"], b["value"]) for b in buttons] == [
-        ("silence_1h", message().alert_key),
-        ("reset_gpu", message().alert_key),
+        (action_id, message().alert_key)
+        for action_id in ("ack", "silence-1h", "silence-4h", "silence-24h", "runbook", "reset_gpu")
     ]
     assert block_kit_errors(payload) == []
 
@@ -192,7 +194,7 @@ def test_storm_summary_and_batch_stay_within_limits() -> None:
     lines = [storm_line(message(host=f"k-ai-{n:02d}", summary="x" * 500)) for n in range(60)]
     batch = storm_batch_payload(lines, 41)
     assert block_kit_errors(batch) == []
-    assert "41. 🔴 *GPUXidError* · `k-ai-00` GPU 3" in "\n".join(texts(batch))
+    assert f"41. 🔴 *GPUXidError* · `k-ai-00` GPU 3 · id `{short_id(message().alert_key)}`" in "\n".join(texts(batch))
 
 
 def test_shrunk_message_renders_the_same() -> None:
@@ -259,7 +261,8 @@ def _unescape_link(url: str) -> str:
 @example(message(links=[Link(text="", url="https://grafana.example.com/%3C")]), False)
 def test_any_message_renders_valid_escaped_block_kit(msg: Message, compact: bool) -> None:
     related = [RelatedNote(msg.title, "firing")] * 7
-    payload = slack_payload(msg, compact=compact, related=related)
+    controls = Controls(interactive=True, executable=frozenset(action.name for action in msg.actions))
+    payload = slack_payload(msg, compact=compact, related=related, controls=controls)
     assert block_kit_errors(payload) == []
     assert sum(len(t) for t in texts(blocks(payload))) <= MAX_TOTAL_TEXT
     allowed_links = {_unescape_link(link.url) for link in msg.links}
@@ -269,3 +272,26 @@ def test_any_message_renders_valid_escaped_block_kit(msg: Message, compact: bool
             # Every link is one of the message's own http(s) links, escaped for mrkdwn.
             assert _unescape_link(target) in allowed_links and target.startswith(("http://", "https://"))
         assert "<" not in re.sub(r"<https?://[^>|]*\|[^>]*>", "", text)
+
+
+def test_no_button_without_interactivity_nor_for_an_action_nothing_can_run() -> None:
+    assert not [b for b in blocks(slack_payload(message())) if b["type"] == "actions"]
+    shown = slack_payload(message(), controls=Controls(interactive=True))
+    [actions] = [b for b in blocks(shown) if b["type"] == "actions"]
+    assert "reset_gpu" not in [button["action_id"] for button in actions["elements"]]
+
+
+def test_buttons_follow_the_alert_state() -> None:
+    controls = Controls(interactive=True)
+    acked = message(
+        acked_by="alice", acked_at=STARTED, silence_id="1c15d9a4", silenced_by="bob", silenced_until=STARTED
+    )
+    [actions] = [b for b in blocks(slack_payload(acked, controls=controls)) if b["type"] == "actions"]
+    assert [button["action_id"] for button in actions["elements"]] == ["unack", "unsilence", "runbook"]
+    status = "\n".join(texts(slack_payload(acked, controls=controls)))
+    assert "acknowledged by *alice* at 2026-11-29" in status and "silenced by *bob* until" in status
+    [fresh] = [b for b in blocks(slack_payload(message(), controls=controls)) if b["type"] == "actions"]
+    day = next(button for button in fresh["elements"] if button["action_id"] == "silence-24h")
+    assert "confirm" in day and "confirm" not in fresh["elements"][1]
+    resolved = message(status="resolved", event="resolved", resolved_at=STARTED + timedelta(minutes=3))
+    assert not [b for b in blocks(slack_payload(resolved, controls=controls)) if b["type"] == "actions"]

@@ -18,6 +18,7 @@ from bot.config import SlackReceiver
 from bot.message import Fact, Link, Message
 from bot.metrics import Metrics
 from bot.models import Delivery
+from bot.render.slack import Controls
 from bot.sinks.base import DeliveryResult
 from bot.sinks.slack import SlackSink
 from bot.sinks.slack.channel import _api_failure
@@ -97,7 +98,7 @@ async def make_sink(tmp_path: Path, fake: FakeSlack, store: SqliteStore) -> Asyn
     (tmp_path / "slack_token").write_text(DEFAULT_TOKEN + "\n")
     sinks: list[SlackSink] = []
 
-    def make(metrics: Metrics | None = None, **options: Any) -> SlackSink:
+    def make(metrics: Metrics | None = None, controls: Controls | None = None, **options: Any) -> SlackSink:
         config = {
             "type": "slack",
             "name": "slack",
@@ -109,7 +110,7 @@ async def make_sink(tmp_path: Path, fake: FakeSlack, store: SqliteStore) -> Asyn
             **options,
         }
         receiver = SlackReceiver.model_validate(config, context={"base_dir": tmp_path})
-        sink = SlackSink(receiver, store, metrics or Metrics())
+        sink = SlackSink(receiver, store, metrics or Metrics(), controls=controls or Controls())
         sinks.append(sink)
         return sink
 
@@ -428,7 +429,8 @@ async def test_storm_one_summary_every_alert_in_its_thread(fake: FakeSlack, make
     def storm_lines() -> list[str]:
         summary = storm_summary(fake)
         assert summary is not None
-        return [line for reply in fake.replies(summary) for line in reply.rendered_text().splitlines()]
+        replies = [line for reply in fake.replies(summary) for line in reply.rendered_text().splitlines()]
+        return [line for line in replies if line[:1].isdigit()]  # the numbered alert lines, not batch headers
 
     lines = await eventually(lambda: len(storm_lines()) >= 60 and storm_lines(), timeout=15)
     assert len(fake.top_level()) == 4  # three alerts before the storm, then one summary
@@ -636,3 +638,24 @@ async def test_a_channel_list_that_fails_for_now_is_retried_before_posting(
     assert fake.top_level() == []
     assert await sink.deliver(delivery(alert(1))) == DeliveryResult.ok()
     assert [m.channel for m in fake.top_level()] == ["C0GPUALERTS"]
+
+
+async def test_a_note_is_a_thread_reply_and_refreshes_the_message_and_a_second_ack_is_told(
+    fake: FakeSlack, make_sink: SinkFactory
+) -> None:
+    sink = make_sink(controls=Controls(interactive=True))
+    await sink.deliver(delivery(alert(1)))
+    [root] = fake.top_level()
+    await sink.deliver(delivery(alert(1, "ack", acked_by="alice")))
+    await sink.deliver(delivery(alert(1, "note", note="acknowledgement withdrawn by alice", note_id=5)))
+    assert "acknowledged" not in root.rendered_text()
+    buttons = [e["action_id"] for b in root.all_blocks if b["type"] == "actions" for e in b["elements"]]
+    assert buttons[0] == "ack"
+    await sink.deliver(delivery(alert(1, "ack", acked_by="alice")))
+    replies = [reply.rendered_text() for reply in fake.replies(root)]
+    assert [("acknowledged by" in r, "withdrawn" in r) for r in replies] == [
+        (True, False),
+        (False, True),
+        (True, False),
+    ]
+    assert [m.ts for m in fake.top_level()] == [root.ts]

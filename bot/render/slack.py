@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from bot.message import ActionRef, Link, Message, Section, format_duration
+from bot.models import short_id
 
 Block = dict[str, Any]
 Payload = dict[str, Any]
@@ -73,6 +74,8 @@ UNKNOWN_COLOUR = "#98A2B3"
 _RESOLVED_EMOJI = "✅"
 _UNKNOWN_EMOJI = "⚪"
 _ACK_EMOJI = "👀"
+_NOTE_EMOJI = "📝"
+_SILENCED_EMOJI = "🔕"
 # Labels already shown as fields or in the header; the labels line shows the rest.
 _SHOWN_LABELS = frozenset({"alertname", "severity"})
 _SAFE_URL = re.compile(r"^https?://[^\s]+$", re.IGNORECASE)
@@ -203,15 +206,37 @@ def block_text_length(block: Any) -> int:
     return 0
 
 
-def slack_payload(message: Message, *, compact: bool = False, related: Sequence[RelatedNote] = ()) -> Payload:
+@dataclass(frozen=True)
+class Controls:
+    """Which buttons can run in this deployment. None unless `interactive` (Slack's clicks reach the bot); the
+    playbook actions other than the built-in ones only when an executor for them is configured (`executable`)."""
+
+    interactive: bool = False
+    executable: frozenset[str] = frozenset()
+
+
+# Built-in buttons (action_id -> label); the silences' durations are in bot.interact.
+ACK_BUTTON, UNACK_BUTTON, UNSILENCE_BUTTON, RUNBOOK_BUTTON = "ack", "unack", "unsilence", "runbook"
+SILENCE_BUTTONS = {"silence-1h": "Silence 1 h", "silence-4h": "Silence 4 h", "silence-24h": "Silence 24 h"}
+_CONFIRMED_SILENCE = "silence-24h"
+BUILT_IN_BUTTONS = frozenset({ACK_BUTTON, UNACK_BUTTON, UNSILENCE_BUTTON, RUNBOOK_BUTTON, *SILENCE_BUTTONS})
+
+
+def slack_payload(
+    message: Message,
+    *,
+    compact: bool = False,
+    related: Sequence[RelatedNote] = (),
+    controls: Controls = Controls(),
+) -> Payload:
     """The chat.postMessage / chat.update payload (`text`, `attachments`) for one message.
 
     `compact` leaves out evidence, runbook, log lines and labels (header, facts, summary, judgements, warnings,
     links and buttons remain): used for alerts shown in another alert's thread. `related` lists the alerts threaded
-    under this one. The result never exceeds a Block Kit limit.
+    under this one. `controls` decides which buttons are shown. The result never exceeds a Block Kit limit.
     """
     head = _head_blocks(message, related)
-    tail = _tail_blocks(message, compact)
+    tail = _tail_blocks(message, compact, controls)
     budget = _Budget(MAX_BLOCKS - len(head) - len(tail), MAX_TOTAL_TEXT - sum(map(block_text_length, head + tail)))
     body = _body_blocks(message.sections, budget, compact)
     return {
@@ -268,7 +293,12 @@ def _status_line(message: Message, related: Sequence[RelatedNote]) -> str:
         if message.times_seen > 1:
             parts.append(f"seen {message.times_seen} times")
     if message.acked_by:
-        parts.append(f"{_ACK_EMOJI} acknowledged by *{escape(message.acked_by)}*")
+        when = f" at {_utc(message.acked_at)}" if message.acked_at else ""
+        parts.append(f"{_ACK_EMOJI} acknowledged by *{escape(message.acked_by)}*{when}")
+    if message.silence_id and message.status == "firing":
+        until = f" until {_utc(message.silenced_until)}" if message.silenced_until else ""
+        parts.append(f"{_SILENCED_EMOJI} silenced by *{escape(message.silenced_by or 'someone')}*{until}")
+    parts.append(f"id `{short_id(message.alert_key)}`")
     if related:
         shown = ", ".join(
             escape(note.title) + (" (resolved)" if note.status == "resolved" else "") for note in related[:5]
@@ -283,7 +313,7 @@ def _fact_field(label: str, value: str) -> Block:
     return _mrkdwn(clip(text, min(_FACT_BUDGET, MAX_FIELD_TEXT)))
 
 
-def _tail_blocks(message: Message, compact: bool) -> list[Block]:
+def _tail_blocks(message: Message, compact: bool, controls: Controls) -> list[Block]:
     blocks: list[Block] = []
     extra_facts = message.facts[MAX_FIELDS:]
     if extra_facts:
@@ -295,7 +325,7 @@ def _tail_blocks(message: Message, compact: bool) -> list[Block]:
     links = _links_line(message.links)
     if links:
         blocks.append(_context(links))
-    buttons = _buttons(message.actions, message.alert_key)
+    buttons = _buttons(message, controls)
     if buttons:
         blocks.append({"type": "actions", "block_id": "alert_actions", "elements": buttons})
     return blocks
@@ -319,7 +349,36 @@ def _links_line(links: Iterable[Link]) -> str:
     return text
 
 
-def _buttons(actions: Sequence[ActionRef], alert_key: str) -> list[Block]:
+def _buttons(message: Message, controls: Controls) -> list[Block]:
+    """Buttons for what a click can do now: none on a resolved alert or without interactivity."""
+    if not controls.interactive or message.status != "firing":
+        return []
+    value = message.alert_key[:MAX_BUTTON_VALUE]
+    buttons = [_control(UNACK_BUTTON, "Unack", value) if message.acked_by else _control(ACK_BUTTON, "Ack", value)]
+    if message.silence_id:
+        buttons.append(_control(UNSILENCE_BUTTON, "Unsilence", value))
+    else:
+        buttons.extend(_control(name, label, value) for name, label in SILENCE_BUTTONS.items())
+    runbook = next((link.url for link in message.links if link.text.lower() == "runbook"), "")
+    if _SAFE_URL.match(runbook) and len(runbook) <= MAX_URL:
+        buttons.append({**_control(RUNBOOK_BUTTON, "Runbook", value), "url": runbook})
+    remediation = [a for a in message.actions if a.name not in BUILT_IN_BUTTONS and a.name in controls.executable]
+    return buttons + _action_buttons(remediation, message.alert_key)
+
+
+def _control(action_id: str, label: str, value: str) -> Block:
+    button: Block = {"type": "button", "action_id": action_id, "text": _plain(label, MAX_BUTTON_TEXT), "value": value}
+    if action_id == _CONFIRMED_SILENCE:
+        button["confirm"] = {
+            "title": _plain(f"{label}?", MAX_CONFIRM_TITLE),
+            "text": _plain("A day-long silence can hide a recurrence. Silence for 24 h?", MAX_CONFIRM_TEXT),
+            "confirm": _plain("Silence", MAX_CONFIRM_BUTTON),
+            "deny": _plain("Cancel", MAX_CONFIRM_BUTTON),
+        }
+    return button
+
+
+def _action_buttons(actions: Sequence[ActionRef], alert_key: str) -> list[Block]:
     buttons: list[Block] = []
     seen: set[str] = set()
     for action in actions:
@@ -474,6 +533,11 @@ def ack_note(message: Message) -> Payload:
     return note_payload(f"{_ACK_EMOJI} *{escape(message.title)}* acknowledged by *{who}*")
 
 
+def note_reply(message: Message) -> Payload:
+    """A note about the alert (an outcome, a comment), as a reply in its thread; the text is data, escaped."""
+    return note_payload(f"{_NOTE_EMOJI} *{escape(message.title)}*: {escape(message.note)}")
+
+
 # --- storms -----------------------------------------------------------------------------------------------
 def storm_line(message: Message, *, posted_above: bool = False) -> str:
     """One alert of a storm as one line of mrkdwn, for the batched replies under the storm summary."""
@@ -482,6 +546,7 @@ def storm_line(message: Message, *, posted_above: bool = False) -> str:
     parts = [f"{emoji} *{escape(message.alertname or message.title)}*"]
     if where:
         parts.append(where)
+    parts.append(f"id `{short_id(message.alert_key)}`")  # what `/gpu ack` takes, during a storm too
     if message.summary:
         parts.append(escape(" ".join(message.summary.split())))
     line = " · ".join(parts)

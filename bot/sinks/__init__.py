@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TextIO, assert_never
 
 from bot.config import ConsoleReceiver, EmailReceiver, PagerDutyReceiver, Receiver, SlackReceiver
 from bot.metrics import Metrics
+from bot.render.slack import Controls
 from bot.sinks.base import DeliveryResult, Sink
 from bot.sinks.console import ConsoleSink
 from bot.sinks.email import EmailSink
@@ -18,17 +19,28 @@ __all__ = ["DeliveryResult", "Sink", "build_sinks"]
 
 
 def build_sinks(
-    receivers: Sequence[Receiver], store: Store, metrics: Metrics, console: TextIO | None = None
+    receivers: Sequence[Receiver],
+    store: Store,
+    metrics: Metrics,
+    console: TextIO | None = None,
+    slack_controls: Mapping[str, Controls] | None = None,
 ) -> dict[str, Sink]:
+    """`slack_controls`: the buttons each Slack receiver's messages may show (none for a receiver not listed)."""
     sinks: dict[str, Sink] = {}
     slack_limits = SlackRateLimits()  # one pace per Slack channel, whichever receivers post there
     for receiver in receivers:
-        sinks[receiver.name] = _sink(receiver, store, metrics, console, slack_limits)
+        controls = (slack_controls or {}).get(receiver.name, Controls())
+        sinks[receiver.name] = _sink(receiver, store, metrics, console, slack_limits, controls)
     return sinks
 
 
 def _sink(
-    receiver: Receiver, store: Store, metrics: Metrics, console: TextIO | None, slack_limits: SlackRateLimits
+    receiver: Receiver,
+    store: Store,
+    metrics: Metrics,
+    console: TextIO | None,
+    slack_limits: SlackRateLimits,
+    controls: Controls,
 ) -> Sink:
     match receiver:
         case ConsoleReceiver():
@@ -38,6 +50,6 @@ def _sink(
         case PagerDutyReceiver():
             return PagerDutySink(receiver)
         case SlackReceiver():
-            return SlackSink(receiver, store, metrics, slack_limits)
+            return SlackSink(receiver, store, metrics, slack_limits, controls)
         case _:
             assert_never(receiver)

@@ -20,6 +20,10 @@ class StoreUnavailable(Exception):
     """The store cannot take a write now (read-only, disk full, locked, closed): the caller should retry."""
 
 
+class UnknownAlert(LookupError):
+    """No alert episode has this key (never seen, or pruned)."""
+
+
 @dataclass(frozen=True)
 class IngestResult:
     accepted: bool
@@ -143,6 +147,35 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def list_alerts(self, status: str | None = None, limit: int = 100) -> list[AlertState]: ...
+
+    @abc.abstractmethod
+    async def alert_by_short_id(self, short_id: str) -> AlertState | None:
+        """The alert episode whose `bot.models.short_id` this is (case and surrounding blanks ignored)."""
+
+    @abc.abstractmethod
+    async def add_note(self, alert_key: str, text: str) -> int:
+        """Queue a NOTE event carrying `text` for a known alert and return its id; it is routed and delivered
+        like the alert's other events, into the alert's conversation. Raises UnknownAlert for an unknown key."""
+
+    @abc.abstractmethod
+    async def ack(self, alert_key: str, by: str, at: datetime) -> bool:
+        """Acknowledge a firing, unacknowledged episode and queue its ACK event, together; False when there was
+        nothing to do (resolved, or acknowledged already). Raises UnknownAlert for an unknown key."""
+
+    @abc.abstractmethod
+    async def unack(self, alert_key: str, note: str) -> bool:
+        """Withdraw an acknowledgement and queue `note` about it, together; False when it was not acknowledged."""
+
+    @abc.abstractmethod
+    async def set_silence(
+        self, alert_key: str, silence_id: str | None, by: str | None, until: datetime | None, note: str
+    ) -> int:
+        """Remember (or, with None, forget) the episode's Alertmanager silence and queue `note` about it, together;
+        returns the note's event id. Raises UnknownAlert for an unknown key."""
+
+    @abc.abstractmethod
+    async def silenced_alerts(self) -> list[AlertState]:
+        """Episodes with a silence the bot set and still believes active, for the periodic check."""
 
     @abc.abstractmethod
     async def alert_events(self, key: str) -> list[EventRecord]:

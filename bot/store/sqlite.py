@@ -29,7 +29,17 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from bot.message import Message
-from bot.models import AlertState, AmAlert, Delivery, Event, EventKind, GpuEvent, NewDelivery, WebhookPayload
+from bot.models import (
+    AlertState,
+    AmAlert,
+    Delivery,
+    Event,
+    EventKind,
+    GpuEvent,
+    NewDelivery,
+    WebhookPayload,
+    short_id,
+)
 from bot.store.base import (
     AuditEntry,
     EventRecord,
@@ -39,6 +49,7 @@ from bot.store.base import (
     Store,
     StoreStats,
     StoreUnavailable,
+    UnknownAlert,
 )
 
 log = logging.getLogger(__name__)
@@ -177,6 +188,19 @@ CREATE TABLE IF NOT EXISTS audit_log (
     detail TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS audit_log_at ON audit_log(at);
+
+-- The text of NOTE events, one row per note.
+CREATE TABLE IF NOT EXISTS event_notes (
+    event_id INTEGER PRIMARY KEY,
+    text TEXT NOT NULL
+);
+
+-- The short id people type for an alert episode (bot.models.short_id); the first episode keeps a rare clash.
+CREATE TABLE IF NOT EXISTS alert_short_ids (
+    short_id TEXT PRIMARY KEY,
+    alert_key TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS alert_short_ids_key ON alert_short_ids(alert_key);
 
 CREATE TABLE IF NOT EXISTS heartbeat (
     id INTEGER PRIMARY KEY CHECK (id = 1),
@@ -418,6 +442,8 @@ class SqliteStore(Store):
         conn.execute(f"PRAGMA wal_autocheckpoint={_AUTOCHECKPOINT_PAGES}")
         conn.execute(f"PRAGMA journal_size_limit={_WAL_LIMIT_BYTES}")
         conn.executescript(_SCHEMA)
+        _add_missing_short_ids(conn)
+        _add_missing_columns(conn, "alerts", _ALERT_SILENCE_COLUMNS)
         # The lock above guarantees this is the only process using the store: leases left by a killed one are void.
         conn.execute("UPDATE events SET lease_until = 0 WHERE state = 'pending'")
         self._conn = conn
@@ -697,6 +723,10 @@ class SqliteStore(Store):
                 (_ts(alert.ends_at) or now) if alert.status == "resolved" else None,
             ),
         )
+        conn.execute(
+            "INSERT OR IGNORE INTO alert_short_ids (short_id, alert_key) VALUES (?, ?)",
+            (short_id(alert.key), alert.key),
+        )
 
     @staticmethod
     def _update_alert(
@@ -718,6 +748,9 @@ class SqliteStore(Store):
                 previous.key,
             ),
         )
+        if previous.status == "resolved" and status == "firing":
+            # Firing again is a new state: nobody has acknowledged it yet.
+            conn.execute("UPDATE alerts SET acked_by = NULL, acked_at = NULL WHERE key = ?", (previous.key,))
 
     def _alerts_by_keys(self, conn: sqlite3.Connection, keys: Sequence[str]) -> list[AlertState]:
         states: list[AlertState] = []
@@ -738,8 +771,8 @@ class SqliteStore(Store):
         def claim(conn: sqlite3.Connection) -> list[Event]:
             now = _now()
             rows = conn.execute(
-                """SELECT e.id, e.kind, e.created_at, e.attempts AS event_attempts, a.*
-                   FROM events e JOIN alerts a ON a.key = e.alert_key
+                """SELECT e.id, e.kind, e.created_at, e.attempts AS event_attempts, n.text AS note_text, a.*
+                   FROM events e JOIN alerts a ON a.key = e.alert_key LEFT JOIN event_notes n ON n.event_id = e.id
                    WHERE e.state = 'pending' AND e.lease_until <= ?
                      AND NOT EXISTS (SELECT 1 FROM events p WHERE p.alert_key = e.alert_key AND p.state = 'pending'
                                      AND p.id < e.id)
@@ -757,6 +790,7 @@ class SqliteStore(Store):
                     created_at=datetime.fromtimestamp(row["created_at"], UTC),
                     alert=_alert_from_row(row),
                     attempts=row["event_attempts"] + 1,
+                    note=row["note_text"] or "",
                 )
                 for row in rows
             ]
@@ -920,6 +954,67 @@ class SqliteStore(Store):
         )
         return [_alert_from_row(row) for row in rows]
 
+    async def alert_by_short_id(self, short_id: str) -> AlertState | None:
+        row = await self._run(
+            self._fetchone,
+            "SELECT a.* FROM alert_short_ids s JOIN alerts a ON a.key = s.alert_key WHERE s.short_id = ?",
+            (short_id.strip().lower(),),
+        )
+        return None if row is None else _alert_from_row(row)
+
+    async def add_note(self, alert_key: str, text: str) -> int:
+        return await self._run(self._add_note_sync, alert_key, text)
+
+    def _add_note_sync(self, alert_key: str, text: str) -> int:
+        def add(conn: sqlite3.Connection) -> int:
+            _require_alert(conn, alert_key)
+            return _insert_note(conn, alert_key, text)
+
+        return self._transaction(add, acknowledged=True)
+
+    async def ack(self, alert_key: str, by: str, at: datetime) -> bool:
+        def acknowledge(conn: sqlite3.Connection) -> bool:
+            _require_alert(conn, alert_key)
+            changed = conn.execute(
+                "UPDATE alerts SET acked_by = ?, acked_at = ? WHERE key = ? AND status = 'firing' AND acked_by IS NULL",
+                (by, at.timestamp(), alert_key),
+            ).rowcount
+            if changed:
+                _insert_event(conn, alert_key, EventKind.ACK)
+            return bool(changed)
+
+        return await self._run(functools.partial(self._transaction, acknowledge, acknowledged=True))
+
+    async def unack(self, alert_key: str, note: str) -> bool:
+        def withdraw(conn: sqlite3.Connection) -> bool:
+            _require_alert(conn, alert_key)
+            changed = conn.execute(
+                "UPDATE alerts SET acked_by = NULL, acked_at = NULL WHERE key = ? AND acked_by IS NOT NULL",
+                (alert_key,),
+            ).rowcount
+            if changed:
+                _insert_note(conn, alert_key, note)
+            return bool(changed)
+
+        return await self._run(functools.partial(self._transaction, withdraw, acknowledged=True))
+
+    async def set_silence(
+        self, alert_key: str, silence_id: str | None, by: str | None, until: datetime | None, note: str
+    ) -> int:
+        def remember(conn: sqlite3.Connection) -> int:
+            _require_alert(conn, alert_key)
+            conn.execute(
+                "UPDATE alerts SET silence_id = ?, silenced_by = ?, silenced_until = ? WHERE key = ?",
+                (silence_id, by, _ts(until), alert_key),
+            )
+            return _insert_note(conn, alert_key, note)
+
+        return await self._run(functools.partial(self._transaction, remember, acknowledged=True))
+
+    async def silenced_alerts(self) -> list[AlertState]:
+        rows = await self._run(self._fetchall, "SELECT * FROM alerts WHERE silence_id IS NOT NULL ORDER BY key", ())
+        return [_alert_from_row(row) for row in rows]
+
     async def alert_events(self, key: str) -> list[EventRecord]:
         rows = await self._run(
             self._fetchall,
@@ -1061,6 +1156,11 @@ class SqliteStore(Store):
                 "DELETE FROM audit_log WHERE at < :cutoff",
             ):
                 removed += conn.execute(sql, {"cutoff": cutoff}).rowcount
+            # Parts of rows removed above, not counted on their own.
+            conn.execute("DELETE FROM event_notes WHERE NOT EXISTS (SELECT 1 FROM events e WHERE e.id = event_id)")
+            conn.execute(
+                "DELETE FROM alert_short_ids WHERE NOT EXISTS (SELECT 1 FROM alerts a WHERE a.key = alert_key)"
+            )
             # A key older than the dedup window no longer makes anything a duplicate.
             expired = _now() - self._dedup_window
             removed += conn.execute("DELETE FROM notification_keys WHERE accepted_at < ?", (expired,)).rowcount
@@ -1068,6 +1168,50 @@ class SqliteStore(Store):
             return removed
 
         return self._transaction(prune)
+
+
+# Columns added after the first release: added to an existing store on open.
+_ALERT_SILENCE_COLUMNS = {"silence_id": "TEXT", "silenced_by": "TEXT", "silenced_until": "REAL"}
+
+
+def _add_missing_columns(conn: sqlite3.Connection, table: str, columns: dict[str, str]) -> None:
+    present = {row["name"] for row in conn.execute(f"PRAGMA table_info({table})")}
+    for name, sql_type in columns.items():
+        if name not in present:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {sql_type}")
+
+
+def _add_missing_short_ids(conn: sqlite3.Connection) -> None:
+    """Short ids for alerts stored by a version that had none."""
+    keys = conn.execute(
+        "SELECT key FROM alerts a WHERE NOT EXISTS (SELECT 1 FROM alert_short_ids s WHERE s.alert_key = a.key)"
+    ).fetchall()
+    if keys:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany(
+            "INSERT OR IGNORE INTO alert_short_ids (short_id, alert_key) VALUES (?, ?)",
+            [(short_id(row["key"]), row["key"]) for row in keys],
+        )
+        conn.execute("COMMIT")
+
+
+def _require_alert(conn: sqlite3.Connection, alert_key: str) -> None:
+    if conn.execute("SELECT 1 FROM alerts WHERE key = ?", (alert_key,)).fetchone() is None:
+        raise UnknownAlert(alert_key)
+
+
+def _insert_event(conn: sqlite3.Connection, alert_key: str, kind: EventKind) -> int:
+    cursor = conn.execute(
+        "INSERT INTO events (alert_key, kind, created_at) VALUES (?, ?, ?)", (alert_key, kind.value, _now())
+    )
+    assert cursor.lastrowid is not None
+    return cursor.lastrowid
+
+
+def _insert_note(conn: sqlite3.Connection, alert_key: str, text: str) -> int:
+    event_id = _insert_event(conn, alert_key, EventKind.NOTE)
+    conn.execute("INSERT INTO event_notes (event_id, text) VALUES (?, ?)", (event_id, text))
+    return event_id
 
 
 def _alert_from_row(row: sqlite3.Row) -> AlertState:
@@ -1090,4 +1234,7 @@ def _alert_from_row(row: sqlite3.Row) -> AlertState:
         acked_by=row["acked_by"],
         acked_at=_dt(row["acked_at"]),
         enrichment=json.loads(row["enrichment"]) if row["enrichment"] else None,
+        silence_id=row["silence_id"],
+        silenced_by=row["silenced_by"],
+        silenced_until=_dt(row["silenced_until"]),
     )

@@ -12,6 +12,13 @@ What it does like Slack (protocols.md section 5):
 - Channel names resolve to IDs for chat.postMessage; chat.update and conversations.* need the ID.
 - Threads (`thread_ts`), message `metadata` (returned with `include_all_metadata`), per-channel post times.
 
+Interactivity (Slack's side of commands and buttons):
+- `POST /response/{id}`: a `response_url`; what the bot posts there is kept in `responses` (JSON bodies).
+- `usergroups.users.list` answers the members set in `usergroups` (`no_such_subteam` for an unknown id).
+- Socket Mode: `apps.connections.open` (app-level token `xapp-...` only) answers the URL of `GET /socket`, a
+  websocket that greets with `{"type": "hello"}`; `send_envelope` pushes `{envelope_id, type, payload,
+  accepts_response_payload}` to the connected client and `socket_acks` keeps each `{envelope_id, payload?}` ack.
+
 Failure modes switch at runtime: `fail_next`, `lose_answer`, `go_down` / `come_back`, `enforce_rate`, `delay`,
 `answer_late` (the call is carried out at once, answered only later: past a client's timeout, a lost answer).
 Every call is recorded (`calls`) for assertions.
@@ -31,6 +38,7 @@ from aiohttp import web
 from tests.fakes.server import LoopbackServer
 
 DEFAULT_TOKEN = "xoxb-fake-bot-token"
+DEFAULT_APP_TOKEN = "xapp-1-A0FAKE-1-fakeapptoken"
 DEFAULT_CHANNELS = {"gpu-alerts": "C0GPUALERTS"}
 BOT_USER = "U0FAKEBOT"
 BOT_ID = "B0FAKEBOT"
@@ -177,11 +185,19 @@ class FakeSlack(LoopbackServer):
         self._rate: tuple[float, float] | None = None
         self._down = False
         self._ts = 0.0
+        self.app_token = DEFAULT_APP_TOKEN
+        self.responses: list[dict[str, Any]] = []
+        self.usergroups: dict[str, list[str]] = {}
+        self.socket_acks: dict[str, dict[str, Any]] = {}
+        self._sockets: list[web.WebSocketResponse] = []
+        self._envelopes = 0
 
     # --- lifecycle ----------------------------------------------------------------------------------------
     def routes(self, app: web.Application) -> None:
         app.router.add_route("*", "/api/{method}", self._api)
         app.router.add_post("/services/{path:.+}", self._incoming_webhook)
+        app.router.add_post("/response/{id}", self._response_url)
+        app.router.add_get("/socket", self._socket)
 
     @property
     def url(self) -> str:
@@ -289,7 +305,7 @@ class FakeSlack(LoopbackServer):
         scripted = self._scripted[method] or self._scripted["*"]
         if scripted:
             return self._answer_scripted(call, scripted.popleft())
-        auth_error = self._auth_error(request)
+        auth_error = self._auth_error(request, method)
         if auth_error:
             return self._json(call, {"ok": False, "error": auth_error})
         if method == "chat.postMessage" and self._rate_exceeded(args):
@@ -315,6 +331,8 @@ class FakeSlack(LoopbackServer):
             "conversations.history": self._history,
             "conversations.replies": self._replies,
             "conversations.list": self._list,
+            "usergroups.users.list": self._usergroup_members,
+            "apps.connections.open": lambda _args: {"ok": True, "url": f"ws://127.0.0.1:{self.port}/socket"},
             "auth.test": lambda _args: {
                 "ok": True,
                 "url": "https://fake-workspace.slack.com/",
@@ -325,6 +343,53 @@ class FakeSlack(LoopbackServer):
                 "bot_id": BOT_ID,
             },
         }
+
+    def _usergroup_members(self, args: dict[str, Any]) -> dict[str, Any]:
+        group = args.get("usergroup", "")
+        if group not in self.usergroups:
+            return {"ok": False, "error": "no_such_subteam"}
+        return {"ok": True, "users": list(self.usergroups[group])}
+
+    # --- interactivity ------------------------------------------------------------------------------------
+    def response_url(self, name: str = "1") -> str:
+        return f"{self.url}/response/{name}"
+
+    async def _response_url(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except ValueError:
+            return web.Response(status=400, text="invalid_payload")
+        self.responses.append(body)
+        return web.Response(text="ok")
+
+    async def _socket(self, request: web.Request) -> web.StreamResponse:
+        socket = web.WebSocketResponse()
+        await socket.prepare(request)
+        self._sockets.append(socket)
+        await socket.send_json({"type": "hello", "num_connections": 1, "connection_info": {"app_id": "A0FAKE"}})
+        async for frame in socket:
+            if frame.type == web.WSMsgType.TEXT:
+                ack = json.loads(frame.data)
+                self.socket_acks[ack.get("envelope_id", "")] = ack
+        self._sockets.remove(socket)
+        return socket
+
+    @property
+    def socket_connected(self) -> bool:
+        return bool(self._sockets)
+
+    async def send_envelope(self, kind: str, payload: dict[str, Any]) -> str:
+        """Push one Socket Mode envelope (`slash_commands`, `interactive`) to the connected app; its id."""
+        self._envelopes += 1
+        envelope_id = f"env-{self._envelopes}"
+        envelope = {
+            "envelope_id": envelope_id,
+            "type": kind,
+            "payload": payload,
+            "accepts_response_payload": kind == "slash_commands",
+        }
+        await self._sockets[-1].send_json(envelope)
+        return envelope_id
 
     def _answer_scripted(self, call: Call, scripted: _Scripted) -> web.Response:
         headers = {}
@@ -343,11 +408,13 @@ class FakeSlack(LoopbackServer):
         call.status, call.answer = status, answer
         return web.json_response(answer, status=status, headers=headers)
 
-    def _auth_error(self, request: web.Request) -> str | None:
+    def _auth_error(self, request: web.Request, method: str = "") -> str | None:
         header = request.headers.get("Authorization", "")
         if not header:
             return "not_authed"
-        if header != f"Bearer {self.token}":
+        # apps.connections.open takes the app-level token, and only it; every other method the bot token.
+        wanted = self.app_token if method == "apps.connections.open" else self.token
+        if header != f"Bearer {wanted}":
             return "invalid_auth"
         return None
 

@@ -54,8 +54,9 @@ def write_config(tmp_path: Path, config: dict[str, Any]) -> Path:
 
 
 @asynccontextmanager
-async def running_bot(tmp_path: Path, config: dict[str, Any] | None = None) -> AsyncIterator[RunningBot]:
-    """Start the bot from a config dict (written to a real file and loaded like `serve --config` does)."""
+async def running_bot(tmp_path: Path, config: dict[str, Any] | None = None, port: int = 0) -> AsyncIterator[RunningBot]:
+    """Start the bot from a config dict (written to a real file and loaded like `serve --config` does), on `port`
+    (any free one by default)."""
     loaded = load_config(write_config(tmp_path, config or {}))
     playbooks = PlaybookSet.load(loaded.playbooks.dir, loaded.playbooks.vars)
     metrics = Metrics()
@@ -63,7 +64,7 @@ async def running_bot(tmp_path: Path, config: dict[str, Any] | None = None) -> A
     app = build_app(loaded, playbooks, metrics, console)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = web.TCPSite(runner, "127.0.0.1", port)
     await site.start()
     port = runner.addresses[0][1]
     try:

@@ -25,9 +25,11 @@ from bot.message import Message
 from bot.metrics import Metrics
 from bot.models import Delivery
 from bot.render.slack import (
+    Controls,
     Payload,
     RelatedNote,
     ack_note,
+    note_reply,
     refiring_note,
     repeat_note,
     resolved_note,
@@ -36,7 +38,7 @@ from bot.render.slack import (
 from bot.sinks.base import DeliveryResult
 from bot.sinks.slack.channel import SlackChannel, SlackFailure
 from bot.sinks.slack.pacing import SlackRateLimits
-from bot.sinks.slack.state import AlertRecord, Posting, Related, SinkState
+from bot.sinks.slack.state import AlertRecord, Posting, Related, SinkState, Storm
 from bot.sinks.slack.storm import StormControl
 from bot.store.base import Store, StoreUnavailable
 
@@ -45,9 +47,15 @@ log = logging.getLogger(__package__)
 
 class SlackSink:
     def __init__(
-        self, receiver: SlackReceiver, store: Store, metrics: Metrics, limits: SlackRateLimits | None = None
+        self,
+        receiver: SlackReceiver,
+        store: Store,
+        metrics: Metrics,
+        limits: SlackRateLimits | None = None,
+        controls: Controls = Controls(),  # noqa: B008 (frozen)
     ) -> None:
         self.name = receiver.name
+        self._controls = controls
         self._state = SinkState(store, receiver.name)
         self._channel = SlackChannel(receiver, self._state, limits)
         self._storms = StormControl(receiver, self._state, self._channel, metrics)
@@ -74,7 +82,9 @@ class SlackSink:
     async def _handle(self, delivery: Delivery) -> None:
         message = delivery.message
         record = await self._state.record(message.alert_key)
-        if (
+        if message.event == "note":
+            await self._note(message, record, delivery)
+        elif (
             record is not None
             and record.mode == "storm"
             and message.event == "refiring"
@@ -104,12 +114,14 @@ class SlackSink:
                 return
         key = message.alert_key
         if record.mode == "related":
-            await self._post_alert_once(key, record, slack_payload(message, compact=True), record.thread_ts)
+            await self._post_alert_once(
+                key, record, slack_payload(message, compact=True, controls=self._controls), record.thread_ts
+            )
             record.root_pending = True
             await self._state.save_record(key, record, message)
             await self._show_in_root(message, record)
             return
-        await self._post_alert_once(key, record, slack_payload(message), "")
+        await self._post_alert_once(key, record, slack_payload(message, controls=self._controls), "")
         record.thread_ts = record.ts
         record.status = message.status
         record.told_ack = message.acked_by or ""
@@ -141,7 +153,9 @@ class SlackSink:
         hears of it."""
         related = [RelatedNote(r.title, r.status) for r in record.related]
         compact = record.mode == "related"
-        await self._channel.update(record.channel, record.ts, slack_payload(message, compact=compact, related=related))
+        await self._channel.update(
+            record.channel, record.ts, slack_payload(message, compact=compact, related=related, controls=self._controls)
+        )
         record.status = message.status
         await self._state.save_record(message.alert_key, record, message)
         if compact:
@@ -163,6 +177,37 @@ class SlackSink:
             await self._storms.resolve(record.storm, message.alert_key)
         elif record.storm and message.event == "refiring":
             await self._storms.reopen(record.storm, message.alert_key)
+
+    async def _note(self, message: Message, record: AlertRecord | None, delivery: Delivery) -> None:
+        """A note goes into the thread the alert was told in (its own, its root's, its storm's); an alert that
+        never reached this channel has no conversation to add to."""
+        if record is None:
+            return
+        thread_ts = record.thread_ts or record.ts
+        if record.mode == "storm":
+            storm = await self._storms_summary(record.storm)
+            thread_ts = storm.summary_ts if storm is not None else ""
+        if not thread_ts:
+            return
+        if record.mode != "storm" and record.ts:
+            # The message shows the state the note tells of (acknowledged, silenced...): refreshed first, since
+            # an update can be repeated and the reply must not be.
+            related = [RelatedNote(r.title, r.status) for r in record.related]
+            payload = slack_payload(message, compact=record.mode == "related", related=related, controls=self._controls)
+            await self._channel.update(record.channel, record.ts, payload)
+            record.told_ack = message.acked_by or ""  # after an unack, the next ack is news again
+        nonce = f"note:{message.alert_key}:{delivery.id}"
+        await self._post_once(message.alert_key, record, note_reply(message), thread_ts, nonce)
+        await self._state.save_record(message.alert_key, record, message)
+
+    async def _storms_summary(self, storm_id: str) -> Storm | None:
+        storm = await self._state.storm(storm_id)
+        if storm is not None and not storm.summary_ts and not storm.failed:
+            # The flusher has not posted the summary yet: the note waits for its thread.
+            raise SlackFailure(
+                DeliveryResult.retry_later("storm_summary_pending", "waiting for the storm's summary"), False
+            )
+        return storm
 
     # --- related alerts ---------------------------------------------------------------------------------
     async def _root_for(self, message: Message) -> tuple[str, AlertRecord] | None:
@@ -190,7 +235,9 @@ class SlackSink:
             shown = Message.model_validate(root.message)
             notes = [RelatedNote(r.title, r.status) for r in root.related]
             try:
-                await self._channel.update(root.channel, root.ts, slack_payload(shown, related=notes))
+                await self._channel.update(
+                    root.channel, root.ts, slack_payload(shown, related=notes, controls=self._controls)
+                )
             except SlackFailure as failure:
                 if failure.result.retry:
                     raise
