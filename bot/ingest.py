@@ -13,7 +13,7 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,12 +93,15 @@ class WebhookHandler:
         config: ServerConfig,
         metrics: Metrics,
         on_accepted: Callable[[], None],
+        on_taken: Callable[[WebhookPayload], Awaitable[None]] | None = None,
     ) -> None:
+        """`on_taken` sees every notification acknowledged with a 2xx, copies included (the dead man's switch)."""
         self._store = store
         self._auth = auth
         self._config = config
         self._metrics = metrics
         self._on_accepted = on_accepted
+        self._on_taken = on_taken
         self._rejections = RejectionLog()
 
     async def __call__(self, request: web.Request) -> web.Response:
@@ -198,6 +201,8 @@ class WebhookHandler:
             response = json_error(503, "store_unavailable", "the notification could not be stored; retry later")
             response.headers["Retry-After"] = _RETRY_AFTER_SECONDS
             return response
+        if self._on_taken is not None:
+            await self._on_taken(payload)
         if result.duplicate:
             self._metrics.duplicates_dropped.inc()
             return web.json_response({"status": "duplicate", "alerts": len(payload.alerts)})

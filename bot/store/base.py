@@ -76,6 +76,16 @@ class AuditEntry:
     detail: str = ""
 
 
+@dataclass(frozen=True)
+class WatchdogRecord:
+    """The dead man's switch's timer for one Alertmanager replica (its externalURL): when its Watchdog last
+    arrived, and since when the bot has been saying it is missing (None: not alerting)."""
+
+    replica: str
+    last_seen: datetime
+    alerted_since: datetime | None = None
+
+
 # (what the store knows of the notification's alerts, its alerts, its groupKey) -> one decision per alert
 Planner = Callable[[Mapping[str, AlertState], Sequence[AmAlert], str], list[AlertDecision]]
 
@@ -170,6 +180,22 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def audit_log(self, since: datetime, limit: int = 1000) -> list[AuditEntry]:
         """Audit entries at or after `since`, oldest first, at most `limit` (the newest ones)."""
+
+    # --- dead man's switch (bot/deadman.py) -----------------------------------------------------------
+    @abc.abstractmethod
+    async def watchdog_seen(self, replicas: Sequence[str], at: datetime) -> None:
+        """A Watchdog arrived now from these replicas: restart their timers (creating them if new)."""
+
+    @abc.abstractmethod
+    async def watchdog_start(self, replica: str, at: datetime) -> None:
+        """Start a timer at `at` unless it exists already (a restart keeps the running one)."""
+
+    @abc.abstractmethod
+    async def watchdog_records(self) -> list[WatchdogRecord]: ...
+
+    @abc.abstractmethod
+    async def watchdog_alerting(self, replica: str, since: datetime | None) -> None:
+        """Record that the switch now alerts for this replica (since the given time), or no longer (None)."""
 
     # --- health and housekeeping ---------------------------------------------------------------------
     @abc.abstractmethod

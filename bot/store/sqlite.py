@@ -39,6 +39,7 @@ from bot.store.base import (
     Store,
     StoreStats,
     StoreUnavailable,
+    WatchdogRecord,
 )
 
 log = logging.getLogger(__name__)
@@ -173,6 +174,13 @@ CREATE TABLE IF NOT EXISTS audit_log (
     detail TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS audit_log_at ON audit_log(at);
+
+-- The dead man's switch: when each Alertmanager replica's Watchdog last arrived, and whether the bot alerts.
+CREATE TABLE IF NOT EXISTS watchdog (
+    replica TEXT PRIMARY KEY,
+    last_seen REAL NOT NULL,
+    alerted_since REAL
+) WITHOUT ROWID;
 
 CREATE TABLE IF NOT EXISTS heartbeat (
     id INTEGER PRIMARY KEY CHECK (id = 1),
@@ -903,6 +911,39 @@ class SqliteStore(Store):
             )
             for row in rows
         ]
+
+    # --- dead man's switch ---------------------------------------------------------------------------------
+    async def watchdog_seen(self, replicas: Sequence[str], at: datetime) -> None:
+        await self._run(
+            self._executemany,
+            """INSERT INTO watchdog (replica, last_seen) VALUES (?, ?)
+               ON CONFLICT (replica) DO UPDATE SET last_seen = MAX(last_seen, excluded.last_seen)""",
+            [(replica, at.timestamp()) for replica in replicas],
+        )
+
+    async def watchdog_start(self, replica: str, at: datetime) -> None:
+        await self._run(
+            self._execute,
+            "INSERT OR IGNORE INTO watchdog (replica, last_seen) VALUES (?, ?)",
+            (replica, at.timestamp()),
+        )
+
+    async def watchdog_records(self) -> list[WatchdogRecord]:
+        rows = await self._run(self._fetchall, "SELECT * FROM watchdog ORDER BY replica", ())
+        return [
+            WatchdogRecord(
+                replica=row["replica"],
+                last_seen=datetime.fromtimestamp(row["last_seen"], UTC),
+                alerted_since=_dt(row["alerted_since"]),
+            )
+            for row in rows
+        ]
+
+    async def watchdog_alerting(self, replica: str, since: datetime | None) -> None:
+        await self._run(self._execute, "UPDATE watchdog SET alerted_since = ? WHERE replica = ?", (_ts(since), replica))
+
+    def _executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        self._transaction(lambda conn: conn.executemany(sql, rows))
 
     # --- health and housekeeping -----------------------------------------------------------------------
     async def check_writable(self) -> None:
