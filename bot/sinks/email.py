@@ -83,7 +83,21 @@ class EmailSink:
     async def close(self) -> None:
         return None
 
-    async def _send(self, mail: EmailMessage, recipients: list[str]) -> dict[str, SMTPResponse]:
+    async def probe(self) -> DeliveryResult:
+        """Connect, STARTTLS and AUTH as a delivery does, then quit without sending anything (the self-test)."""
+        try:
+            smtp = await self._session()
+            with contextlib.suppress(aiosmtplib.SMTPException, OSError):
+                await smtp.quit()
+            smtp.close()
+        except _Refused as exc:
+            return DeliveryResult.failed(exc.reason, exc.detail)
+        except (aiosmtplib.SMTPException, OSError) as exc:
+            return classify_smtp_error(exc)
+        return DeliveryResult.ok()
+
+    async def _session(self) -> aiosmtplib.SMTP:
+        """A connection ready to send: TLS as configured, logged in when credentials are."""
         smtp = aiosmtplib.SMTP(
             hostname=self._host,
             port=self._port,
@@ -98,6 +112,14 @@ class EmailSink:
                 await self._starttls(smtp)
             if self._config.username is not None and self._config.password_file is not None:
                 await self._login(smtp, self._config.username, self._config.password_file.get())
+        except BaseException:
+            smtp.close()
+            raise
+        return smtp
+
+    async def _send(self, mail: EmailMessage, recipients: list[str]) -> dict[str, SMTPResponse]:
+        smtp = await self._session()
+        try:
             refused, _reply = await smtp.send_message(mail, sender=self._envelope_sender, recipients=recipients)
             # The server has the mail: a failed goodbye must not make the outbox send it again.
             with contextlib.suppress(aiosmtplib.SMTPException, OSError):

@@ -77,6 +77,18 @@ class AuditEntry:
 
 
 @dataclass(frozen=True)
+class DeliveryRecord:
+    """One delivery of an alert as the outbox keeps it: which event, to which receiver, and how it went
+    (state: pending, delivered or failed)."""
+
+    event_kind: EventKind
+    receiver: str
+    state: str
+    attempts: int
+    error: str | None
+
+
+@dataclass(frozen=True)
 class WatchdogRecord:
     """The dead man's switch's timer for one Alertmanager replica (its externalURL): when its Watchdog last
     arrived, and since when the bot has been saying it is missing (None: not alerting)."""
@@ -161,6 +173,10 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def recent_alerts(self, alertnames: Sequence[str], since: datetime) -> list[AlertState]:
         """Alerts with one of these names seen (first or last) since the given time, newest first."""
+
+    @abc.abstractmethod
+    async def alert_deliveries(self, key: str) -> list[DeliveryRecord]:
+        """Every delivery of one alert episode, oldest first (the self-test follows its alert with it)."""
 
     # --- GPU history, for recurrence ---------------------------------------------------------------
     @abc.abstractmethod

@@ -32,6 +32,7 @@ from bot.message import Message
 from bot.models import AlertState, AmAlert, Delivery, Event, EventKind, GpuEvent, NewDelivery, WebhookPayload
 from bot.store.base import (
     AuditEntry,
+    DeliveryRecord,
     EventRecord,
     IncomingNotification,
     IngestResult,
@@ -839,6 +840,24 @@ class SqliteStore(Store):
                 kind=EventKind(row["kind"]),
                 state=row["state"],
                 created_at=datetime.fromtimestamp(row["created_at"], UTC),
+                attempts=row["attempts"],
+                error=row["error"],
+            )
+            for row in rows
+        ]
+
+    async def alert_deliveries(self, key: str) -> list[DeliveryRecord]:
+        rows = await self._run(
+            self._fetchall,
+            "SELECT e.kind, d.receiver, d.state, d.attempts, d.error FROM deliveries d "
+            "JOIN events e ON e.id = d.event_id WHERE d.alert_key = ? ORDER BY d.id",
+            (key,),
+        )
+        return [
+            DeliveryRecord(
+                event_kind=EventKind(row["kind"]),
+                receiver=row["receiver"],
+                state=row["state"],
                 attempts=row["attempts"],
                 error=row["error"],
             )

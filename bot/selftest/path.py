@@ -1,0 +1,184 @@
+"""Steps 2 and 3 of the self-test: Alertmanager routes the synthetic alert to this bot, delivers it, the bot
+delivers it to each receiver, and the same for its resolve. amtool does the Alertmanager side when installed
+(the tool operators know, so its command lines are the hints); Alertmanager's API when it is not."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TypeVar
+from urllib.parse import urlsplit
+
+import yaml
+
+from bot.alertmanager import AlertmanagerClient, AlertmanagerError, AmStatus, PostableAlert
+from bot.clock import Clock
+from bot.ingest import WEBHOOK_PATH
+from bot.models import AlertState, EventKind
+from bot.selftest.marking import ALERTNAME, LABEL, PAGE_LABEL
+from bot.selftest.steps import StepFailed
+from bot.store.base import DeliveryRecord, Store, StoreUnavailable
+
+T = TypeVar("T")
+_POLL = 0.25
+_AMTOOL_TIMEOUT = 30.0
+
+
+@dataclass(frozen=True)
+class SyntheticAlert:
+    run_id: str
+    started: datetime
+    page: bool
+
+    @property
+    def labels(self) -> dict[str, str]:
+        labels = {"alertname": ALERTNAME, LABEL: self.run_id, "severity": "info"}
+        if self.page:
+            labels[PAGE_LABEL] = "true"
+        return labels
+
+    @property
+    def summary(self) -> str:
+        return f"gpu-alert-bot self-test {self.run_id}: proves Alertmanager -> bot -> receivers; no action needed"
+
+    def label_args(self) -> list[str]:
+        return [f"{name}={value}" for name, value in self.labels.items()]
+
+
+def bot_receivers(status: AmStatus, bot_url: str | None) -> set[str]:
+    """Alertmanager receivers with a webhook to this bot: its path, and its address when --bot names it."""
+    config = yaml.safe_load(status.config.original or "{}") or {}
+    found = set()
+    for receiver in config.get("receivers") or []:
+        for webhook in receiver.get("webhook_configs") or []:
+            url = str(webhook.get("url", ""))
+            if urlsplit(url).path.rstrip("/") == WEBHOOK_PATH and (bot_url is None or _same_place(url, bot_url)):
+                found.add(str(receiver.get("name")))
+    return found
+
+
+def _same_place(url: str, bot_url: str) -> bool:
+    return urlsplit(url).netloc == urlsplit(bot_url).netloc
+
+
+def routes_test_command(am_url: str, alert: SyntheticAlert) -> str:
+    return f"amtool config routes test --alertmanager.url={am_url} {' '.join(alert.label_args())}"
+
+
+def check_routes(routed: set[str], expected: set[str], am_url: str, alert: SyntheticAlert) -> str:
+    if routed & expected:
+        return f"alertname={ALERTNAME} goes to {', '.join(sorted(routed))}"
+    wanted = ", ".join(sorted(expected)) or "(none: no receiver has a webhook_configs url ending in /alertmanager)"
+    raise StepFailed(
+        f"alertname={ALERTNAME} goes to {', '.join(sorted(routed)) or 'nothing'}, not to {wanted}",
+        "Alertmanager's route sends it to a receiver that does not post to this bot (a route above catches it, "
+        "or the bot's receiver is missing)",
+        routes_test_command(am_url, alert),
+    )
+
+
+async def amtool_routes(amtool: str, am_url: str, alert: SyntheticAlert) -> set[str]:
+    output = await run_amtool(amtool, am_url, ["config", "routes", "test", *alert.label_args()])
+    return {name.strip() for name in output.replace(",", " ").split() if name.strip()}
+
+
+async def api_routes(client: AlertmanagerClient, alert: SyntheticAlert) -> set[str]:
+    """The receivers Alertmanager gave the (already posted) alert."""
+    found = await client.alerts([f'{LABEL}="{alert.run_id}"'])
+    return {r.name for a in found for r in a.receivers}
+
+
+async def fire(amtool: str | None, client: AlertmanagerClient, alert: SyntheticAlert, end: datetime | None) -> str:
+    """Post the alert (firing, or resolved when `end` is given) with amtool, or the API without it."""
+    if amtool is not None:
+        args = ["alert", "add", *alert.label_args(), f"--annotation=summary={alert.summary}"]
+        args.append(f"--start={alert.started.isoformat()}")
+        if end is not None:
+            args.append(f"--end={end.isoformat()}")
+        await run_amtool(amtool, client.urls[0], args)
+        return f"amtool alert add {' '.join(alert.label_args())}{' --end=now' if end else ''}"
+    posted = PostableAlert(
+        labels=alert.labels, annotations={"summary": alert.summary}, startsAt=alert.started, endsAt=end
+    )
+    try:
+        await client.post_alerts([posted])
+    except AlertmanagerError as exc:
+        raise StepFailed(
+            exc.detail, "Alertmanager refused the alert", f"curl -s {client.urls[0]}/api/v2/status"
+        ) from None
+    return f"POST /api/v2/alerts {' '.join(alert.label_args())}{' (ended)' if end else ''}"
+
+
+def find_amtool() -> str | None:
+    return shutil.which("amtool")
+
+
+async def run_amtool(amtool: str, am_url: str, args: Sequence[str]) -> str:
+    command = [amtool, f"--alertmanager.url={am_url}", *args]
+    process = await asyncio.create_subprocess_exec(
+        *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        async with asyncio.timeout(_AMTOOL_TIMEOUT):
+            out, err = await process.communicate()
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise StepFailed(f"amtool did not finish within {_AMTOOL_TIMEOUT:g} s", "Alertmanager hangs") from None
+    if process.returncode != 0:
+        raise StepFailed(
+            f"amtool failed: {err.decode(errors='replace').strip() or out.decode(errors='replace').strip()}",
+            "amtool could not talk to Alertmanager or refused the arguments",
+            " ".join([amtool, f"--alertmanager.url={am_url}", *args[:3]]),
+        )
+    return out.decode(errors="replace")
+
+
+class BotView:
+    """What the bot did with the synthetic alert, read from its store (read-only, beside the running bot)."""
+
+    def __init__(self, store: Store, clock: Clock, deadline: float) -> None:
+        self._store = store
+        self._clock = clock
+        self._deadline = deadline
+
+    async def until(self, what: Callable[[], Awaitable[T | None]], waiting_for: str, cause: str, look: str) -> T:
+        """Poll `what` until it gives something, or fail when the self-test's time is up."""
+        while True:
+            try:
+                found = await what()
+            except StoreUnavailable as exc:
+                raise StepFailed(
+                    f"cannot read the bot's store: {exc}", "the store path is not the bot's", look
+                ) from None
+            if found is not None:
+                return found
+            if self._clock.monotonic() >= self._deadline:
+                raise StepFailed(f"timed out waiting for {waiting_for}", cause, look)
+            await self._clock.sleep(_POLL)
+
+    async def alert(self, alert: SyntheticAlert, status: str) -> AlertState | None:
+        for state in await self._store.recent_alerts([ALERTNAME], alert.started):
+            if state.labels.get(LABEL) == alert.run_id and state.status == status:
+                return state
+        return None
+
+    async def delivery(self, key: str, kind: EventKind, receiver: str) -> DeliveryRecord | None:
+        """The delivery once it is settled (delivered or failed); None while it is pending or not queued yet."""
+        for record in await self._store.alert_deliveries(key):
+            if record.event_kind == kind and record.receiver == receiver and record.state != "pending":
+                return record
+        return None
+
+
+def delivered(record: DeliveryRecord, receiver: str) -> str:
+    if record.state != "delivered":
+        raise StepFailed(
+            f"{receiver} failed: {record.error}",
+            "the receiver refused the message for good; its check above says more",
+            "journalctl -u gpu-alert-bot | grep 'delivery failed'",
+        )
+    return f"delivered after {record.attempts} attempt(s)"
