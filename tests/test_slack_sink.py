@@ -582,3 +582,12 @@ async def test_a_storm_summary_whose_answer_was_lost_is_not_posted_twice(
 
     await eventually(lambda: in_a_thread(fake, "`k-ai-05`"), timeout=20)
     assert sum("Alert storm" in m.text for m in fake.top_level()) == 1
+
+
+async def test_self_test_alerts_never_count_towards_a_storm(fake: FakeSlack, make_sink: SinkFactory) -> None:
+    sink = make_sink(storm_threshold=1)
+    for n in range(4):
+        labels = {"alertname": "GPUSelfTest", "selftest": f"run{n}"}
+        assert (await sink.deliver(delivery(alert(n, labels=labels, title="[self-test] GPUSelfTest")))).delivered
+    assert storm_summary(fake) is None
+    assert len(fake.top_level()) == 4
