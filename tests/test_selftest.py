@@ -157,3 +157,40 @@ def test_alertmanager_down_fails_at_the_first_step_without_waiting(
     assert {s["step"]: s["outcome"] for s in result["steps"] if s["step"] in ALERT_PATH} == dict.fromkeys(
         ALERT_PATH, "skip"
     )
+
+
+async def test_a_bot_on_another_host_is_followed_through_its_metrics(
+    tmp_path: Path, alertmanager_factory: Any, slack: FakeSlack
+) -> None:
+    async with running_bot(tmp_path, bot_config(tmp_path, slack)) as bot:
+        am = alertmanager_factory(bot.url)
+        # The self-test's own configuration names no store it could read: only the bot's URL tells.
+        no_store = bot.config.store.model_copy(update={"path": tmp_path / "elsewhere.db"})
+        elsewhere = bot.config.model_copy(update={"store": no_store})
+        code, steps, _ = await selftest(elsewhere, am.url, bot_url=bot.url)
+        assert code == 0, steps
+        [watched] = [s for s in steps if s["step"] == "bot metrics"]
+        assert watched["detail"] == f"reading {bot.url}/metrics"
+        assert outcomes(steps)["deliver resolve slack-gpu"] == "pass"
+
+
+async def test_without_amtool_the_api_fires_the_alert_and_tells_where_alertmanager_routed_it(
+    tmp_path: Path, slack: FakeSlack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with running_bot(tmp_path, bot_config(tmp_path, slack)) as bot:
+        config = webhook_alertmanager_config(bot.url)
+        config["route"]["routes"] = [{"receiver": "elsewhere", "matchers": ['alertname=~"GPU.*"']}]
+        config["receivers"].append({"name": "elsewhere", "webhook_configs": [{"url": "http://127.0.0.1:9/hook"}]})
+        am = Alertmanager(tmp_path / "am", config)
+        monkeypatch.setenv("PATH", str(tmp_path / "no-amtool-here"))
+        try:
+            code, steps, _ = await selftest(bot.config, am.url)
+        finally:
+            am.stop()
+        assert code == 1
+        assert [s["step"] for s in steps][-2:] == ["fire", "routing"]
+        assert steps[-2]["detail"].startswith("POST /api/v2/alerts alertname=GPUSelfTest selftest=")
+        assert (steps[-1]["outcome"], steps[-1]["detail"]) == (
+            "FAIL",
+            "alertname=GPUSelfTest goes to elsewhere, not to bot",
+        )

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from bot.config import EmailReceiver, LokiConfig, PrometheusConfig, StoreConfig
+from bot.config import EmailReceiver, LokiConfig, PrometheusConfig
 from bot.selftest import checks
 from bot.selftest.steps import StepFailed
-from bot.store import Store, open_store
 from tests.fakes.loki import FakeLoki
 from tests.support.bot import eventually
 from tests.support.processes import Prometheus, free_port
@@ -23,13 +22,6 @@ PROMETHEUS_CONFIG = {"global": {"scrape_interval": "1s", "evaluation_interval": 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     return make_pki(tmp_path_factory.mktemp("pki"))
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    opened = await open_store(StoreConfig(path=tmp_path / "bot.db"))
-    yield opened
-    await opened.close()
 
 
 @pytest.fixture
@@ -60,24 +52,22 @@ def mail_receiver(tmp_path: Path, port: int, pki: Pki, password: str) -> EmailRe
     )
 
 
-async def test_smtp_goes_as_far_as_auth_and_sends_nothing(tmp_path: Path, pki: Pki, store: Store) -> None:
+async def test_smtp_goes_as_far_as_auth_and_sends_nothing(tmp_path: Path, pki: Pki) -> None:
     [(_, password)] = USERS.items()
     with smtp_server("starttls", pki.trusted, auth=True) as (port, handler):
-        detail = await checks.email_receiver(mail_receiver(tmp_path, port, pki, password), store)
+        detail = await checks.email_receiver(mail_receiver(tmp_path, port, pki, password))
     assert detail == f"127.0.0.1:{port}: connected, STARTTLS, AUTH; no mail sent"
     assert handler.received() == []
 
 
 @pytest.mark.parametrize("problem", ["wrong password", "untrusted certificate"])
-async def test_smtp_problems_fail_the_step_with_the_servers_reason(
-    tmp_path: Path, pki: Pki, store: Store, problem: str
-) -> None:
+async def test_smtp_problems_fail_the_step_with_the_servers_reason(tmp_path: Path, pki: Pki, problem: str) -> None:
     [(_, password)] = USERS.items()
     context = pki.untrusted if problem == "untrusted certificate" else pki.trusted
     with smtp_server("starttls", context, auth=True) as (port, _handler):
         receiver = mail_receiver(tmp_path, port, pki, "nope" if problem == "wrong password" else password)
         with pytest.raises(StepFailed) as failed:
-            await checks.email_receiver(receiver, store)
+            await checks.email_receiver(receiver)
     expected = "535" if problem == "wrong password" else "certificate"
     assert expected in failed.value.detail
     assert failed.value.look == f"openssl s_client -starttls smtp -connect 127.0.0.1:{port}"

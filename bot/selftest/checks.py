@@ -16,8 +16,7 @@ from bot.alertmanager import AlertmanagerClient, AlertmanagerError, AmStatus
 from bot.config import EmailReceiver, LokiConfig, PagerDutyReceiver, PrometheusConfig, SlackReceiver
 from bot.enrich.queryapi import bearer_headers, body_text
 from bot.selftest.steps import StepFailed
-from bot.sinks.email import EmailSink
-from bot.store.base import Store
+from bot.sinks.email import probe_smtp
 
 SHIPPED_RULES = Path(__file__).resolve().parents[2] / "config" / "rules"
 _CHANNEL_ID = re.compile(r"^[CGD][A-Z0-9]{6,}$")
@@ -157,8 +156,8 @@ def _slack_hint(error: str, receiver: SlackReceiver) -> tuple[str, str]:
     return hints.get(error, ("Slack answered with an error", "https://api.slack.com/methods/auth.test"))
 
 
-async def email_receiver(receiver: EmailReceiver, store: Store) -> str:
-    result = await EmailSink(receiver, store).probe()
+async def email_receiver(receiver: EmailReceiver) -> str:
+    result = await probe_smtp(receiver)
     if not result.delivered:
         raise StepFailed(
             f"{receiver.smarthost}: {result.reason}: {result.detail}",

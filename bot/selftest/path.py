@@ -1,29 +1,24 @@
-"""Steps 2 and 3 of the self-test: Alertmanager routes the synthetic alert to this bot, delivers it, the bot
-delivers it to each receiver, and the same for its resolve. amtool does the Alertmanager side when installed
+"""Steps 2 and 3 of the self-test, Alertmanager's side: it routes the synthetic alert to this bot, which sees it
+fired and resolved (bot/selftest/watch.py follows it in the bot). amtool does this when installed
 (the tool operators know, so its command lines are the hints); Alertmanager's API when it is not."""
 
 from __future__ import annotations
 
 import asyncio
 import shutil
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TypeVar
 from urllib.parse import urlsplit
 
 import yaml
 
 from bot.alertmanager import AlertmanagerClient, AlertmanagerError, AmStatus, PostableAlert
-from bot.clock import Clock
 from bot.ingest import WEBHOOK_PATH
-from bot.models import AlertState, EventKind
 from bot.selftest.marking import ALERTNAME, LABEL, PAGE_LABEL
 from bot.selftest.steps import StepFailed
-from bot.store.base import DeliveryRecord, Store, StoreUnavailable
+from bot.store.base import DeliveryRecord
 
-T = TypeVar("T")
-_POLL = 0.25
 _AMTOOL_TIMEOUT = 30.0
 
 
@@ -135,43 +130,6 @@ async def run_amtool(amtool: str, am_url: str, args: Sequence[str]) -> str:
             " ".join([amtool, f"--alertmanager.url={am_url}", *args[:3]]),
         )
     return out.decode(errors="replace")
-
-
-class BotView:
-    """What the bot did with the synthetic alert, read from its store (read-only, beside the running bot)."""
-
-    def __init__(self, store: Store, clock: Clock, deadline: float) -> None:
-        self._store = store
-        self._clock = clock
-        self._deadline = deadline
-
-    async def until(self, what: Callable[[], Awaitable[T | None]], waiting_for: str, cause: str, look: str) -> T:
-        """Poll `what` until it gives something, or fail when the self-test's time is up."""
-        while True:
-            try:
-                found = await what()
-            except StoreUnavailable as exc:
-                raise StepFailed(
-                    f"cannot read the bot's store: {exc}", "the store path is not the bot's", look
-                ) from None
-            if found is not None:
-                return found
-            if self._clock.monotonic() >= self._deadline:
-                raise StepFailed(f"timed out waiting for {waiting_for}", cause, look)
-            await self._clock.sleep(_POLL)
-
-    async def alert(self, alert: SyntheticAlert, status: str) -> AlertState | None:
-        for state in await self._store.recent_alerts([ALERTNAME], alert.started):
-            if state.labels.get(LABEL) == alert.run_id and state.status == status:
-                return state
-        return None
-
-    async def delivery(self, key: str, kind: EventKind, receiver: str) -> DeliveryRecord | None:
-        """The delivery once it is settled (delivered or failed); None while it is pending or not queued yet."""
-        for record in await self._store.alert_deliveries(key):
-            if record.event_kind == kind and record.receiver == receiver and record.state != "pending":
-                return record
-        return None
 
 
 def delivered(record: DeliveryRecord, receiver: str) -> str:
