@@ -50,6 +50,7 @@ class Deadman:
         self._clock = clock
         self._on_notification = on_notification
         self._task: asyncio.Task[None] | None = None
+        self._timer_started = False
 
     # --- heartbeats ----------------------------------------------------------------------------------
     def carries_watchdog(self, payload: WebhookPayload) -> bool:
@@ -73,9 +74,11 @@ class Deadman:
     async def check(self) -> None:
         """Raise or clear WatchdogMissing per replica; a second check with nothing new does nothing."""
         now = self._clock.now()
-        # A bot that never got any Watchdog starts counting from its first check: an Alertmanager never wired
-        # to the bot is the failure this is for.
-        await self._store.watchdog_start(ANY_REPLICA, now)
+        if not self._timer_started:
+            # A bot that never got any Watchdog counts from its first check: an Alertmanager never wired to the
+            # bot is the failure this is for. A restarted bot keeps the timer it had.
+            await self._store.watchdog_start(ANY_REPLICA, now)
+            self._timer_started = True
         records = await self._store.watchdog_records()
         quiet = {r.replica for r in records if self._age(r, now) > self._config.effective_timeout}
         # When no replica talks, one alert says so, not one per replica.

@@ -194,3 +194,13 @@ async def test_without_amtool_the_api_fires_the_alert_and_tells_where_alertmanag
             "FAIL",
             "alertname=GPUSelfTest goes to elsewhere, not to bot",
         )
+
+
+async def test_a_bot_routing_the_self_test_to_nobody_fails(tmp_path: Path, alertmanager_factory: Any) -> None:
+    config = {"routing": {"rules": [{"matchers": ['alertname=~"GPU.*"'], "receivers": []}]}}
+    async with running_bot(tmp_path, config) as bot:
+        am = alertmanager_factory(bot.url)
+        code, steps, _ = await selftest(bot.config, am.url)
+        assert code == 1
+        assert (steps[-1]["step"], steps[-1]["outcome"]) == ("deliver", "FAIL")
+        assert steps[-1]["detail"] == "the bot's routing sends GPUSelfTest to no receiver: nobody would be told"

@@ -81,7 +81,7 @@ class SelfTest:
             if not urls:
                 self._steps.run_failed("alertmanager", "no Alertmanager: set alertmanager.urls or pass --alertmanager")
             else:
-                client = AlertmanagerClient(urls, timeout=self._am_timeout())
+                client = self._alertmanager_client(urls)
                 stack.push_async_callback(client.close)
                 await self._steps.run("alertmanager", partial(self._alertmanager, client))
             watch = await self._bot(stack)
@@ -95,6 +95,12 @@ class SelfTest:
 
     def _alertmanager_urls(self) -> list[str]:
         return list(self._config.alertmanager.urls) if self._config.alertmanager else []
+
+    def _alertmanager_client(self, urls: list[str]) -> AlertmanagerClient:
+        if self._config.alertmanager is None:
+            return AlertmanagerClient(urls)
+        # The configured token goes with --alertmanager too: it is the same Alertmanager behind the same proxy.
+        return AlertmanagerClient.from_config(self._config.alertmanager.model_copy(update={"urls": urls}))
 
     def _am_timeout(self) -> float:
         return self._config.alertmanager.timeout if self._config.alertmanager else 5.0
@@ -157,7 +163,9 @@ class SelfTest:
         am_url = client.urls[0]
         assert self._status is not None
         expected = (
-            {self._options.receiver} if self._options.receiver else bot_receivers(self._status, self._options.bot_url)
+            {self._options.receiver}
+            if self._options.receiver
+            else bot_receivers(self._status.config.original, self._options.bot_url)
         )
         alert = self._alert
 
@@ -175,6 +183,14 @@ class SelfTest:
             return
         receivers = Router(self._config.routing).route(alert.labels).receivers
         if not await self._received(watch, deadline, "firing"):
+            return
+        if not receivers:
+            self._steps.run_failed(
+                "deliver",
+                f"the bot's routing sends {alert.labels['alertname']} to no receiver: nobody would be told",
+                "a routing rule with `receivers: []` matches it (meant for the Watchdog?)",
+                "gpu-alert-bot explain PAYLOAD.json --config FILE",
+            )
             return
         await self._deliveries(watch, deadline, EventKind.FIRING, receivers)
         await watch.mark()

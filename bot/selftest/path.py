@@ -9,11 +9,12 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 from urllib.parse import urlsplit
 
 import yaml
 
-from bot.alertmanager import AlertmanagerClient, AlertmanagerError, AmStatus, PostableAlert
+from bot.alertmanager import AlertmanagerClient, AlertmanagerError, PostableAlert
 from bot.ingest import WEBHOOK_PATH
 from bot.selftest.marking import ALERTNAME, LABEL, PAGE_LABEL
 from bot.selftest.steps import StepFailed
@@ -43,20 +44,34 @@ class SyntheticAlert:
         return [f"{name}={value}" for name, value in self.labels.items()]
 
 
-def bot_receivers(status: AmStatus, bot_url: str | None) -> set[str]:
-    """Alertmanager receivers with a webhook to this bot: its path, and its address when --bot names it."""
-    config = yaml.safe_load(status.config.original or "{}") or {}
+def bot_receivers(config_text: str, bot_url: str | None) -> set[str]:
+    """Alertmanager receivers with a webhook to this bot (its path, and its address when --bot names it), from
+    the configuration Alertmanager reports. A `url_file` cannot be seen: name the receiver with --receiver."""
+    try:
+        config = yaml.safe_load(config_text)
+    except yaml.YAMLError:
+        return set()
     found = set()
-    for receiver in config.get("receivers") or []:
-        for webhook in receiver.get("webhook_configs") or []:
+    for receiver in _dicts(config.get("receivers") if isinstance(config, dict) else None):
+        for webhook in _dicts(receiver.get("webhook_configs")):
             url = str(webhook.get("url", ""))
-            if urlsplit(url).path.rstrip("/") == WEBHOOK_PATH and (bot_url is None or _same_place(url, bot_url)):
+            if _posts_to_bot(url, bot_url):
                 found.add(str(receiver.get("name")))
     return found
 
 
-def _same_place(url: str, bot_url: str) -> bool:
-    return urlsplit(url).netloc == urlsplit(bot_url).netloc
+def _dicts(value: Any) -> list[dict[str, Any]]:
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
+
+
+def _posts_to_bot(url: str, bot_url: str | None) -> bool:
+    try:
+        target = urlsplit(url)
+        return target.path.rstrip("/") == WEBHOOK_PATH and (
+            bot_url is None or target.netloc == urlsplit(bot_url).netloc
+        )
+    except ValueError:  # not a URL at all
+        return False
 
 
 def routes_test_command(am_url: str, alert: SyntheticAlert) -> str:
@@ -66,7 +81,10 @@ def routes_test_command(am_url: str, alert: SyntheticAlert) -> str:
 def check_routes(routed: set[str], expected: set[str], am_url: str, alert: SyntheticAlert) -> str:
     if routed & expected:
         return f"alertname={ALERTNAME} goes to {', '.join(sorted(routed))}"
-    wanted = ", ".join(sorted(expected)) or "(none: no receiver has a webhook_configs url ending in /alertmanager)"
+    wanted = (
+        ", ".join(sorted(expected))
+        or "the bot (no receiver's webhook url ends in /alertmanager: name it with --receiver)"
+    )
     raise StepFailed(
         f"alertname={ALERTNAME} goes to {', '.join(sorted(routed)) or 'nothing'}, not to {wanted}",
         "Alertmanager's route sends it to a receiver that does not post to this bot (a route above catches it, "
