@@ -197,4 +197,5 @@ async def _get(http: httpx.AsyncClient, path: str, service: str) -> Any:
             f"{service} is starting, unhealthy, or wants credentials",
             f"curl -sv {url}",
         )
+    # Whatever else a service answers fails the step as an unexpected answer (Steps.run).
     return response.json() if response.headers.get("content-type", "").startswith("application/json") else {}

@@ -56,6 +56,9 @@ class Steps:
             detail = await check()
         except StepFailed as exc:
             result = StepResult(step, "FAIL", self._since(started), exc.detail, exc.cause, exc.look)
+        except Exception as exc:  # whatever a service answered, the self-test reports it and goes on
+            detail = f"unexpected error: {type(exc).__name__}: {exc}"
+            result = StepResult(step, "FAIL", self._since(started), detail, "a bug or an unexpected answer")
         else:
             result = StepResult(step, "pass", self._since(started), detail)
         self._record(result)
