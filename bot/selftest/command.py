@@ -160,8 +160,8 @@ class SelfTest:
     async def _alert_path(self, client: AlertmanagerClient, watch: BotWatch) -> None:
         deadline = self._clock.monotonic() + self._options.timeout
         amtool = find_amtool()
-        am_url = client.urls[0]
         assert self._status is not None
+        am_url = self._status.url  # the replica that answered: with an HA pair, the first may be down
         expected = (
             {self._options.receiver}
             if self._options.receiver
@@ -177,7 +177,7 @@ class SelfTest:
         if amtool is not None and not await self._steps.run("routing", routing):
             return
         await watch.mark()
-        if not await self._steps.run("fire", partial(fire, amtool, client, alert, None)):
+        if not await self._steps.run("fire", partial(fire, amtool, client, am_url, alert, None)):
             return
         if amtool is None and not await self._steps.run("routing", routing):
             return
@@ -194,7 +194,7 @@ class SelfTest:
             return
         await self._deliveries(watch, deadline, EventKind.FIRING, receivers)
         await watch.mark()
-        if not await self._steps.run("resolve", partial(fire, amtool, client, alert, self._clock.now())):
+        if not await self._steps.run("resolve", partial(fire, amtool, client, am_url, alert, self._clock.now())):
             return
         if await self._received(watch, deadline, "resolved"):
             await self._deliveries(watch, deadline, EventKind.RESOLVED, receivers)

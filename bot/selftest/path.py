@@ -104,14 +104,18 @@ async def api_routes(client: AlertmanagerClient, alert: SyntheticAlert) -> set[s
     return {r.name for a in found for r in a.receivers}
 
 
-async def fire(amtool: str | None, client: AlertmanagerClient, alert: SyntheticAlert, end: datetime | None) -> str:
-    """Post the alert (firing, or resolved when `end` is given) with amtool, or the API without it."""
+async def fire(
+    amtool: str | None, client: AlertmanagerClient, am_url: str, alert: SyntheticAlert, end: datetime | None
+) -> str:
+    """Post the alert (firing, or resolved when `end` is given) to the replica at `am_url` with amtool, or with
+    the API to the first replica that answers (the same one, tried in the same order). Replicas do not share
+    alerts: the one that got it notifies."""
     if amtool is not None:
         args = ["alert", "add", *alert.label_args(), f"--annotation=summary={alert.summary}"]
         args.append(f"--start={alert.started.isoformat()}")
         if end is not None:
             args.append(f"--end={end.isoformat()}")
-        await run_amtool(amtool, client.urls[0], args)
+        await run_amtool(amtool, am_url, args)
         return f"amtool alert add {' '.join(alert.label_args())}{' --end=now' if end else ''}"
     posted = PostableAlert(
         labels=alert.labels, annotations={"summary": alert.summary}, startsAt=alert.started, endsAt=end
@@ -119,9 +123,7 @@ async def fire(amtool: str | None, client: AlertmanagerClient, alert: SyntheticA
     try:
         await client.post_alerts([posted])
     except AlertmanagerError as exc:
-        raise StepFailed(
-            exc.detail, "Alertmanager refused the alert", f"curl -s {client.urls[0]}/api/v2/status"
-        ) from None
+        raise StepFailed(exc.detail, "Alertmanager refused the alert", f"curl -s {am_url}/api/v2/status") from None
     return f"POST /api/v2/alerts {' '.join(alert.label_args())}{' (ended)' if end else ''}"
 
 
