@@ -32,6 +32,8 @@ ALERTNAME = "WatchdogMissing"
 ANY_REPLICA = "any"
 # A payload without externalURL (a script, an old Alertmanager) still proves the path works.
 UNKNOWN_REPLICA = "unknown"
+# Not a replica: when the bot last checked, so that the time it was down is not blamed on Alertmanager.
+BOT_CHECKED = "bot"
 RECEIVER = "gpu-alert-bot-deadman"
 
 
@@ -75,11 +77,9 @@ class Deadman:
         """Raise or clear WatchdogMissing per replica; a second check with nothing new does nothing."""
         now = self._clock.now()
         if not self._timer_started:
-            # A bot that never got any Watchdog counts from its first check: an Alertmanager never wired to the
-            # bot is the failure this is for. A restarted bot keeps the timer it had.
-            await self._store.watchdog_start(ANY_REPLICA, now)
+            await self._resume(now)
             self._timer_started = True
-        records = await self._store.watchdog_records()
+        records = [r for r in await self._store.watchdog_records() if r.replica != BOT_CHECKED]
         quiet = {r.replica for r in records if self._age(r, now) > self._config.effective_timeout}
         # When no replica talks, one alert says so, not one per replica.
         raise_for = {ANY_REPLICA} if ANY_REPLICA in quiet else quiet
@@ -91,6 +91,18 @@ class Deadman:
                 await self._clear(record, now)
             alerting = record.replica in raise_for or (record.alerted_since is not None and record.replica in quiet)
             self._metrics.deadman_alerting.labels(record.replica).set(1 if alerting else 0)
+        await self._store.watchdog_seen([BOT_CHECKED], now)
+
+    async def _resume(self, now: datetime) -> None:
+        """The timers go on from where a previous process left them, less the time the bot itself was down:
+        Alertmanager could not deliver the Watchdog to a stopped bot, and will again within a repeat interval.
+        A bot that never got any Watchdog counts from its first check: an Alertmanager never wired to the bot
+        is the failure this is for."""
+        records = await self._store.watchdog_records()
+        checked = next((r.last_seen for r in records if r.replica == BOT_CHECKED), None)
+        if checked is not None and now > checked:
+            await self._store.watchdog_shift((now - checked).total_seconds())
+        await self._store.watchdog_start(ANY_REPLICA, now)
 
     def _age(self, record: WatchdogRecord, now: datetime) -> float:
         return max(0.0, (now - record.last_seen).total_seconds())

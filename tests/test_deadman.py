@@ -153,3 +153,21 @@ async def test_the_timer_of_a_restarted_bot_keeps_counting_from_the_last_watchdo
 async def test_the_switch_can_be_turned_off(tmp_path: Path) -> None:
     async with running_bot(tmp_path, {"deadman": {"enabled": False}}) as bot:
         assert bot.runtime.deadman is None
+
+
+async def test_the_time_the_bot_itself_was_down_is_not_blamed_on_alertmanager(tmp_path: Path) -> None:
+    clock = FakeClock()
+    async with running_bot(tmp_path, CONFIG, clock) as before:
+        await checked(clock)
+        await watchdog(before)
+        await checked(clock, 60)
+    await clock.advance(3600)  # an hour without a bot: Alertmanager could not deliver anything
+    async with running_bot(tmp_path, CONFIG, clock) as after:
+        await checked(clock)
+        await checked(clock, 120)
+        await settled(after)
+        assert missing(after) == []  # 60 s before the stop + 120 s since the start: not over 3 min yet
+        await checked(clock, 15)
+        await settled(after)
+        [event] = missing(after)
+        assert event["summary"].startswith("no Watchdog from any Alertmanager for 3 min")

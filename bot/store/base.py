@@ -210,6 +210,10 @@ class Store(abc.ABC):
     async def watchdog_records(self) -> list[WatchdogRecord]: ...
 
     @abc.abstractmethod
+    async def watchdog_shift(self, seconds: float) -> None:
+        """Move every timer that is not alerting on by `seconds` (the time the bot itself was down)."""
+
+    @abc.abstractmethod
     async def watchdog_alerting(self, replica: str, since: datetime | None) -> None:
         """Record that the switch now alerts for this replica (since the given time), or no longer (None)."""
 

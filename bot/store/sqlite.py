@@ -958,6 +958,11 @@ class SqliteStore(Store):
             for row in rows
         ]
 
+    async def watchdog_shift(self, seconds: float) -> None:
+        await self._run(
+            self._execute, "UPDATE watchdog SET last_seen = last_seen + ? WHERE alerted_since IS NULL", (seconds,)
+        )
+
     async def watchdog_alerting(self, replica: str, since: datetime | None) -> None:
         await self._run(self._execute, "UPDATE watchdog SET alerted_since = ? WHERE replica = ?", (_ts(since), replica))
 
