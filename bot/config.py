@@ -291,6 +291,15 @@ class DeadmanConfig(StrictModel):
     timeout: Duration | None = None
     check_interval: Duration = Field(default=15.0, gt=0)
 
+    @model_validator(mode="after")
+    def _timeout_spans_a_repeat(self) -> DeadmanConfig:
+        if self.timeout is not None and self.timeout <= self.repeat_interval:
+            raise ValueError(
+                "timeout must be longer than repeat_interval (3 x is the default): a Watchdog that is merely "
+                "on time would raise WatchdogMissing"
+            )
+        return self
+
     @property
     def effective_timeout(self) -> float:
         return self.timeout if self.timeout is not None else 3 * self.repeat_interval

@@ -6,9 +6,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
+from bot.config import ConfigError, load_config
 from bot.deadman import ALERTNAME
-from tests.support.bot import RunningBot, eventually, running_bot
+from tests.support.bot import RunningBot, eventually, running_bot, write_config
 from tests.support.clock import FakeClock
 from tests.support.payloads import am_alert, webhook
 
@@ -171,3 +173,10 @@ async def test_the_time_the_bot_itself_was_down_is_not_blamed_on_alertmanager(tm
         await settled(after)
         [event] = missing(after)
         assert event["summary"].startswith("no Watchdog from any Alertmanager for 3 min")
+
+
+def test_a_timeout_no_longer_than_the_repeat_interval_is_a_configuration_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as error:
+        load_config(write_config(tmp_path, {"deadman": {"repeat_interval": "1m", "timeout": "1m"}}))
+    [problem] = error.value.problems
+    assert problem.startswith("deadman: timeout must be longer than repeat_interval")
