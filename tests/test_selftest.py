@@ -14,6 +14,7 @@ import pytest
 from bot.cli import main
 from bot.config import BotConfig
 from bot.selftest.command import Options, selftest_command
+from tests.fakes.pagerduty import FakePagerDuty
 from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack
 from tests.support.bot import running_bot, write_config
 from tests.support.processes import Alertmanager, free_port, webhook_alertmanager_config
@@ -204,3 +205,25 @@ async def test_a_bot_routing_the_self_test_to_nobody_fails(tmp_path: Path, alert
         assert code == 1
         assert (steps[-1]["step"], steps[-1]["outcome"]) == ("deliver", "FAIL")
         assert steps[-1]["detail"] == "the bot's routing sends GPUSelfTest to no receiver: nobody would be told"
+
+
+@pytest.mark.parametrize("page", [False, True])
+async def test_pagerduty_hears_of_the_self_test_only_when_asked(
+    tmp_path: Path, alertmanager_factory: Any, page: bool
+) -> None:
+    key_file = tmp_path / "routing_key"
+    key_file.write_text("0123456789abcdef0123456789abcdef\n")
+    async with FakePagerDuty() as pagerduty:
+        receiver = {"name": "pd", "type": "pagerduty", "routing_key_file": str(key_file), "url": pagerduty.url}
+        config = {"receivers": [receiver], "routing": {"default": ["pd"]}}
+        async with running_bot(tmp_path, config) as bot:
+            am = alertmanager_factory(bot.url)
+            code, steps, _ = await selftest(bot.config, am.url, pagerduty_event=page)
+        assert code == 0, steps
+        assert outcomes(steps)["deliver resolve pd"] == "pass"
+        if not page:
+            assert pagerduty.alerts == {}
+            return
+        [[incident]] = pagerduty.alerts.values()
+        assert incident.status == "resolved"
+        assert incident.summary.startswith("[self-test] GPUSelfTest")
