@@ -113,8 +113,8 @@ class Deadman:
             "the Watchdog stopped arriving: alerting through the bot's own receivers",
             extra={"replica": record.replica, "silent_for": silence},
         )
-        # The notification first, the mark second: a crash in between sends it again on the next check, and the
-        # store takes that as a copy (same alert, same start), never as a second alert.
+        # The notification first, the mark second: a crash in between raises it again after the restart rather
+        # than losing it (a copy within the dedup window when the timer did not move, else a second message).
         await self._write(record, record.last_seen, None, self._summary(record.replica, silence))
         await self._store.watchdog_alerting(record.replica, record.last_seen)
 
