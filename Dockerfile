@@ -25,6 +25,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY bot ./bot
 COPY playbooks ./playbooks
+COPY config/rules ./config/rules
 RUN pip wheel --no-deps --wheel-dir /wheels .
 
 FROM python:3.11-slim-bookworm

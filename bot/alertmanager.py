@@ -93,13 +93,18 @@ class _Cluster(_ApiModel):
     peers: list[_Peer] = Field(default_factory=list)
 
 
+class _ConfigText(_ApiModel):
+    original: str = ""
+
+
 class AmStatus(_ApiModel):
-    """`url` says which replica answered."""
+    """`url` says which replica answered; `config.original` is its configuration file as loaded."""
 
     url: str = ""
     version_info: _VersionInfo = Field(alias="versionInfo")
     cluster: _Cluster
     uptime: datetime
+    config: _ConfigText = _ConfigText()
 
     @property
     def version(self) -> str:

@@ -12,7 +12,9 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from bot.auth import WebhookAuth
+from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import BotConfig
+from bot.deadman import Deadman
 from bot.enrich import build_enrichers
 from bot.enrich.base import EnrichmentRunner
 from bot.ingest import WEBHOOK_PATH, WebhookHandler, json_error
@@ -43,8 +45,11 @@ class Runtime:
     worker: Worker
     enrichers: EnrichmentRunner
     interactivity: Interactivity | None = None
+    deadman: Deadman | None = None
 
     async def close(self) -> None:
+        if self.deadman is not None:
+            await self.deadman.stop()
         if self.interactivity is not None:
             await self.interactivity.close()
         await self.worker.stop()
@@ -54,7 +59,11 @@ class Runtime:
 
 
 async def start_runtime(
-    config: BotConfig, metrics: Metrics, playbooks: PlaybookSet, console: TextIO | None = None
+    config: BotConfig,
+    metrics: Metrics,
+    playbooks: PlaybookSet,
+    console: TextIO | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> Runtime:
     store = await open_store(config.store)
     sinks = build_sinks(config.receivers, store, metrics, console, slack_controls(config))
@@ -76,7 +85,12 @@ async def start_runtime(
     interactivity = Interactivity(config, store) if interactivity_enabled(config.interactivity) else None
     if interactivity is not None:
         await interactivity.start()
-    return Runtime(store=store, outbox=outbox, worker=worker, enrichers=enrichers, interactivity=interactivity)
+    deadman = Deadman(store, config.deadman, metrics, clock, worker.notify) if config.deadman.enabled else None
+    if deadman is not None:
+        deadman.start()
+    return Runtime(
+        store=store, outbox=outbox, worker=worker, enrichers=enrichers, interactivity=interactivity, deadman=deadman
+    )
 
 
 RUNTIME_KEY = web.AppKey("runtime", Runtime)
@@ -85,18 +99,30 @@ WEBHOOK_KEY = web.AppKey("webhook", WebhookHandler)
 
 
 def build_app(
-    config: BotConfig, playbooks: PlaybookSet, metrics: Metrics | None = None, console: TextIO | None = None
+    config: BotConfig,
+    playbooks: PlaybookSet,
+    metrics: Metrics | None = None,
+    console: TextIO | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> web.Application:
-    """The bot as an aiohttp application. `console` is where console sinks write (default: stdout)."""
+    """The bot as an aiohttp application. `console` is where console sinks write (default: stdout); `clock`
+    drives the dead man's switch."""
     metrics = metrics or Metrics()
     app = web.Application(client_max_size=config.server.max_body_bytes, middlewares=[request_deadlines, _json_errors])
     app[METRICS_KEY] = metrics
     auth = WebhookAuth(config.server.auth)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
-        runtime = await start_runtime(config, metrics, playbooks, console)
+        runtime = await start_runtime(config, metrics, playbooks, console, clock)
         app[RUNTIME_KEY] = runtime
-        app[WEBHOOK_KEY] = WebhookHandler(runtime.store, auth, config.server, metrics, runtime.worker.notify)
+        app[WEBHOOK_KEY] = WebhookHandler(
+            runtime.store,
+            auth,
+            config.server,
+            metrics,
+            runtime.worker.notify,
+            runtime.deadman.observe if runtime.deadman is not None else None,
+        )
         yield
         await runtime.close()
 

@@ -27,6 +27,8 @@ from bot.healthcheck import ALIVE_PATH, READY_PATH, probe
 from bot.ingest import WEBHOOK_PATH
 from bot.logs import configure_logging
 from bot.playbooks import PlaybookError, PlaybookSet
+from bot.selftest.command import Options as SelftestOptions
+from bot.selftest.command import selftest_command
 from bot.server import GuardedSite
 from bot.store import StoreUnavailable
 from bot.xid_catalog import xid_command
@@ -116,6 +118,18 @@ def _parser() -> argparse.ArgumentParser:
     health.add_argument("--config", type=Path, help="YAML configuration file (default: built-in defaults)")
     health.add_argument("--timeout", type=_duration, default="4s", help="how long to wait for the answer (default 4s)")
     health.set_defaults(run=_healthcheck)
+
+    selftest = commands.add_parser(
+        "selftest", help="prove the alert path: dependencies, Alertmanager routing, a synthetic alert to each receiver"
+    )
+    selftest.add_argument("--config", type=Path, help="the running bot's YAML configuration file")
+    selftest.add_argument("--alertmanager", metavar="URL", help="Alertmanager to test (default: alertmanager.urls)")
+    selftest.add_argument("--receiver", metavar="NAME", help="Alertmanager receiver that must get the alert")
+    selftest.add_argument("--bot", metavar="URL", help="the bot's URL as Alertmanager's webhook_configs name it")
+    selftest.add_argument("--timeout", type=_duration, default="5m", help="longest wait for the alert (default 5m)")
+    selftest.add_argument("--pagerduty-event", action="store_true", help="also send the test alert to PagerDuty")
+    selftest.add_argument("--json", action="store_true", help="the result as JSON on stdout (progress on stderr)")
+    selftest.set_defaults(run=_selftest)
     return parser
 
 
@@ -194,6 +208,23 @@ def _audit(args: argparse.Namespace) -> int:
         _print_problems(exc.problems)
         return EXIT_CONFIG
     return asyncio.run(audit_command(config, args.since, args.format))
+
+
+def _selftest(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        _print_problems(exc.problems)
+        return EXIT_CONFIG
+    options = SelftestOptions(
+        alertmanager=args.alertmanager,
+        receiver=args.receiver,
+        timeout=args.timeout,
+        bot_url=args.bot,
+        pagerduty_event=args.pagerduty_event,
+        output="json" if args.json else "table",
+    )
+    return asyncio.run(selftest_command(config, options))
 
 
 def _serve(args: argparse.Namespace) -> int:

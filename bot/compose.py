@@ -11,6 +11,7 @@ from bot.enrich.base import Enrichment
 from bot.message import Fact, Link, Message, Section, format_duration
 from bot.models import Event, EventKind, host_from_labels
 from bot.playbooks import Advice
+from bot.selftest.marking import TITLE_PREFIX, is_selftest
 
 _SUMMARY_ANNOTATIONS = ("summary", "description", "message")
 # Details travel with every delivery; the full evidence (e.g. a thousand log lines) stays with the alert.
@@ -29,7 +30,8 @@ def compose_message(event: Event, enrichment: Enrichment, advice: Advice) -> Mes
         status=alert.status,
         severity=advice.severity or alert.severity,
         alert_severity=alert.severity,
-        title=_title(alert.alertname or advice.title, host, gpu, advice.verdict),
+        title=(TITLE_PREFIX if is_selftest(alert.labels) else "")
+        + _title(alert.alertname or advice.title, host, gpu, advice.verdict),
         summary=_summary(alert.annotations, advice),
         host=host,
         gpu=gpu,

@@ -362,6 +362,32 @@ class AlertmanagerConfig(StrictModel):
     bearer_token_file: SecretFile | None = None
 
 
+class DeadmanConfig(StrictModel):
+    """The dead man's switch: the bot alerts through its own sinks when Alertmanager's always-firing Watchdog
+    stops arriving (bot/deadman.py)."""
+
+    enabled: bool = True
+    alertname: str = Field(default="Watchdog", min_length=1)
+    # Alertmanager's repeat_interval on the Watchdog's route (config/alertmanager.example.yml sets 1m).
+    repeat_interval: Duration = Field(default=60.0, gt=0)
+    # Silence longer than this raises WatchdogMissing; by default 3 x repeat_interval.
+    timeout: Duration | None = None
+    check_interval: Duration = Field(default=15.0, gt=0)
+
+    @model_validator(mode="after")
+    def _timeout_spans_a_repeat(self) -> DeadmanConfig:
+        if self.timeout is not None and self.timeout <= self.repeat_interval:
+            raise ValueError(
+                "timeout must be longer than repeat_interval (3 x is the default): a Watchdog that is merely "
+                "on time would raise WatchdogMissing"
+            )
+        return self
+
+    @property
+    def effective_timeout(self) -> float:
+        return self.timeout if self.timeout is not None else 3 * self.repeat_interval
+
+
 class PlaybooksConfig(StrictModel):
     dir: ConfigPath = BUNDLED_PLAYBOOKS
     # Values for link templates in playbooks, for example grafana_url.
@@ -652,6 +678,7 @@ class BotConfig(StrictModel):
     routing: RoutingConfig = RoutingConfig()
     alertmanager: AlertmanagerConfig | None = None
     interactivity: InteractivityConfig | None = None
+    deadman: DeadmanConfig = DeadmanConfig()
 
     @model_validator(mode="after")
     def _receivers_exist(self) -> BotConfig:

@@ -35,8 +35,18 @@ _Loaded = TypeVar("_Loaded", bound=BaseModel)
 def bundled_playbooks() -> Path:
     """The playbook directory shipped inside the package: package data in a wheel; in a checkout, the link
     bot/bundled_playbooks resolved to the repository's playbooks/, the directory operators read and edit."""
-    directory = resources.files("bot").joinpath("bundled_playbooks")
-    # The playbook loader lists a directory, so the package must be files on disk (pip installs it so).
+    return _bundled_directory("bundled_playbooks")
+
+
+def bundled_rules() -> Path:
+    """The shipped Prometheus rule files (config/rules/ in the repository, through the link bot/bundled_rules),
+    which the self-test expects Prometheus to have loaded."""
+    return _bundled_directory("bundled_rules")
+
+
+def _bundled_directory(name: str) -> Path:
+    directory = resources.files("bot").joinpath(name)
+    # Loaders list a directory, so the package must be files on disk (pip installs it so).
     if not isinstance(directory, Path):
         raise RuntimeError(f"gpu-alert-bot cannot run from an archive: {directory} is not a directory on disk")
     return directory.resolve()

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -80,12 +80,15 @@ class WebhookHandler:
         config: ServerConfig,
         metrics: Metrics,
         on_accepted: Callable[[], None],
+        on_taken: Callable[[WebhookPayload], Awaitable[None]] | None = None,
     ) -> None:
+        """`on_taken` sees every notification acknowledged with a 2xx, copies included (the dead man's switch)."""
         self._store = store
         self._auth = auth
         self._config = config
         self._metrics = metrics
         self._on_accepted = on_accepted
+        self._on_taken = on_taken
         self._rejections = RejectionLog()
         self._store_failures = RateLimitedLog(log, _REJECTION_LOG_INTERVAL)
 
@@ -227,6 +230,8 @@ class WebhookHandler:
             response = json_error(503, "store_unavailable", "the notification could not be stored; retry later")
             response.headers["Retry-After"] = _RETRY_AFTER_SECONDS
             return response
+        if self._on_taken is not None:
+            await self._on_taken(payload)
         if result.duplicate:
             self._metrics.duplicates_dropped.inc()
             return web.json_response({"status": "duplicate", "alerts": len(payload.alerts)})

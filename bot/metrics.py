@@ -116,6 +116,18 @@ class Metrics:
             ["enricher", "status"],
             registry=r,
         )
+        self.watchdog_age = Gauge(
+            f"{_PREFIX}_watchdog_age_seconds",
+            "Seconds since the Watchdog last arrived, by Alertmanager replica (externalURL; `any`: from any).",
+            ["replica"],
+            registry=r,
+        )
+        self.deadman_alerting = Gauge(
+            f"{_PREFIX}_deadman_alerting",
+            "1 while the dead man's switch says the Watchdog is missing, by replica; 0 otherwise.",
+            ["replica"],
+            registry=r,
+        )
 
     def error(self, kind: ErrorKind) -> None:
         self.errors.labels(kind).inc()

@@ -23,7 +23,7 @@ from tests.support.processes import REPO, ManagedProcess, free_port, wait_http
 pytestmark = pytest.mark.wheel
 
 # What the Dockerfile's wheel stage copies: the wheel must need nothing else.
-WHEEL_SOURCES = ("pyproject.toml", "README.md", "bot", "playbooks")
+WHEEL_SOURCES = ("pyproject.toml", "README.md", "bot", "playbooks", "config/rules")
 XID_79_LINE = "Nov 30 10:00:00 gpu1 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off."
 
 
@@ -90,6 +90,9 @@ def test_the_wheel_carries_every_bundled_data_file(installed: Installed) -> None
     assert "bot/bundled_playbooks/xid_catalog.yaml" in bundled
     assert "bot/bundled_playbooks/xid74_registers.yaml" in bundled
     assert bundled <= names
+    rules = {f"bot/bundled_rules/{path.name}" for path in (REPO / "config" / "rules").glob("*.yml")}
+    assert "bot/bundled_rules/monitoring-alerts.yml" in rules
+    assert rules <= names
 
 
 def test_the_installed_bot_reads_its_playbooks_from_the_installed_package(installed: Installed) -> None:

@@ -264,3 +264,15 @@ async def test_fake_deduplicates_and_reopens_after_resolve(fake: FakePagerDuty) 
     assert first.json() == {"status": "success", "message": "Event processed", "dedup_key": "k1"}
     assert [e.outcome for e in fake.events] == ["accepted", "deduplicated", "accepted", "dropped", "accepted"]
     assert [a.status for a in fake.alerts["k1"]] == ["resolved", "triggered"]
+
+
+# --- self-test alerts (gpu-alert-bot selftest) --------------------------------------------------------------
+async def test_a_self_test_alert_pages_nobody_unless_the_run_asked_for_it(tmp_path: Path, fake: FakePagerDuty) -> None:
+    config = receiver(tmp_path, url=fake.url)
+    quiet = message(labels={"alertname": "GPUSelfTest", "selftest": "abc123", "severity": "info"})
+    assert (await deliver(config, quiet)).delivered
+    assert (await deliver(config, message("resolved", **{"labels": quiet.labels}))).delivered
+    assert fake.alerts == {}
+    paged = message(labels={**quiet.labels, "selftest_pagerduty": "true"})
+    assert (await deliver(config, paged)).delivered
+    assert fake.current(paged.alert_key).status == "triggered"

@@ -37,8 +37,8 @@ RULES = REPO / "config" / "rules"
 BROKEN = REPO / "tests" / "fixtures" / "playbooks" / "broken"
 EXAMPLE_CONFIG = REPO / "config" / "bot.example.yaml"
 STARTED = datetime(2026, 11, 29, 3, 0, tzinfo=UTC)
-# Alerts gpu-alert-bot is to raise itself (planned); they have playbooks but no Prometheus rule.
-BOT_ALERTS = {"WatchdogMissing"}
+# Alerts gpu-alert-bot raises itself (bot/deadman.py); they have playbooks but no Prometheus rule.
+BOT_ALERTS = {"WatchdogMissing", "GPUSelfTest"}
 
 DCGM = {
     "gpu": "3",

@@ -271,3 +271,10 @@ async def test_the_bot_without_loki_escalates_the_third_xid79_from_err_code_labe
 
 def firing(bot: RunningBot) -> list[dict[str, Any]]:
     return [e for e in bot.console_events() if e["event"] == "firing"]
+
+
+async def test_a_self_test_alert_is_no_gpu_incident(store: SqliteStore, catalog: XidCatalog) -> None:
+    labels = {**XID79, "alertname": "GPUSelfTest", "selftest": "abc123"}
+    section = await alert_from_labels(store, catalog, labels, NOW, "selftest")
+    assert section.status == "skipped"
+    assert await store.gpu_events(NOW - timedelta(days=30)) == []

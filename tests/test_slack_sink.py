@@ -659,3 +659,12 @@ async def test_a_note_is_a_thread_reply_and_refreshes_the_message_and_a_second_a
         (True, False),
     ]
     assert [m.ts for m in fake.top_level()] == [root.ts]
+
+
+async def test_self_test_alerts_never_count_towards_a_storm(fake: FakeSlack, make_sink: SinkFactory) -> None:
+    sink = make_sink(storm_threshold=1)
+    for n in range(4):
+        labels = {"alertname": "GPUSelfTest", "selftest": f"run{n}"}
+        assert (await sink.deliver(delivery(alert(n, labels=labels, title="[self-test] GPUSelfTest")))).delivered
+    assert storm_summary(fake) is None
+    assert len(fake.top_level()) == 4

@@ -332,3 +332,9 @@ def test_every_file_a_compose_service_mounts_from_the_repository_is_shipped(comp
             source = volume.split(":")[0] if isinstance(volume, str) else volume.get("source", "")
             if source.startswith("."):
                 assert (compose.parent / source).exists(), f"{compose.name}: {name} mounts missing {source}"
+
+
+def test_the_self_test_alert_has_a_route_that_resolves_within_seconds() -> None:
+    assert '{alertname="GPUSelfTest"}  receiver: gpu-alert-bot' in routes_for("alertname=GPUSelfTest", "selftest=abc")
+    [selftest] = [r for r in load(ALERTMANAGER)["route"]["routes"] if r["matchers"] == ['alertname="GPUSelfTest"']]
+    assert (selftest["group_wait"], selftest["group_interval"]) == ("0s", "10s")

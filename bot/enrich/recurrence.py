@@ -29,6 +29,7 @@ from bot.enrich.base import EnrichmentRequest, EnrichmentSection
 from bot.enrich.gpu import GpuIdentity, resolve_identity
 from bot.models import AlertState, GpuEvent
 from bot.nvrm import PciAddress
+from bot.selftest.marking import is_selftest
 from bot.store import StoreUnavailable, open_store
 from bot.store.base import Store
 from bot.xid_catalog import (
@@ -94,6 +95,8 @@ class RecurrenceEnricher:
 
     async def enrich(self, request: EnrichmentRequest) -> EnrichmentSection:
         alert = request.alert
+        if is_selftest(alert.labels):
+            return EnrichmentSection.skipped(self.name, self.title, "a self-test alert is no GPU incident")
         identity = await resolve_identity(request)
         xid = await request.section("xid")
         xid_data = xid.data if xid is not None and xid.status == "ok" else {}

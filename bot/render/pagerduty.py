@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from bot.config import PagerDutyReceiver
 from bot.message import Message
+from bot.selftest.marking import pages_pagerduty
 
 SUMMARY_LIMIT = 1024
 DEDUP_KEY_LIMIT = 255
@@ -47,9 +48,10 @@ def dedup_key(message: Message) -> str:
 
 
 def pagerduty_event(message: Message, config: PagerDutyReceiver, routing_key: str) -> dict[str, Any] | None:
-    """The Events API v2 body for this message, or None when there is nothing to send (a repeat)."""
+    """The Events API v2 body for this message, or None when there is nothing to send (a repeat, a self-test
+    that did not ask to page)."""
     action = event_action(message)
-    if action is None:
+    if action is None or not pages_pagerduty(message.labels):
         return None
     event: dict[str, Any] = {"routing_key": routing_key, "event_action": action, "dedup_key": dedup_key(message)}
     if action != "trigger":

@@ -55,9 +55,6 @@ class EmailSink:
         self.name = config.name
         self._config = config
         self._store = store
-        host, _, port = config.smarthost.rpartition(":")
-        self._host = host.strip("[]")
-        self._port = int(port)
         self._envelope_sender = parseaddr(config.sender)[1]
         self._recipients = [parseaddr(address)[1] for address in config.to]
         self._domain = sender_domain(config.sender)
@@ -84,20 +81,8 @@ class EmailSink:
         return None
 
     async def _send(self, mail: EmailMessage, recipients: list[str]) -> dict[str, SMTPResponse]:
-        smtp = aiosmtplib.SMTP(
-            hostname=self._host,
-            port=self._port,
-            use_tls=self._config.security == "tls",
-            start_tls=False,  # upgraded below, only after checking that the server offers it
-            tls_context=self._tls,
-            timeout=self._config.timeout,
-        )
-        await smtp.connect()
+        smtp = await smtp_session(self._config, self._tls)
         try:
-            if self._config.security == "starttls":
-                await self._starttls(smtp)
-            if self._config.username is not None and self._config.password_file is not None:
-                await self._login(smtp, self._config.username, self._config.password_file.get())
             refused, _reply = await smtp.send_message(mail, sender=self._envelope_sender, recipients=recipients)
             # The server has the mail: a failed goodbye must not make the outbox send it again.
             with contextlib.suppress(aiosmtplib.SMTPException, OSError):
@@ -105,24 +90,6 @@ class EmailSink:
         finally:
             smtp.close()
         return refused
-
-    async def _starttls(self, smtp: aiosmtplib.SMTP) -> None:
-        await smtp.ehlo()
-        if not smtp.supports_extension("starttls"):
-            raise _Refused(
-                "starttls_unsupported",
-                f"{self._config.smarthost} does not offer STARTTLS; the mail was not sent in clear text "
-                "(use security: tls for implicit TLS, or security: none with allow_plaintext for a local relay)",
-            )
-        await smtp.starttls()
-        await smtp.ehlo()
-
-    async def _login(self, smtp: aiosmtplib.SMTP, username: str, password: str) -> None:
-        if smtp.last_ehlo_response is None:
-            await smtp.ehlo()
-        if not smtp.supports_extension("auth"):
-            raise _Refused("auth_unsupported", f"{self._config.smarthost} does not offer AUTH over this connection")
-        await smtp.login(username, password)
 
     async def _partial(
         self, state_key: str, already: set[str], recipients: list[str], refused: dict[str, SMTPResponse]
@@ -137,6 +104,63 @@ class EmailSink:
         sent = already | (set(recipients) - set(refused)) | set(rejected)
         await self._store.put_sink_state(self.name, state_key, {"sent_to": sorted(sent)})
         return DeliveryResult.retry_later("recipients_deferred", _describe_replies(deferred))
+
+
+async def probe_smtp(config: EmailReceiver) -> DeliveryResult:
+    """Connect, STARTTLS and AUTH as a delivery does, then quit without sending anything (the self-test)."""
+    try:
+        smtp = await smtp_session(config, tls_context(config))
+        with contextlib.suppress(aiosmtplib.SMTPException, OSError):
+            await smtp.quit()
+        smtp.close()
+    except _Refused as exc:
+        return DeliveryResult.failed(exc.reason, exc.detail)
+    except (aiosmtplib.SMTPException, OSError) as exc:
+        return classify_smtp_error(exc)
+    return DeliveryResult.ok()
+
+
+async def smtp_session(config: EmailReceiver, tls: ssl.SSLContext) -> aiosmtplib.SMTP:
+    """A connection ready to send: TLS as configured, logged in when credentials are."""
+    host, _, port = config.smarthost.rpartition(":")
+    smtp = aiosmtplib.SMTP(
+        hostname=host.strip("[]"),
+        port=int(port),
+        use_tls=config.security == "tls",
+        start_tls=False,  # upgraded below, only after checking that the server offers it
+        tls_context=tls,
+        timeout=config.timeout,
+    )
+    await smtp.connect()
+    try:
+        if config.security == "starttls":
+            await _starttls(smtp, config)
+        if config.username is not None and config.password_file is not None:
+            await _login(smtp, config, config.username, config.password_file.get())
+    except BaseException:
+        smtp.close()
+        raise
+    return smtp
+
+
+async def _starttls(smtp: aiosmtplib.SMTP, config: EmailReceiver) -> None:
+    await smtp.ehlo()
+    if not smtp.supports_extension("starttls"):
+        raise _Refused(
+            "starttls_unsupported",
+            f"{config.smarthost} does not offer STARTTLS; the mail was not sent in clear text "
+            "(use security: tls for implicit TLS, or security: none with allow_plaintext for a local relay)",
+        )
+    await smtp.starttls()
+    await smtp.ehlo()
+
+
+async def _login(smtp: aiosmtplib.SMTP, config: EmailReceiver, username: str, password: str) -> None:
+    if smtp.last_ehlo_response is None:
+        await smtp.ehlo()
+    if not smtp.supports_extension("auth"):
+        raise _Refused("auth_unsupported", f"{config.smarthost} does not offer AUTH over this connection")
+    await smtp.login(username, password)
 
 
 def tls_context(config: EmailReceiver) -> ssl.SSLContext:

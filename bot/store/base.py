@@ -80,6 +80,28 @@ class AuditEntry:
     detail: str = ""
 
 
+@dataclass(frozen=True)
+class DeliveryRecord:
+    """One delivery of an alert as the outbox keeps it: which event, to which receiver, and how it went
+    (state: pending, delivered or failed)."""
+
+    event_kind: EventKind
+    receiver: str
+    state: str
+    attempts: int
+    error: str | None
+
+
+@dataclass(frozen=True)
+class WatchdogRecord:
+    """The dead man's switch's timer for one Alertmanager replica (its externalURL): when its Watchdog last
+    arrived, and since when the bot has been saying it is missing (None: not alerting)."""
+
+    replica: str
+    last_seen: datetime
+    alerted_since: datetime | None = None
+
+
 # (what the store knows of the notification's alerts, its alerts, its groupKey) -> one decision per alert
 Planner = Callable[[Mapping[str, AlertState], Sequence[AmAlert], str], list[AlertDecision]]
 
@@ -185,6 +207,10 @@ class Store(abc.ABC):
     async def recent_alerts(self, alertnames: Sequence[str], since: datetime) -> list[AlertState]:
         """Alerts with one of these names seen (first or last) since the given time, newest first."""
 
+    @abc.abstractmethod
+    async def alert_deliveries(self, key: str) -> list[DeliveryRecord]:
+        """Every delivery of one alert episode, oldest first (the self-test follows its alert with it)."""
+
     # --- GPU history, for recurrence ---------------------------------------------------------------
     @abc.abstractmethod
     async def record_gpu_events(self, events: Sequence[GpuEvent]) -> None:
@@ -203,6 +229,26 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def audit_log(self, since: datetime, limit: int = 1000) -> list[AuditEntry]:
         """Audit entries at or after `since`, oldest first, at most `limit` (the newest ones)."""
+
+    # --- dead man's switch (bot/deadman.py) -----------------------------------------------------------
+    @abc.abstractmethod
+    async def watchdog_seen(self, replicas: Sequence[str], at: datetime) -> None:
+        """A Watchdog arrived now from these replicas: restart their timers (creating them if new)."""
+
+    @abc.abstractmethod
+    async def watchdog_start(self, replica: str, at: datetime) -> None:
+        """Start a timer at `at` unless it exists already (a restart keeps the running one)."""
+
+    @abc.abstractmethod
+    async def watchdog_records(self) -> list[WatchdogRecord]: ...
+
+    @abc.abstractmethod
+    async def watchdog_shift(self, seconds: float) -> None:
+        """Move every timer that is not alerting on by `seconds` (the time the bot itself was down)."""
+
+    @abc.abstractmethod
+    async def watchdog_alerting(self, replica: str, since: datetime | None) -> None:
+        """Record that the switch now alerts for this replica (since the given time), or no longer (None)."""
 
     # --- health and housekeeping ---------------------------------------------------------------------
     @abc.abstractmethod

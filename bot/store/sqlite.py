@@ -42,6 +42,7 @@ from bot.models import (
 )
 from bot.store.base import (
     AuditEntry,
+    DeliveryRecord,
     EventRecord,
     IncomingNotification,
     IngestResult,
@@ -50,6 +51,7 @@ from bot.store.base import (
     StoreStats,
     StoreUnavailable,
     UnknownAlert,
+    WatchdogRecord,
 )
 
 log = logging.getLogger(__name__)
@@ -201,6 +203,13 @@ CREATE TABLE IF NOT EXISTS alert_short_ids (
     alert_key TEXT NOT NULL
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS alert_short_ids_key ON alert_short_ids(alert_key);
+
+-- The dead man's switch: when each Alertmanager replica's Watchdog last arrived, and whether the bot alerts.
+CREATE TABLE IF NOT EXISTS watchdog (
+    replica TEXT PRIMARY KEY,
+    last_seen REAL NOT NULL,
+    alerted_since REAL
+) WITHOUT ROWID;
 
 CREATE TABLE IF NOT EXISTS heartbeat (
     id INTEGER PRIMARY KEY CHECK (id = 1),
@@ -1035,6 +1044,24 @@ class SqliteStore(Store):
             for row in rows
         ]
 
+    async def alert_deliveries(self, key: str) -> list[DeliveryRecord]:
+        rows = await self._run(
+            self._fetchall,
+            "SELECT e.kind, d.receiver, d.state, d.attempts, d.error FROM deliveries d "
+            "JOIN events e ON e.id = d.event_id WHERE d.alert_key = ? ORDER BY d.id",
+            (key,),
+        )
+        return [
+            DeliveryRecord(
+                event_kind=EventKind(row["kind"]),
+                receiver=row["receiver"],
+                state=row["state"],
+                attempts=row["attempts"],
+                error=row["error"],
+            )
+            for row in rows
+        ]
+
     # --- GPU history -----------------------------------------------------------------------------------
     async def record_gpu_events(self, events: Sequence[GpuEvent]) -> None:
         await self._run(self._record_gpu_events_sync, events)
@@ -1101,6 +1128,44 @@ class SqliteStore(Store):
             )
             for row in rows
         ]
+
+    # --- dead man's switch ---------------------------------------------------------------------------------
+    async def watchdog_seen(self, replicas: Sequence[str], at: datetime) -> None:
+        await self._run(
+            self._executemany,
+            """INSERT INTO watchdog (replica, last_seen) VALUES (?, ?)
+               ON CONFLICT (replica) DO UPDATE SET last_seen = MAX(last_seen, excluded.last_seen)""",
+            [(replica, at.timestamp()) for replica in replicas],
+        )
+
+    async def watchdog_start(self, replica: str, at: datetime) -> None:
+        await self._run(
+            self._execute,
+            "INSERT OR IGNORE INTO watchdog (replica, last_seen) VALUES (?, ?)",
+            (replica, at.timestamp()),
+        )
+
+    async def watchdog_records(self) -> list[WatchdogRecord]:
+        rows = await self._run(self._fetchall, "SELECT * FROM watchdog ORDER BY replica", ())
+        return [
+            WatchdogRecord(
+                replica=row["replica"],
+                last_seen=datetime.fromtimestamp(row["last_seen"], UTC),
+                alerted_since=_dt(row["alerted_since"]),
+            )
+            for row in rows
+        ]
+
+    async def watchdog_shift(self, seconds: float) -> None:
+        await self._run(
+            self._execute, "UPDATE watchdog SET last_seen = last_seen + ? WHERE alerted_since IS NULL", (seconds,)
+        )
+
+    async def watchdog_alerting(self, replica: str, since: datetime | None) -> None:
+        await self._run(self._execute, "UPDATE watchdog SET alerted_since = ? WHERE replica = ?", (_ts(since), replica))
+
+    def _executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        self._transaction(lambda conn: conn.executemany(sql, rows))
 
     # --- health and housekeeping -----------------------------------------------------------------------
     async def check_writable(self) -> None:

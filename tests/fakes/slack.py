@@ -3,7 +3,7 @@
 What it does like Slack (protocols.md section 5):
 - `POST /api/chat.postMessage`, `chat.update`, `chat.postEphemeral` with JSON (or form) bodies and
   `Authorization: Bearer xoxb-...`; `GET/POST /api/conversations.history`, `conversations.replies`, `auth.test`,
-  `conversations.list` (the channels by name and ID, paged with `cursor` and `limit`).
+  `conversations.info`, and `conversations.list` (paged with `cursor` and `limit`, `is_member` from `member_of`).
 - Answers shaped like Slack's: `{"ok": true, "channel": "C...", "ts": "1503435956.000247", "message": {...}}`;
   errors as HTTP 200 with `{"ok": false, "error": "channel_not_found"}`; 429 with `Retry-After`; 5xx with a
   text/plain body; "down" (connection refused, open connections reset).
@@ -176,6 +176,8 @@ class FakeSlack(LoopbackServer):
         self.calls: list[Call] = []
         self.messages: list[SlackMessage] = []
         self.webhook_posts: list[tuple[float, dict[str, Any]]] = []
+        # Channel IDs the bot is a member of (conversations.info/list `is_member`); None: every channel.
+        self.member_of: set[str] | None = None
         self.rate_limited = 0
         self._scripted: dict[str, deque[_Scripted]] = defaultdict(deque)
         self._lose_answers: dict[str, int] = defaultdict(int)
@@ -330,7 +332,8 @@ class FakeSlack(LoopbackServer):
             "chat.postEphemeral": self._post_ephemeral,
             "conversations.history": self._history,
             "conversations.replies": self._replies,
-            "conversations.list": self._list,
+            "conversations.info": self._conversation_info,
+            "conversations.list": self._conversation_list,
             "usergroups.users.list": self._usergroup_members,
             "apps.connections.open": lambda _args: {"ok": True, "url": f"ws://127.0.0.1:{self.port}/socket"},
             "auth.test": lambda _args: {
@@ -521,20 +524,31 @@ class FakeSlack(LoopbackServer):
             return {"ok": False, "error": "thread_not_found"}
         return self._page([parent, *self.replies(parent)], args)
 
-    def _list(self, args: dict[str, Any]) -> dict[str, Any]:
+    def _channel_object(self, name: str, channel_id: str) -> dict[str, Any]:
+        is_member = self.member_of is None or channel_id in self.member_of
+        return {
+            "id": channel_id,
+            "name": name,
+            "is_channel": True,
+            "is_private": False,
+            "is_archived": False,
+            "is_member": is_member,
+        }
+
+    def _conversation_info(self, args: dict[str, Any]) -> dict[str, Any]:
+        channel_id = str(args.get("channel", ""))
+        name = next((n for n, cid in self.channels.items() if cid == channel_id), None)
+        if name is None:
+            return {"ok": False, "error": "channel_not_found"}
+        return {"ok": True, "channel": self._channel_object(name, channel_id)}
+
+    def _conversation_list(self, args: dict[str, Any]) -> dict[str, Any]:
         start = int(args.get("cursor") or 0)
         limit = min(int(args.get("limit") or 100), 1000)
-        channels = sorted(self.channels.items())
-        page = channels[start : start + limit]
-        more = start + limit < len(channels)
-        return {
-            "ok": True,
-            "channels": [
-                {"id": channel_id, "name": name, "is_channel": True, "is_private": False, "is_archived": False}
-                for name, channel_id in page
-            ],
-            "response_metadata": {"next_cursor": str(start + limit) if more else ""},
-        }
+        names = sorted(self.channels)
+        page = [self._channel_object(name, self.channels[name]) for name in names[start : start + limit]]
+        more = start + limit < len(names)
+        return {"ok": True, "channels": page, "response_metadata": {"next_cursor": str(start + limit) if more else ""}}
 
     def _page(self, messages: list[SlackMessage], args: dict[str, Any]) -> dict[str, Any]:
         oldest = float(args.get("oldest") or 0)

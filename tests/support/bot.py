@@ -15,6 +15,7 @@ import yaml
 from aiohttp import web
 
 from bot.app import RUNTIME_KEY, Runtime, build_app
+from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import BotConfig, load_config
 from bot.metrics import Metrics
 from bot.playbooks import PlaybookSet
@@ -54,14 +55,16 @@ def write_config(tmp_path: Path, config: dict[str, Any]) -> Path:
 
 
 @asynccontextmanager
-async def running_bot(tmp_path: Path, config: dict[str, Any] | None = None, port: int = 0) -> AsyncIterator[RunningBot]:
+async def running_bot(
+    tmp_path: Path, config: dict[str, Any] | None = None, clock: Clock = SYSTEM_CLOCK, *, port: int = 0
+) -> AsyncIterator[RunningBot]:
     """Start the bot from a config dict (written to a real file and loaded like `serve --config` does), on `port`
     (any free one by default)."""
     loaded = load_config(write_config(tmp_path, config or {}))
     playbooks = PlaybookSet.load(loaded.playbooks.dir, loaded.playbooks.vars)
     metrics = Metrics()
     console = io.StringIO()
-    app = build_app(loaded, playbooks, metrics, console)
+    app = build_app(loaded, playbooks, metrics, console, clock)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", port)

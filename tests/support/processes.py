@@ -105,11 +105,12 @@ class ManagedProcess:
 
 
 class Alertmanager(ManagedProcess):
-    """A real Alertmanager on loopback, clustering off, with `amtool` pointed at it."""
+    """A real Alertmanager on loopback, clustering off, with `amtool` pointed at it. `port` starts it again where
+    a stopped one was (same URL, so the same externalURL)."""
 
-    def __init__(self, workdir: Path, config: dict[str, Any]) -> None:
+    def __init__(self, workdir: Path, config: dict[str, Any], port: int | None = None) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.config_path = workdir / "alertmanager.yml"
         self.config_path.write_text(yaml.safe_dump(config))

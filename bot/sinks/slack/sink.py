@@ -35,6 +35,7 @@ from bot.render.slack import (
     resolved_note,
     slack_payload,
 )
+from bot.selftest.marking import is_selftest
 from bot.sinks.base import DeliveryResult
 from bot.sinks.slack.channel import SlackChannel, SlackFailure
 from bot.sinks.slack.pacing import SlackRateLimits
@@ -129,7 +130,7 @@ class SlackSink:
 
     async def _place(self, message: Message) -> AlertRecord | None:
         """Where a new alert goes: into a storm (done here, None), a related alert's thread, or top-level."""
-        if message.event in ("firing", "refiring"):
+        if message.event in ("firing", "refiring") and not is_selftest(message.labels):
             storm_id = await self._storms.admit(message)
             if storm_id:
                 # Firing again, it is a new line even in the storm that listed it before.

@@ -1,0 +1,201 @@
+"""The dead man's switch: Alertmanager's always-firing Watchdog proves the alert path works; its silence means
+the path is broken, and nothing in that path can say so. The bot says it, through its own sinks.
+
+Every webhook carrying the Watchdog (accepted or a copy) restarts the timer of the Alertmanager replica that sent
+it (its `externalURL`) and of `any` replica. A check every `deadman.check_interval` compares each timer with
+`deadman.timeout`: silence from every replica raises one WatchdogMissing alert; silence from one replica of an HA
+pair while another still talks raises it for that replica. When the Watchdog returns, the alert resolves (the
+all-clear). The alert is a notification the bot writes into its own store, so it takes the normal path (worker,
+routing, outbox) and is told once, resolved once, and survives restarts; the timers live in the store too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from collections.abc import Callable
+from datetime import datetime
+
+from bot.clock import Clock
+from bot.config import DeadmanConfig
+from bot.message import format_duration
+from bot.metrics import Metrics
+from bot.models import WebhookPayload
+from bot.store.base import IncomingNotification, Store, StoreUnavailable, WatchdogRecord
+
+log = logging.getLogger(__name__)
+
+ALERTNAME = "WatchdogMissing"
+# The timer of the Watchdog from whichever replica: its silence means no alert gets through at all.
+ANY_REPLICA = "any"
+# A payload without externalURL (a script, an old Alertmanager) still proves the path works.
+UNKNOWN_REPLICA = "unknown"
+# Not a replica: when the bot last checked, so that the time it was down is not blamed on Alertmanager.
+BOT_CHECKED = "bot"
+RECEIVER = "gpu-alert-bot-deadman"
+
+
+class Deadman:
+    def __init__(
+        self,
+        store: Store,
+        config: DeadmanConfig,
+        metrics: Metrics,
+        clock: Clock,
+        on_notification: Callable[[], None],
+    ) -> None:
+        self._store = store
+        self._config = config
+        self._metrics = metrics
+        self._clock = clock
+        self._on_notification = on_notification
+        self._task: asyncio.Task[None] | None = None
+        self._timer_started = False
+
+    # --- heartbeats ----------------------------------------------------------------------------------
+    def carries_watchdog(self, payload: WebhookPayload) -> bool:
+        return any(
+            alert.status == "firing" and alert.labels.get("alertname") == self._config.alertname
+            for alert in payload.alerts
+        )
+
+    async def observe(self, payload: WebhookPayload) -> None:
+        """Called for every webhook the bot took (accepted or a copy): a Watchdog in it restarts the timers."""
+        if not self.carries_watchdog(payload):
+            return
+        replica = payload.external_url or UNKNOWN_REPLICA
+        try:
+            await self._store.watchdog_seen([ANY_REPLICA, replica], self._clock.now())
+        except StoreUnavailable as exc:
+            # The webhook itself is stored; the next Watchdog, a minute later, will restart the timer.
+            log.warning("cannot record the Watchdog", extra={"reason": str(exc)})
+
+    # --- the check -----------------------------------------------------------------------------------
+    async def check(self) -> None:
+        """Raise or clear WatchdogMissing per replica; a second check with nothing new does nothing."""
+        now = self._clock.now()
+        if not self._timer_started:
+            await self._resume(now)
+            self._timer_started = True
+        records = [r for r in await self._store.watchdog_records() if r.replica != BOT_CHECKED]
+        quiet = {r.replica for r in records if self._age(r, now) > self._config.effective_timeout}
+        # When no replica talks, one alert says so, not one per replica.
+        raise_for = {ANY_REPLICA} if ANY_REPLICA in quiet else quiet
+        for record in records:
+            self._metrics.watchdog_age.labels(record.replica).set(self._age(record, now))
+            if record.alerted_since is None and record.replica in raise_for:
+                await self._raise(record, now)
+            elif record.alerted_since is not None and record.replica not in quiet:
+                await self._clear(record, now)
+            alerting = record.replica in raise_for or (record.alerted_since is not None and record.replica in quiet)
+            self._metrics.deadman_alerting.labels(record.replica).set(1 if alerting else 0)
+        await self._store.watchdog_seen([BOT_CHECKED], now)
+
+    async def _resume(self, now: datetime) -> None:
+        """The timers go on from where a previous process left them, less the time the bot itself was down:
+        Alertmanager could not deliver the Watchdog to a stopped bot, and will again within a repeat interval.
+        A bot that never got any Watchdog counts from its first check: an Alertmanager never wired to the bot
+        is the failure this is for."""
+        records = await self._store.watchdog_records()
+        checked = next((r.last_seen for r in records if r.replica == BOT_CHECKED), None)
+        if checked is not None and now > checked:
+            await self._store.watchdog_shift((now - checked).total_seconds())
+        await self._store.watchdog_start(ANY_REPLICA, now)
+
+    def _age(self, record: WatchdogRecord, now: datetime) -> float:
+        return max(0.0, (now - record.last_seen).total_seconds())
+
+    async def _raise(self, record: WatchdogRecord, now: datetime) -> None:
+        silence = format_duration(self._age(record, now))
+        log.error(
+            "the Watchdog stopped arriving: alerting through the bot's own receivers",
+            extra={"replica": record.replica, "silent_for": silence},
+        )
+        # The notification first, the mark second: a crash in between raises it again after the restart rather
+        # than losing it (a copy within the dedup window when the timer did not move, else a second message).
+        await self._write(record, record.last_seen, None, self._summary(record.replica, silence))
+        await self._store.watchdog_alerting(record.replica, record.last_seen)
+
+    async def _clear(self, record: WatchdogRecord, now: datetime) -> None:
+        assert record.alerted_since is not None
+        log.info("the Watchdog is back: all clear", extra={"replica": record.replica})
+        summary = f"the Watchdog from {self._who(record.replica)} arrives again: the alert path works"
+        await self._write(record, record.alerted_since, now, summary)
+        await self._store.watchdog_alerting(record.replica, None)
+
+    def _summary(self, replica: str, silence: str) -> str:
+        return (
+            f"no Watchdog from {self._who(replica)} for {silence}: the alert path is broken; check that Prometheus "
+            "evaluates the Watchdog rule and reaches Alertmanager, that Alertmanager is up and routes the Watchdog "
+            "to this bot, and that the webhook reaches the bot (Alertmanager's log: 401 = token, refused = bot "
+            "unreachable)"
+        )
+
+    @staticmethod
+    def _who(replica: str) -> str:
+        return "any Alertmanager" if replica == ANY_REPLICA else f"Alertmanager {replica}"
+
+    async def _write(self, record: WatchdogRecord, starts_at: datetime, ends_at: datetime | None, summary: str) -> None:
+        payload = _notification(record.replica, starts_at, ends_at, summary)
+        await self._store.ingest(
+            IncomingNotification(
+                idempotency_key=payload.idempotency_key(),
+                group_key=payload.group_key,
+                receiver=RECEIVER,
+                body=payload.model_dump_json(by_alias=True).encode(),
+                alert_count=1,
+            )
+        )
+        self._on_notification()
+
+    # --- the loop ------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="deadman")
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.check()
+            except StoreUnavailable as exc:
+                self._metrics.error("store_unavailable")
+                log.warning("the dead man's switch cannot use the store", extra={"reason": str(exc)})
+            except Exception:  # a bug must not stop the switch for good
+                log.exception("dead man's switch check failed")
+            await self._clock.sleep(self._config.check_interval)
+
+
+def _notification(replica: str, starts_at: datetime, ends_at: datetime | None, summary: str) -> WebhookPayload:
+    labels = {"alertname": ALERTNAME, "severity": "critical", "replica": replica}
+    group_labels = {"alertname": ALERTNAME, "replica": replica}
+    status = "firing" if ends_at is None else "resolved"
+    alert = {
+        "status": status,
+        "labels": labels,
+        "annotations": {"summary": summary},
+        "startsAt": starts_at,
+        "endsAt": ends_at,
+        "fingerprint": hashlib.sha256(f"{ALERTNAME}\x00{replica}".encode()).hexdigest()[:16],
+    }
+    return WebhookPayload.model_validate(
+        {
+            "version": "4",
+            "groupKey": f"deadman:{json.dumps(group_labels, sort_keys=True)}",
+            "status": status,
+            "receiver": RECEIVER,
+            "groupLabels": group_labels,
+            "commonLabels": labels,
+            "alerts": [alert],
+        }
+    )

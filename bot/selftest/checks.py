@@ -1,0 +1,200 @@
+"""Step 1 of the self-test: each configured dependency answers as the bot needs it to. Nothing is sent to people:
+Slack is asked who the token is and whether it is in its channel, SMTP goes as far as AUTH and quits."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot.alertmanager import AlertmanagerClient, AlertmanagerError, AmStatus
+from bot.config import EmailReceiver, LokiConfig, PagerDutyReceiver, PrometheusConfig, Secret, SlackReceiver
+from bot.datafile import bundled_rules
+from bot.enrich.queryapi import bearer_auth, body_text
+from bot.selftest.steps import StepFailed
+from bot.sinks.email import probe_smtp
+
+SHIPPED_RULES = bundled_rules()
+_CHANNEL_ID = re.compile(r"^[CGD][A-Z0-9]{6,}$")
+_CHANNEL_TYPES = "public_channel,private_channel"
+
+
+async def alertmanager_status(client: AlertmanagerClient) -> AmStatus:
+    try:
+        return await client.status()
+    except AlertmanagerError as exc:
+        url = client.urls[0]
+        raise StepFailed(
+            exc.detail,
+            "Alertmanager is down or not at this URL (set alertmanager.urls, or --alertmanager URL)",
+            f"curl -s {url}/api/v2/status; systemctl status prometheus-alertmanager",
+        ) from None
+
+
+def describe_status(status: AmStatus) -> str:
+    peers = len(status.cluster.peers)
+    return f"{status.url}: version {status.version}, cluster {status.cluster.status}, {peers} peer(s)"
+
+
+async def prometheus_ready(config: PrometheusConfig) -> str:
+    async with _http(config.url, config.timeout, config.bearer_token_file) as http:
+        await _get(http, "/-/ready", "Prometheus")
+    return f"{config.url} is ready"
+
+
+async def prometheus_rules(config: PrometheusConfig, watchdog: str, shipped: Path = SHIPPED_RULES) -> str:
+    """The shipped alert rules are loaded and the Watchdog fires."""
+    look = f"curl -s {config.url}/api/v1/rules | jq '.data.groups[].rules[].name'"
+    async with _http(config.url, config.timeout, config.bearer_token_file) as http:
+        rules = await _get(http, "/api/v1/rules", "Prometheus")
+        alerts = await _get(http, "/api/v1/alerts", "Prometheus")
+    loaded = {r.get("name") for g in rules.get("data", {}).get("groups", []) for r in g.get("rules", [])}
+    missing = sorted(shipped_alert_names(shipped) - loaded)
+    if missing:
+        raise StepFailed(
+            f"{len(missing)} shipped rule(s) not loaded: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}",
+            "prometheus.yml's rule_files does not include config/rules/*.yml",
+            look,
+        )
+    firing = [
+        a
+        for a in alerts.get("data", {}).get("alerts", [])
+        if a.get("labels", {}).get("alertname") == watchdog and a.get("state") == "firing"
+    ]
+    if not firing:
+        raise StepFailed(
+            f"the {watchdog} alert is not firing in Prometheus",
+            "its rule is missing or rule evaluation is stuck",
+            f"curl -s {config.url}/api/v1/alerts",
+        )
+    return f"{len(loaded)} rules loaded, {watchdog} firing"
+
+
+def shipped_alert_names(directory: Path) -> set[str]:
+    names: set[str] = set()
+    for path in sorted(directory.glob("*.yml")) if directory.is_dir() else []:
+        for group in (yaml.safe_load(path.read_text()) or {}).get("groups", []):
+            names.update(rule["alert"] for rule in group.get("rules", []) if "alert" in rule)
+    return names
+
+
+async def loki_ready(config: LokiConfig) -> str:
+    tenant = {"X-Scope-OrgID": config.tenant_id} if config.tenant_id else {}
+    async with _http(config.url, config.timeout, config.bearer_token_file, tenant) as http:
+        await _get(http, "/ready", "Loki")
+    return f"{config.url} is ready"
+
+
+async def slack_receiver(receiver: SlackReceiver) -> str:
+    client = AsyncWebClient(token=receiver.token_file.get(), base_url=receiver.api_url, timeout=int(receiver.timeout))
+    try:
+        who = await client.auth_test()
+        channel = await _find_channel(client, receiver.channel)
+    except SlackApiError as exc:
+        error = str(exc.response.get("error", "")) if isinstance(exc.response.data, dict) else ""
+        raise StepFailed(f"Slack refused: {error or exc.response.status_code}", *_slack_hint(error, receiver)) from None
+    except Exception as exc:  # slack_sdk raises the transport's own errors (aiohttp)
+        raise StepFailed(
+            f"cannot reach Slack at {receiver.api_url}: {type(exc).__name__}: {exc}",
+            "no network route to Slack, or a proxy in the way",
+        ) from None
+    if channel is None:
+        return f"token of {who.get('user')} in {who.get('team')}; channel membership not checked (no channels:read)"
+    if not channel.get("is_member"):
+        raise StepFailed(
+            f"{who.get('user')} is not a member of {receiver.channel}",
+            "the bot was never invited to the channel: messages would fail with not_in_channel",
+            f"in Slack: /invite @{who.get('user')} in {receiver.channel}",
+        )
+    return f"token of {who.get('user')} in {who.get('team')}, member of {receiver.channel}"
+
+
+async def _find_channel(client: AsyncWebClient, channel: str) -> dict[str, Any] | None:
+    """The channel's object (with `is_member`), or None when the token may not read channels."""
+    try:
+        if _CHANNEL_ID.match(channel):
+            found: dict[str, Any] = (await client.conversations_info(channel=channel))["channel"]
+            return found
+        name, cursor = channel.removeprefix("#"), None
+        while True:
+            page = await client.conversations_list(
+                types=_CHANNEL_TYPES, exclude_archived=True, limit=200, cursor=cursor
+            )
+            channels: list[dict[str, Any]] = page.get("channels") or []
+            for item in channels:
+                if item.get("name") == name:
+                    return dict(item)
+            cursor = (page.get("response_metadata") or {}).get("next_cursor")
+            if not cursor:
+                raise StepFailed(
+                    f"no channel {channel} visible to the bot",
+                    "a typo in the channel name, or a private channel the bot was not invited to",
+                    f"in Slack: /invite the bot in {channel}; or set channel: to its ID (C...)",
+                )
+    except SlackApiError as exc:
+        if exc.response.get("error") == "missing_scope":
+            return None
+        raise
+
+
+def _slack_hint(error: str, receiver: SlackReceiver) -> tuple[str, str]:
+    token = f"the token in {receiver.token_file.path}"
+    hints = {
+        "invalid_auth": (
+            f"{token} is wrong or was revoked",
+            "Slack app > OAuth & Permissions: the Bot User OAuth Token",
+        ),
+        "not_authed": (f"{token} was not sent", "check token_file"),
+        "account_inactive": (f"{token} belongs to a deleted app or user", "reinstall the Slack app"),
+        "token_revoked": (f"{token} was revoked", "reinstall the Slack app and update token_file"),
+        "channel_not_found": (f"no channel {receiver.channel} for this token", "check receivers[].channel"),
+    }
+    return hints.get(error, ("Slack answered with an error", "https://api.slack.com/methods/auth.test"))
+
+
+async def email_receiver(receiver: EmailReceiver) -> str:
+    result = await probe_smtp(receiver)
+    if not result.delivered:
+        raise StepFailed(
+            f"{receiver.smarthost}: {result.reason}: {result.detail}",
+            "the smarthost, its TLS or the credentials are wrong (see docs/selftest.md)",
+            f"openssl s_client -starttls smtp -connect {receiver.smarthost}",
+        )
+    steps = {"starttls": "STARTTLS", "tls": "TLS", "none": "plain text"}[receiver.security]
+    auth = ", AUTH" if receiver.username else ""
+    return f"{receiver.smarthost}: connected, {steps}{auth}; no mail sent"
+
+
+def pagerduty_receiver(receiver: PagerDutyReceiver, page: bool) -> str:
+    # The configuration already refused a key of the wrong shape; only a real event proves more.
+    sent = "the self-test alert goes to PagerDuty" if page else "no event sent (--pagerduty-event sends one)"
+    return f"routing key in {receiver.routing_key_file.path} has the Events API v2 shape; {sent}"
+
+
+def _http(url: str, timeout: float, token: Secret | None, extra: dict[str, str] | None = None) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=url.rstrip("/"), timeout=timeout, auth=bearer_auth(token), headers=extra)
+
+
+async def _get(http: httpx.AsyncClient, path: str, service: str) -> Any:
+    url = f"{http.base_url}{path}"
+    try:
+        response = await http.get(path)
+    except httpx.HTTPError as exc:
+        raise StepFailed(
+            f"cannot reach {service} at {url}: {type(exc).__name__}: {exc}",
+            f"{service} is down or not at this URL",
+            f"curl -sv {url}",
+        ) from None
+    if not response.is_success:
+        raise StepFailed(
+            f"{service} answered {response.status_code} at {url}: {body_text(response)}",
+            f"{service} is starting, unhealthy, or wants credentials",
+            f"curl -sv {url}",
+        )
+    # Whatever else a service answers fails the step as an unexpected answer (Steps.run).
+    return response.json() if response.headers.get("content-type", "").startswith("application/json") else {}

@@ -1,0 +1,255 @@
+"""`gpu-alert-bot selftest`: the whole alert path on day one, step by step, with a table of what passed.
+
+1. Each configured dependency: Alertmanager, the bot (its store, or its /metrics with `--bot URL`), Prometheus
+   (shipped rules loaded, Watchdog firing), Loki, each receiver (Slack token and channel, SMTP up to AUTH).
+2. Alertmanager routes the synthetic alert `GPUSelfTest` to a receiver that posts to this bot.
+3. The alert is fired, reaches the bot, is delivered by each receiver the bot routes it to, then resolved the same
+   way.
+A failure skips the steps that depend on it, so a dead Alertmanager fails in seconds, not at the timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from functools import partial
+from typing import TextIO
+
+import httpx
+
+from bot.alertmanager import AlertmanagerClient, AmStatus
+from bot.clock import SYSTEM_CLOCK, Clock
+from bot.config import BotConfig, EmailReceiver, PagerDutyReceiver, SlackReceiver
+from bot.models import AlertStatus, EventKind
+from bot.routing import Router
+from bot.selftest import checks
+from bot.selftest.path import (
+    SyntheticAlert,
+    amtool_routes,
+    api_routes,
+    bot_receivers,
+    check_routes,
+    delivered,
+    find_amtool,
+    fire,
+)
+from bot.selftest.steps import StepFailed, Steps, as_json, table
+from bot.selftest.watch import BotWatch, MetricsWatch, StoreWatch, until
+from bot.store.sqlite import SqliteStore
+
+EXIT_PASSED = 0
+EXIT_FAILED = 1
+_ALERT_PATH = ("routing", "fire", "bot received", "resolve")
+
+
+@dataclass(frozen=True)
+class Options:
+    alertmanager: str | None = None
+    receiver: str | None = None
+    timeout: float = 300.0
+    bot_url: str | None = None
+    pagerduty_event: bool = False
+    output: str = "table"
+
+
+async def selftest_command(
+    config: BotConfig, options: Options, out: TextIO | None = None, clock: Clock = SYSTEM_CLOCK
+) -> int:
+    out = out or sys.stdout
+    steps = Steps(clock, sys.stderr if options.output == "json" else out)
+    await SelfTest(config, options, steps, clock).run()
+    print(as_json(steps.results) if options.output == "json" else "\n" + table(steps.results), file=out)
+    return EXIT_FAILED if steps.failed else EXIT_PASSED
+
+
+class SelfTest:
+    def __init__(self, config: BotConfig, options: Options, steps: Steps, clock: Clock) -> None:
+        self._config = config
+        self._options = options
+        self._steps = steps
+        self._clock = clock
+        self._alert = SyntheticAlert(uuid.uuid4().hex[:12], clock.now(), options.pagerduty_event)
+        self._status: AmStatus | None = None
+
+    async def run(self) -> None:
+        urls = [self._options.alertmanager] if self._options.alertmanager else self._alertmanager_urls()
+        async with contextlib.AsyncExitStack() as stack:
+            client = None
+            if not urls:
+                self._steps.run_failed("alertmanager", "no Alertmanager: set alertmanager.urls or pass --alertmanager")
+            else:
+                client = self._alertmanager_client(urls)
+                stack.push_async_callback(client.close)
+                await self._steps.run("alertmanager", partial(self._alertmanager, client))
+            watch = await self._bot(stack)
+            await self._services()
+            await self._receivers()
+            if client is None or watch is None or self._steps.failed:
+                for step in _ALERT_PATH:
+                    self._steps.skip(step, "skipped: fix the failures above first")
+                return
+            await self._alert_path(client, watch)
+
+    def _alertmanager_urls(self) -> list[str]:
+        return list(self._config.alertmanager.urls) if self._config.alertmanager else []
+
+    def _alertmanager_client(self, urls: list[str]) -> AlertmanagerClient:
+        if self._config.alertmanager is None:
+            return AlertmanagerClient(urls)
+        # The configured token goes with --alertmanager too: it is the same Alertmanager behind the same proxy.
+        return AlertmanagerClient.from_config(self._config.alertmanager.model_copy(update={"urls": urls}))
+
+    def _am_timeout(self) -> float:
+        return self._config.alertmanager.timeout if self._config.alertmanager else 5.0
+
+    # --- step 1 --------------------------------------------------------------------------------------
+    async def _alertmanager(self, client: AlertmanagerClient) -> str:
+        self._status = await checks.alertmanager_status(client)
+        return checks.describe_status(self._status)
+
+    async def _bot(self, stack: contextlib.AsyncExitStack) -> BotWatch | None:
+        """Where the self-test sees what the bot did: its store, or the /metrics of a bot elsewhere."""
+        found: list[BotWatch] = []
+
+        async def from_store() -> str:
+            store = await stack.enter_async_context(_read_only_store(self._config))
+            found.append(StoreWatch(store))
+            return f"reading {self._config.store.path}"
+
+        async def from_metrics(bot_url: str) -> str:
+            http = await stack.enter_async_context(httpx.AsyncClient(timeout=self._am_timeout()))
+            watch = MetricsWatch(bot_url, http)
+            await watch.samples()
+            found.append(watch)
+            return f"reading {watch.url}"
+
+        if self._options.bot_url:
+            await self._steps.run("bot metrics", partial(from_metrics, self._options.bot_url))
+        else:
+            await self._steps.run("bot store", from_store)
+        return found[0] if found else None
+
+    async def _services(self) -> None:
+        enrichment = self._config.enrichment
+        if enrichment.prometheus is not None:
+            prometheus = enrichment.prometheus
+            if await self._steps.run("prometheus", partial(checks.prometheus_ready, prometheus)):
+                watchdog = self._config.deadman.alertname
+                await self._steps.run("prometheus rules", partial(checks.prometheus_rules, prometheus, watchdog))
+        if enrichment.loki is not None:
+            await self._steps.run("loki", partial(checks.loki_ready, enrichment.loki))
+
+    async def _receivers(self) -> None:
+        for receiver in self._config.receivers:
+            step = f"{receiver.type} {receiver.name}"
+            match receiver:
+                case SlackReceiver():
+                    await self._steps.run(step, partial(checks.slack_receiver, receiver))
+                case EmailReceiver():
+                    await self._steps.run(step, partial(checks.email_receiver, receiver))
+                case PagerDutyReceiver():
+                    detail = checks.pagerduty_receiver(receiver, self._options.pagerduty_event)
+                    await self._steps.run(step, partial(_text, detail))
+                case _:
+                    pass
+
+    # --- steps 2 and 3 -------------------------------------------------------------------------------
+    async def _alert_path(self, client: AlertmanagerClient, watch: BotWatch) -> None:
+        deadline = self._clock.monotonic() + self._options.timeout
+        amtool = find_amtool()
+        assert self._status is not None
+        am_url = self._status.url  # the replica that answered: with an HA pair, the first may be down
+        expected = (
+            {self._options.receiver}
+            if self._options.receiver
+            else bot_receivers(self._status.config.original, self._options.bot_url)
+        )
+        alert = self._alert
+
+        async def routing() -> str:
+            # amtool answers before anything is sent; without it, the receivers Alertmanager gave the alert.
+            routed = await (amtool_routes(amtool, am_url, alert) if amtool else api_routes(client, alert))
+            return check_routes(routed, expected, am_url, alert)
+
+        if amtool is not None and not await self._steps.run("routing", routing):
+            return
+        await watch.mark()
+        if not await self._steps.run("fire", partial(fire, amtool, client, am_url, alert, None)):
+            return
+        if amtool is None and not await self._steps.run("routing", routing):
+            return
+        receivers = Router(self._config.routing).route(alert.labels).receivers
+        if not await self._received(watch, deadline, "firing"):
+            return
+        if not receivers:
+            self._steps.run_failed(
+                "deliver",
+                f"the bot's routing sends {alert.labels['alertname']} to no receiver: nobody would be told",
+                "a routing rule with `receivers: []` matches it (meant for the Watchdog?)",
+                "gpu-alert-bot explain PAYLOAD.json --config FILE",
+            )
+            return
+        await self._deliveries(watch, deadline, EventKind.FIRING, receivers)
+        await watch.mark()
+        if not await self._steps.run("resolve", partial(fire, amtool, client, am_url, alert, self._clock.now())):
+            return
+        if await self._received(watch, deadline, "resolved"):
+            await self._deliveries(watch, deadline, EventKind.RESOLVED, receivers)
+
+    async def _received(self, watch: BotWatch, deadline: float, status: AlertStatus) -> bool:
+        if status == "firing":
+            step = "bot received"
+            cause = (
+                "Alertmanager did not deliver it: a wrong webhook url or token (its log says 401 or connection "
+                "refused), or a long group_wait on the route"
+            )
+            look = "amtool alert query alertname=GPUSelfTest; journalctl -u prometheus-alertmanager | grep notify"
+        else:
+            step = "bot received resolve"
+            cause = "Alertmanager's webhook_configs lacks send_resolved: true, or its group_interval is long"
+            look = "amtool config show | grep -n send_resolved"
+        what = partial(watch.received, self._alert, status)
+        return await self._steps.run(
+            step, partial(until, self._clock, deadline, what, f"the bot to receive the {status} alert", cause, look)
+        )
+
+    async def _deliveries(self, watch: BotWatch, deadline: float, kind: EventKind, receivers: tuple[str, ...]) -> None:
+        prefix = "deliver" if kind is EventKind.FIRING else "deliver resolve"
+        for name in receivers:
+            await self._steps.run(f"{prefix} {name}", partial(self._delivered, watch, deadline, kind, name))
+
+    async def _delivered(self, watch: BotWatch, deadline: float, kind: EventKind, receiver: str) -> str:
+        record = await until(
+            self._clock,
+            deadline,
+            partial(watch.delivery, kind, receiver),
+            f"{receiver} to deliver the {kind.value} message",
+            "the receiver keeps failing and the outbox retries (see its check above and the bot's log)",
+            f"gpu_alert_bot_deliveries_total{{receiver=\"{receiver}\"}} on the bot's /metrics; the bot's log",
+        )
+        return delivered(record, receiver)
+
+
+@contextlib.asynccontextmanager
+async def _read_only_store(config: BotConfig) -> AsyncIterator[SqliteStore]:
+    store = SqliteStore(config.store.path, read_only=True)
+    try:
+        await store.open()
+    except Exception as exc:
+        await store.close()
+        raise StepFailed(
+            f"cannot open the bot's store {config.store.path}: {exc}",
+            "the bot does not run with this configuration (another store.path), or never started",
+            "run the self-test with the bot's own --config (or --bot URL for a bot on another host)",
+        ) from None
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+async def _text(text: str) -> str:
+    return text

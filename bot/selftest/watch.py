@@ -1,0 +1,118 @@
+"""How the self-test sees what the bot did with its synthetic alert: in the bot's own store (read-only, beside the
+running bot), or, for a bot on another host (`--bot URL`), in its /metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Protocol, TypeVar
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from bot.clock import Clock
+from bot.models import AlertStatus, EventKind
+from bot.selftest.marking import ALERTNAME, LABEL
+from bot.selftest.path import SyntheticAlert
+from bot.selftest.steps import StepFailed
+from bot.store.base import DeliveryRecord, Store, StoreUnavailable
+
+T = TypeVar("T")
+_POLL = 0.25
+_ALERTS = "gpu_alert_bot_alerts_received_total"
+_DELIVERIES = "gpu_alert_bot_deliveries_total"
+
+
+class BotWatch(Protocol):
+    async def mark(self) -> None:
+        """Remember where things stand, just before an alert or its resolve is sent."""
+
+    async def received(self, alert: SyntheticAlert, status: AlertStatus) -> str | None:
+        """How the bot shows it has the alert in this status; None while it has not."""
+
+    async def delivery(self, kind: EventKind, receiver: str) -> DeliveryRecord | None:
+        """The delivery once settled (delivered or failed); None while it is pending or not queued yet."""
+
+
+class StoreWatch:
+    """Exactly this alert's episode and its deliveries, from the bot's store."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._key = ""
+
+    async def mark(self) -> None:
+        return None
+
+    async def received(self, alert: SyntheticAlert, status: AlertStatus) -> str | None:
+        for state in await self._store.recent_alerts([ALERTNAME], alert.started):
+            if state.labels.get(LABEL) == alert.run_id and state.status == status:
+                self._key = state.key
+                return f"alert {state.key} {status} in the bot's store"
+        return None
+
+    async def delivery(self, kind: EventKind, receiver: str) -> DeliveryRecord | None:
+        for record in await self._store.alert_deliveries(self._key):
+            if record.event_kind == kind and record.receiver == receiver and record.state != "pending":
+                return record
+        return None
+
+
+class MetricsWatch:
+    """The bot's counters moving since the mark: alerts received, deliveries per receiver. Another alert arriving
+    at the same moment can be taken for the self-test's; on day one there is none."""
+
+    def __init__(self, bot_url: str, http: httpx.AsyncClient) -> None:
+        self.url = f"{bot_url.rstrip('/')}/metrics"
+        self._http = http
+        self._marked: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+
+    async def mark(self) -> None:
+        self._marked = await self.samples()
+
+    async def received(self, alert: SyntheticAlert, status: AlertStatus) -> str | None:
+        if await self._moved(_ALERTS, status=status):
+            return f'{_ALERTS}{{status="{status}"}} went up on {self.url}'
+        return None
+
+    async def delivery(self, kind: EventKind, receiver: str) -> DeliveryRecord | None:
+        for result in ("delivered", "failed"):
+            if await self._moved(_DELIVERIES, receiver=receiver, result=result):
+                error = None if result == "delivered" else "given up; the bot's log says why"
+                return DeliveryRecord(kind, receiver, result, 1, error)
+        return None
+
+    async def _moved(self, name: str, **labels: str) -> bool:
+        key = (name, tuple(sorted(labels.items())))
+        return (await self.samples()).get(key, 0.0) > self._marked.get(key, 0.0)
+
+    async def samples(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        try:
+            response = await self._http.get(self.url)
+            response.raise_for_status()
+        except httpx.HTTPError as exc:
+            raise StepFailed(
+                f"cannot read {self.url}: {type(exc).__name__}: {exc}",
+                "the bot is down or not at this URL (--bot)",
+                f"curl -s {self.url} | grep gpu_alert_bot_",
+            ) from None
+        return {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(response.text)
+            for sample in family.samples
+        }
+
+
+async def until(
+    clock: Clock, deadline: float, what: Callable[[], Awaitable[T | None]], waiting_for: str, cause: str, look: str
+) -> T:
+    """Poll `what` until it gives something, or fail when the self-test's time is up."""
+    while True:
+        try:
+            found = await what()
+        except StoreUnavailable as exc:
+            raise StepFailed(f"cannot read the bot's store: {exc}", "the store path is not the bot's", look) from None
+        if found is not None:
+            return found
+        if clock.monotonic() >= deadline:
+            raise StepFailed(f"timed out waiting for {waiting_for}", cause, look)
+        await clock.sleep(_POLL)

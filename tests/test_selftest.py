@@ -1,0 +1,229 @@
+"""`gpu-alert-bot selftest` against a real Alertmanager and amtool, the bot in the test's loop on a real SQLite
+file, and the Slack fake driven by slack_sdk."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.cli import main
+from bot.config import BotConfig
+from bot.selftest.command import Options, selftest_command
+from tests.fakes.pagerduty import FakePagerDuty
+from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack
+from tests.support.bot import running_bot, write_config
+from tests.support.processes import Alertmanager, free_port, webhook_alertmanager_config
+
+ALERT_PATH = ["routing", "fire", "bot received", "resolve"]
+
+
+@pytest.fixture
+async def slack() -> AsyncIterator[FakeSlack]:
+    async with FakeSlack() as fake:
+        yield fake
+
+
+def bot_config(tmp_path: Path, slack: FakeSlack, token: str = DEFAULT_TOKEN) -> dict[str, Any]:
+    token_file = tmp_path / "slack_token"
+    token_file.write_text(token + "\n")
+    return {
+        "receivers": [
+            {"name": "console", "type": "console"},
+            {
+                "name": "slack-gpu",
+                "type": "slack",
+                "channel": "#gpu-alerts",
+                "token_file": str(token_file),
+                "api_url": slack.api_url,
+            },
+        ],
+        "routing": {"default": ["console", "slack-gpu"]},
+    }
+
+
+async def selftest(config: BotConfig, am_url: str, **options: Any) -> tuple[int, list[dict[str, Any]], str]:
+    """Exit status, the steps (JSON output) and the progress lines."""
+    out = io.StringIO()
+    code = await selftest_command(config, Options(alertmanager=am_url, timeout=30, output="json", **options), out)
+    return code, json.loads(out.getvalue())["steps"], out.getvalue()
+
+
+def outcomes(steps: list[dict[str, Any]]) -> dict[str, str]:
+    return {step["step"]: step["outcome"] for step in steps}
+
+
+async def test_a_correct_setup_passes_every_step_and_prints_the_table(
+    tmp_path: Path, alertmanager_factory: Any, slack: FakeSlack
+) -> None:
+    async with running_bot(tmp_path, bot_config(tmp_path, slack)) as bot:
+        am = alertmanager_factory(bot.url)
+        out = io.StringIO()
+        code = await selftest_command(bot.config, Options(alertmanager=am.url, timeout=30), out)
+        text = out.getvalue()
+        assert code == 0, text
+        for step in (
+            "alertmanager",
+            "bot store",
+            "slack slack-gpu",
+            "routing",
+            "fire",
+            "bot received",
+            "deliver console",
+            "deliver slack-gpu",
+            "resolve",
+            "bot received resolve",
+            "deliver resolve console",
+            "deliver resolve slack-gpu",
+        ):
+            assert any(line.startswith(f"[pass] {step}: ") for line in text.splitlines()), (step, text)
+        assert "step" in text and "result" in text and "self-test passed: 0 step(s) failed of 12" in text
+        # Marked as a test in every sink: the console line and the Slack message, updated in place on resolve.
+        fired, resolved = [e for e in bot.console_events() if e["alertname"] == "GPUSelfTest"]
+        assert fired["title"] == resolved["title"] == "[self-test] GPUSelfTest"
+        [message] = slack.top_level()
+        assert "[self-test] GPUSelfTest" in message.rendered_text()
+        assert message.versions  # resolved in place
+
+
+async def test_alertmanager_routing_the_alert_elsewhere_fails_at_the_routing_step_with_the_amtool_hint(
+    tmp_path: Path, slack: FakeSlack
+) -> None:
+    async with running_bot(tmp_path, bot_config(tmp_path, slack)) as bot:
+        config = webhook_alertmanager_config(bot.url)
+        config["route"]["routes"] = [{"receiver": "elsewhere", "matchers": ['alertname=~"GPU.*"']}]
+        config["receivers"].append({"name": "elsewhere", "webhook_configs": [{"url": "http://127.0.0.1:9/hook"}]})
+        am = Alertmanager(tmp_path / "am", config)
+        try:
+            code, steps, _ = await selftest(bot.config, am.url)
+        finally:
+            am.stop()
+        assert code == 1
+        [routing] = [s for s in steps if s["step"] == "routing"]
+        assert routing["outcome"] == "FAIL"
+        assert routing["detail"] == "alertname=GPUSelfTest goes to elsewhere, not to bot"
+        assert routing["look"].startswith(
+            f"amtool config routes test --alertmanager.url={am.url} alertname=GPUSelfTest"
+        )
+        assert "fire" not in outcomes(steps)  # nothing was sent
+        assert [e for e in bot.console_events() if e["alertname"] == "GPUSelfTest"] == []
+
+
+async def test_a_slack_token_the_workspace_refuses_fails_at_the_slack_step(
+    tmp_path: Path, alertmanager_factory: Any, slack: FakeSlack
+) -> None:
+    async with running_bot(tmp_path, bot_config(tmp_path, slack, token="xoxb-revoked")) as bot:
+        am = alertmanager_factory(bot.url)
+        code, steps, _ = await selftest(bot.config, am.url)
+        assert code == 1
+        assert outcomes(steps)["alertmanager"] == "pass"
+        [failed] = [s for s in steps if s["outcome"] == "FAIL"]
+        assert failed["step"] == "slack slack-gpu"
+        assert failed["detail"] == "Slack refused: invalid_auth"
+        assert "is wrong or was revoked" in failed["cause"]
+        assert all(outcomes(steps)[step] == "skip" for step in ALERT_PATH)
+
+
+async def test_a_bot_missing_from_its_channel_fails_at_the_slack_step(
+    tmp_path: Path, alertmanager_factory: Any, slack: FakeSlack
+) -> None:
+    slack.channels["random"] = "C0RANDOM"
+    slack.member_of = {"C0RANDOM"}
+    async with running_bot(tmp_path, bot_config(tmp_path, slack)) as bot:
+        am = alertmanager_factory(bot.url)
+        code, steps, _ = await selftest(bot.config, am.url)
+        [failed] = [s for s in steps if s["outcome"] == "FAIL"]
+        assert (code, failed["step"]) == (1, "slack slack-gpu")
+        assert failed["detail"] == "gpu-alert-bot is not a member of #gpu-alerts"
+        assert failed["look"] == "in Slack: /invite @gpu-alert-bot in #gpu-alerts"
+
+
+def test_alertmanager_down_fails_at_the_first_step_without_waiting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_config(tmp_path, {})
+    dead = f"http://127.0.0.1:{free_port()}"
+    code = main(["selftest", "--config", str(config), "--alertmanager", dead, "--json", "--timeout", "1h"])
+    result = json.loads(capsys.readouterr().out)
+    assert code == 1 and result["passed"] is False
+    first = result["steps"][0]
+    assert (first["step"], first["outcome"]) == ("alertmanager", "FAIL")
+    assert first["detail"].startswith(f"cannot reach {dead}")
+    assert first["look"] == f"curl -s {dead}/api/v2/status; systemctl status prometheus-alertmanager"
+    # The alert path never started, so nothing waited for the hour-long timeout.
+    assert {s["step"]: s["outcome"] for s in result["steps"] if s["step"] in ALERT_PATH} == dict.fromkeys(
+        ALERT_PATH, "skip"
+    )
+
+
+async def test_a_bot_on_another_host_is_followed_through_its_metrics(
+    tmp_path: Path, alertmanager_factory: Any, slack: FakeSlack
+) -> None:
+    async with running_bot(tmp_path, bot_config(tmp_path, slack)) as bot:
+        am = alertmanager_factory(bot.url)
+        # The self-test's own configuration names no store it could read: only the bot's URL tells.
+        no_store = bot.config.store.model_copy(update={"path": tmp_path / "elsewhere.db"})
+        elsewhere = bot.config.model_copy(update={"store": no_store})
+        code, steps, _ = await selftest(elsewhere, am.url, bot_url=bot.url)
+        assert code == 0, steps
+        [watched] = [s for s in steps if s["step"] == "bot metrics"]
+        assert watched["detail"] == f"reading {bot.url}/metrics"
+        assert outcomes(steps)["deliver resolve slack-gpu"] == "pass"
+
+
+async def test_without_amtool_the_api_fires_the_alert_and_tells_where_alertmanager_routed_it(
+    tmp_path: Path, slack: FakeSlack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with running_bot(tmp_path, bot_config(tmp_path, slack)) as bot:
+        config = webhook_alertmanager_config(bot.url)
+        config["route"]["routes"] = [{"receiver": "elsewhere", "matchers": ['alertname=~"GPU.*"']}]
+        config["receivers"].append({"name": "elsewhere", "webhook_configs": [{"url": "http://127.0.0.1:9/hook"}]})
+        am = Alertmanager(tmp_path / "am", config)
+        monkeypatch.setenv("PATH", str(tmp_path / "no-amtool-here"))
+        try:
+            code, steps, _ = await selftest(bot.config, am.url)
+        finally:
+            am.stop()
+        assert code == 1
+        assert [s["step"] for s in steps][-2:] == ["fire", "routing"]
+        assert steps[-2]["detail"].startswith("POST /api/v2/alerts alertname=GPUSelfTest selftest=")
+        assert (steps[-1]["outcome"], steps[-1]["detail"]) == (
+            "FAIL",
+            "alertname=GPUSelfTest goes to elsewhere, not to bot",
+        )
+
+
+async def test_a_bot_routing_the_self_test_to_nobody_fails(tmp_path: Path, alertmanager_factory: Any) -> None:
+    config = {"routing": {"rules": [{"matchers": ['alertname=~"GPU.*"'], "receivers": []}]}}
+    async with running_bot(tmp_path, config) as bot:
+        am = alertmanager_factory(bot.url)
+        code, steps, _ = await selftest(bot.config, am.url)
+        assert code == 1
+        assert (steps[-1]["step"], steps[-1]["outcome"]) == ("deliver", "FAIL")
+        assert steps[-1]["detail"] == "the bot's routing sends GPUSelfTest to no receiver: nobody would be told"
+
+
+@pytest.mark.parametrize("page", [False, True])
+async def test_pagerduty_hears_of_the_self_test_only_when_asked(
+    tmp_path: Path, alertmanager_factory: Any, page: bool
+) -> None:
+    key_file = tmp_path / "routing_key"
+    key_file.write_text("0123456789abcdef0123456789abcdef\n")
+    async with FakePagerDuty() as pagerduty:
+        receiver = {"name": "pd", "type": "pagerduty", "routing_key_file": str(key_file), "url": pagerduty.url}
+        config = {"receivers": [receiver], "routing": {"default": ["pd"]}}
+        async with running_bot(tmp_path, config) as bot:
+            am = alertmanager_factory(bot.url)
+            code, steps, _ = await selftest(bot.config, am.url, pagerduty_event=page)
+        assert code == 0, steps
+        assert outcomes(steps)["deliver resolve pd"] == "pass"
+        if not page:
+            assert pagerduty.alerts == {}
+            return
+        [[incident]] = pagerduty.alerts.values()
+        assert incident.status == "resolved"
+        assert incident.summary.startswith("[self-test] GPUSelfTest")
