@@ -237,4 +237,9 @@ class BotProcess(ManagedProcess):
             args += ["--store", str(store)]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         super().__init__(args, cwd=config_path.parent, env=env)
-        wait_http(f"{self.url}/healthz", process=self.process)
+        try:
+            wait_http(f"{self.url}/healthz", process=self.process)
+        except RuntimeError as exc:
+            self.stderr.join(1.0)
+            said = "\n".join(self.stderr.snapshot()[-5:])
+            raise RuntimeError(f"{exc}; its last words:\n{said}") from None
