@@ -304,6 +304,10 @@ class SshExecutorConfig(StrictModel):
         return value
 
 
+# What the Docker and Kubernetes executors can do: restart a named container or delete a node's pod.
+DOCKER_ACTIONS = frozenset({"restart-dcgm-exporter", "restart-inference-server"})
+
+
 class DockerExecutorConfig(StrictModel):
     """The Docker Engine API: a unix socket on the GPU node itself, or TCP with mutual TLS."""
 
@@ -315,6 +319,14 @@ class DockerExecutorConfig(StrictModel):
     containers: dict[str, str] = Field(default_factory=dict)
     stop_timeout: int = Field(default=10, ge=0, le=600)
     timeout: Duration = 60.0
+
+    @field_validator("containers")
+    @classmethod
+    def _restart_actions(cls, value: dict[str, str]) -> dict[str, str]:
+        unknown = sorted(set(value) - DOCKER_ACTIONS)
+        if unknown:
+            raise ValueError(f"Docker can run only {', '.join(sorted(DOCKER_ACTIONS))}, not {', '.join(unknown)}")
+        return value
 
     @model_validator(mode="after")
     def _timeout_covers_stop(self) -> DockerExecutorConfig:

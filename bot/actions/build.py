@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bot.actions.docker import DockerExecutor
 from bot.actions.engine import AlertFinder
 from bot.actions.executor import Executor
 from bot.actions.ssh import SshExecutor
@@ -16,6 +17,8 @@ def build_executors(config: RemediationConfig) -> dict[str, dict[str, Executor]]
     executors: dict[str, dict[str, Executor]] = {}
     for host, target in config.hosts.items():
         candidates: list[Executor] = []
+        if target.docker is not None:
+            candidates.append(DockerExecutor(host, target.docker))
         if target.ssh is not None:
             candidates.append(SshExecutor(host, target.ssh))
         executors[host] = _first_per_action(candidates)
