@@ -350,6 +350,14 @@ class KubernetesExecutorConfig(StrictModel):
     pods: dict[str, str] = Field(default_factory=lambda: {"restart-dcgm-exporter": "app=nvidia-dcgm-exporter"})
     timeout: Duration = 30.0
 
+    @field_validator("pods")
+    @classmethod
+    def _restart_actions(cls, value: dict[str, str]) -> dict[str, str]:
+        unknown = sorted(set(value) - DOCKER_ACTIONS)
+        if unknown:
+            raise ValueError(f"pods restart for {', '.join(sorted(DOCKER_ACTIONS))}, not {', '.join(unknown)}")
+        return value
+
 
 class ActionPolicyConfig(StrictModel):
     enabled: bool | None = None  # None: on, except for dangerous actions

@@ -11,6 +11,10 @@ from pathlib import Path
 import pytest
 
 from bot.actions.engine import ActionRefused
+from bot.actions.kubernetes import NODE_ACTIONS
+from bot.actions.ssh import SSH_VERBS
+from bot.config import DOCKER_ACTIONS
+from bot.playbooks import ACTIONS
 from bot.store.base import Store
 from tests.support.clock import FakeClock
 from tests.support.remediation import RecordingExecutor, Thread, engine, firing_alert, remediation_config
@@ -291,3 +295,9 @@ async def test_after_a_restart_an_approved_run_runs_and_an_interrupted_one_is_re
         assert gone is not None and gone.state == "failed" and "interrupted" in gone.detail
         assert after_executors["gpu02"].ran == [(RESTART, None)]
         assert (await store.get_action_run(waiting.id)).state == "done"  # type: ignore[union-attr]
+
+
+def test_every_remediation_action_in_the_registry_has_an_executor() -> None:
+    conversation = {"ack", "silence-1h", "silence-4h", "silence-24h"}
+    implemented = set(SSH_VERBS) | NODE_ACTIONS | DOCKER_ACTIONS
+    assert set(ACTIONS) - conversation <= implemented

@@ -5,6 +5,7 @@ from __future__ import annotations
 from bot.actions.docker import DockerExecutor
 from bot.actions.engine import AlertFinder
 from bot.actions.executor import Executor
+from bot.actions.kubernetes import KubernetesExecutor
 from bot.actions.ssh import SshExecutor
 from bot.config import RemediationConfig
 from bot.models import AlertState
@@ -13,12 +14,14 @@ from bot.store.base import Store
 
 def build_executors(config: RemediationConfig) -> dict[str, dict[str, Executor]]:
     """Per configured host, per action, the executor that runs it there: the first configured of Docker
-    (the most direct), then SSH."""
+    (the most direct), Kubernetes, then SSH."""
     executors: dict[str, dict[str, Executor]] = {}
     for host, target in config.hosts.items():
         candidates: list[Executor] = []
         if target.docker is not None:
             candidates.append(DockerExecutor(host, target.docker))
+        if config.kubernetes is not None and target.kubernetes_node is not None:
+            candidates.append(KubernetesExecutor(host, target.kubernetes_node, config.kubernetes))
         if target.ssh is not None:
             candidates.append(SshExecutor(host, target.ssh))
         executors[host] = _first_per_action(candidates)
