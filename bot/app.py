@@ -11,6 +11,8 @@ from typing import TextIO
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from bot.actions.admin import add_admin_routes
+from bot.actions.build import RemediationService, build_remediation
 from bot.auth import WebhookAuth
 from bot.config import BotConfig
 from bot.enrich import build_enrichers
@@ -38,8 +40,11 @@ class Runtime:
     outbox: Outbox
     worker: Worker
     enrichers: EnrichmentRunner
+    remediation: RemediationService | None = None
 
     async def close(self) -> None:
+        if self.remediation is not None:
+            await self.remediation.stop()
         await self.worker.stop()
         await self.outbox.stop()
         await self.enrichers.close()
@@ -66,7 +71,10 @@ async def start_runtime(
     worker = Worker(pipeline, store, config.worker, config.store, metrics)
     outbox.start()
     worker.start()
-    return Runtime(store=store, outbox=outbox, worker=worker, enrichers=enrichers)
+    remediation = build_remediation(config, store, worker.notify) if config.remediation.hosts else None
+    if remediation is not None:
+        await remediation.start()
+    return Runtime(store=store, outbox=outbox, worker=worker, enrichers=enrichers, remediation=remediation)
 
 
 RUNTIME_KEY = web.AppKey("runtime", Runtime)
@@ -95,7 +103,13 @@ def build_app(
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)
+    admin_token = config.remediation.admin_token_file
+    add_admin_routes(app, admin_token.get() if admin_token else None, _remediation)
     return app
+
+
+def _remediation(request: web.Request) -> RemediationService | None:
+    return request.app[RUNTIME_KEY].remediation
 
 
 async def _webhook(request: web.Request) -> web.Response:

@@ -387,6 +387,8 @@ class RemediationConfig(StrictModel):
     circuit_breaker: CircuitBreakerConfig = CircuitBreakerConfig()
     prometheus: PrometheusConfig | None = None  # for verification; default: enrichment.prometheus
     poll_interval: Duration = 5.0
+    # Bearer token of the local admin endpoint that `gpu-alert-bot run|approve|refuse` call; unset: off.
+    admin_token_file: SecretFile | None = None
 
     @field_validator("actions")
     @classmethod

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from bot.actions.docker import DockerExecutor
-from bot.actions.engine import AlertFinder
+from bot.actions.engine import AlertFinder, ConfigAuthorizer, Remediation, Verification
 from bot.actions.executor import Executor
 from bot.actions.kubernetes import KubernetesExecutor
+from bot.actions.policy import AutomaticPolicy
 from bot.actions.ssh import SshExecutor
-from bot.config import RemediationConfig
+from bot.actions.verify import ExporterRestartCheck
+from bot.clock import SYSTEM_CLOCK, Clock
+from bot.config import BotConfig, RemediationConfig
 from bot.models import AlertState
 from bot.store.base import Store
 
@@ -37,13 +43,60 @@ def _first_per_action(candidates: list[Executor]) -> dict[str, Executor]:
 
 
 def alert_finder(store: Store) -> AlertFinder:
-    """Alerts by key or fingerprint (the firing episode)."""
+    """Alerts by the short id people see in messages, by key, or by fingerprint (the firing episode)."""
 
     async def find(alert_id: str) -> AlertState | None:
-        alert = await store.get_alert(alert_id)
+        alert = await store.alert_by_short_id(alert_id) or await store.get_alert(alert_id)
         if alert is not None:
             return alert
         firing = await store.list_alerts("firing", limit=10000)
         return next((candidate for candidate in firing if candidate.fingerprint == alert_id), None)
 
     return find
+
+
+class NoteAnnouncer:
+    """Announcements as notes of the alert: delivered through the outbox into its thread (Slack, email)."""
+
+    def __init__(self, store: Store, notify: Callable[[], None]) -> None:
+        self._store = store
+        self._notify = notify
+
+    async def announce(self, alert_key: str, text: str) -> None:
+        await self._store.add_note(alert_key, text)
+        self._notify()
+
+
+@dataclass
+class RemediationService:
+    engine: Remediation
+    policy: AutomaticPolicy
+
+    async def start(self) -> None:
+        await self.engine.resume()
+        self.policy.start()
+
+    async def stop(self) -> None:
+        await self.policy.stop()
+        await self.engine.close()
+
+
+def build_remediation(
+    config: BotConfig, store: Store, notify: Callable[[], None], clock: Clock = SYSTEM_CLOCK
+) -> RemediationService:
+    remediation = config.remediation
+    prometheus = remediation.prometheus or config.enrichment.prometheus
+    verifiers: dict[str, Verification] = {}
+    if prometheus is not None:
+        verifiers["restart-dcgm-exporter"] = ExporterRestartCheck(prometheus, clock, remediation.poll_interval)
+    engine = Remediation(
+        store,
+        remediation,
+        build_executors(remediation),
+        NoteAnnouncer(store, notify),
+        ConfigAuthorizer(remediation),
+        alert_finder(store),
+        verifiers,
+        clock,
+    )
+    return RemediationService(engine, AutomaticPolicy(engine, store, clock, remediation.poll_interval))

@@ -188,7 +188,7 @@ class Remediation:
     ) -> None:
         await self._audit.record(actor, f"run {action}", target, "refused", reason)
         if alert is not None:
-            await self._announcer.announce(alert.key, f"{action} refused ({actor}): {reason}")
+            await self._say(alert.key, f"{action} refused ({actor}): {reason}")
         raise ActionRefused(reason)
 
     async def _dry_run(
@@ -439,10 +439,13 @@ class Remediation:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _announce(self, run: ActionRun, text: str) -> None:
+        await self._say(run.alert_key, text)
+
+    async def _say(self, alert_key: str, text: str) -> None:
         try:
-            await self._announcer.announce(run.alert_key, text)
+            await self._announcer.announce(alert_key, text)
         except Exception:  # the audit log has it; a thread message must not stop the action
-            log.exception("could not announce a remediation step", extra={"run": run.id})
+            log.exception("could not announce a remediation step", extra={"alert_key": alert_key})
 
 
 def _target_text(run: ActionRun) -> str:
