@@ -119,14 +119,31 @@ async def test_labels_that_select_nothing_have_no_say_in_what_runs(tmp_path: Pat
     async with sqlite_store(tmp_path) as store:
         labels = {"instance": "gpu01:9400", "gpu": "0", "container": "sshd", "command": "reboot"}
         alert = await firing_alert(store, "GPUXidError", **labels)
+        thread = Thread()
         bot = Remediation(
-            store, config, build_executors(config), Thread(), ConfigAuthorizer(config), alert_finder(store), clock=clock
+            store, config, build_executors(config), thread, ConfigAuthorizer(config), alert_finder(store), clock=clock
         )
         run = await bot.request("collect-diagnostics", alert.fingerprint, "cli:alice")
         await bot.drain()
         assert (await store.get_action_run(run.id)).state == "done"  # type: ignore[union-attr]
         assert sshd.verbs() == ["collect-diagnostics 0"]
         assert sshd.docker_calls() == []
+        # The diagnostics go to the thread as one code block (collapsed by Slack when long).
+        [report] = [text for text in thread.texts(alert.key) if text.startswith("collect-diagnostics on gpu01 done")]
+        assert "\n```\n== nvidia-smi -q -i 0\n" in report and report.endswith("\n```")
+
+
+async def test_a_gpu_action_on_an_alert_without_a_gpu_label_is_refused(tmp_path: Path, sshd: Sshd) -> None:
+    clock = FakeClock()
+    config = remediation(sshd)
+    async with sqlite_store(tmp_path) as store:
+        alert = await firing_alert(store, "InletTemperatureHigh", instance="gpu01:9290")
+        bot = Remediation(
+            store, config, build_executors(config), Thread(), ConfigAuthorizer(config), alert_finder(store), clock=clock
+        )
+        with pytest.raises(ActionRefused, match="lower-power-limit needs the alert's gpu label"):
+            await bot.request("lower-power-limit", alert.fingerprint, "cli:alice")
+        assert sshd.verbs() == []
 
 
 def test_the_node_script_refuses_unknown_verbs_and_arguments_that_are_not_gpu_indexes(tmp_path: Path) -> None:

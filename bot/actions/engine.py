@@ -132,10 +132,13 @@ class Remediation:
             await self._refuse_request(actor, action, alert_id, None, f"no alert {alert_id!r}")
         assert alert is not None
         target = await self._checked_target(action, alert, actor)
-        executor = self._executors[target.host][action]
-        dry = dry_run or self._config.dry_run or self.policy(action).dry_run
-        if dry:
-            return await self._dry_run(action, alert, target, actor, automatic, executor)
+        try:
+            what = self._executors[target.host][action].describe(action, target.gpu)
+        except ExecutorError as exc:  # the alert lacks what the action needs (a GPU index)
+            await self._refuse_request(actor, action, target.host, alert, str(exc))
+            raise AssertionError from exc  # unreachable: _refuse_request raises
+        if dry_run or self._config.dry_run or self.policy(action).dry_run:
+            return await self._dry_run(action, alert, target, actor, automatic, what)
         if automatic:
             await self._check_breaker(action, alert, target)
         needs_approval = self.policy(action).approval or ACTIONS[action].safety == "dangerous"
@@ -192,12 +195,8 @@ class Remediation:
         raise ActionRefused(reason)
 
     async def _dry_run(
-        self, action: str, alert: AlertState, target: Target, actor: str, automatic: bool, executor: Executor
+        self, action: str, alert: AlertState, target: Target, actor: str, automatic: bool, what: str
     ) -> ActionRun:
-        try:
-            what = executor.describe(action, target.gpu)
-        except ExecutorError as exc:
-            await self._refuse_request(actor, action, target.host, alert, str(exc))
         now = self._clock.now()
         run = await self._store.add_action_run(
             ActionRun(
@@ -344,7 +343,7 @@ class Remediation:
             run.id, RUNNING, state, self._clock.now(), detail=result.summary
         )
         await self._audit.record(run.requested_by, f"run {run.action}", _target_text(run), state, result.summary)
-        await self._announce(running, f"{run.action} on {run.target} {state} (run #{run.id}):\n{result.summary}")
+        await self._announce(running, f"{run.action} on {run.target} {state} (run #{run.id}):{_output_block(result)}")
         alert = await self._store.get_alert(run.alert_key)
         if finished is not None and result.ok and alert is not None:
             await self._verify(finished, alert)
@@ -446,6 +445,13 @@ class Remediation:
             await self._announcer.announce(alert_key, text)
         except Exception:  # the audit log has it; a thread message must not stop the action
             log.exception("could not announce a remediation step", extra={"alert_key": alert_key})
+
+
+def _output_block(result: ExecResult) -> str:
+    """Multi-line output (diagnostics) as a code block, which Slack shows collapsed under "Show more"."""
+    fence = "`" * 3
+    summary = result.summary.replace(fence, "'" * 3)
+    return f"\n{fence}\n{summary}\n{fence}" if "\n" in summary else f" {summary}"
 
 
 def _target_text(run: ActionRun) -> str:
