@@ -111,6 +111,9 @@ def _parser() -> argparse.ArgumentParser:
         decide.add_argument("run_id", type=int, metavar="RUN", help="the run number the request printed")
         _admin_options(decide)
         decide.set_defaults(run=_decide, verb=verb)
+    reset = commands.add_parser("reset-breaker", help="close the remediation circuit breaker (admins)")
+    _admin_options(reset)
+    reset.set_defaults(run=_reset_breaker)
     return parser
 
 
@@ -126,6 +129,10 @@ def _run_action(args: argparse.Namespace) -> int:
 
 def _decide(args: argparse.Namespace) -> int:
     return _ask_bot(args, args.verb, {"run": args.run_id})
+
+
+def _reset_breaker(args: argparse.Namespace) -> int:
+    return _ask_bot(args, "reset-breaker", {})
 
 
 def _ask_bot(args: argparse.Namespace, verb: str, payload: dict[str, Any]) -> int:

@@ -16,6 +16,7 @@ import pytest
 
 from bot.cli import main
 from bot.models import short_id
+from bot.store.base import BreakerState
 from tests.fakes.docker import FakeDocker
 from tests.support.bot import RunningBot, eventually, running_bot
 from tests.support.payloads import am_alert, body, webhook
@@ -121,3 +122,20 @@ async def test_without_an_admin_token_the_endpoint_is_off(tmp_path: Path, docker
     async with running_bot(tmp_path, settings) as bot, httpx.AsyncClient() as http:
         answer = await http.post(f"{bot.url}/admin/remediation/run", json={})
         assert answer.status_code == 404 and "admin_token_file" in answer.json()["message"]
+
+
+async def test_reset_breaker_closes_the_circuit_breaker_for_an_admin_only(
+    tmp_path: Path, docker: FakeDocker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with running_bot(tmp_path, config(tmp_path, docker)) as bot:
+        store = bot.runtime.store
+        await store.set_breaker(BreakerState(datetime.now(UTC), "4 hosts needed an automatic action"))
+        assert await cli(bot, tmp_path, "reset-breaker") == 1
+        assert "is not a remediation admin" in capsys.readouterr().err
+        assert await store.get_breaker() is not None
+
+    admin = config(tmp_path, docker, admins=[f"cli:{getpass.getuser()}"])
+    async with running_bot(tmp_path, admin) as bot:
+        assert await cli(bot, tmp_path, "reset-breaker") == 0
+        assert capsys.readouterr().out == "circuit breaker closed\n"
+        assert await bot.runtime.store.get_breaker() is None

@@ -48,7 +48,9 @@ ServiceGetter = Callable[[web.Request], RemediationService | None]
 
 
 def add_admin_routes(app: web.Application, token: str | None, service: ServiceGetter) -> None:
-    def handler(work: Callable[[RemediationService, Any], Awaitable[ActionRun]], body: type[_Body]) -> Any:
+    def handler(
+        work: Callable[[RemediationService, Any], Awaitable[dict[str, Any]]], body: type[_Body]
+    ) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handle(request: web.Request) -> web.Response:
             running = service(request)
             if token is None or running is None:
@@ -61,27 +63,33 @@ def add_admin_routes(app: web.Application, token: str | None, service: ServiceGe
             except ValidationError as exc:
                 return json_error(400, "bad_request", "; ".join(_problem(e) for e in exc.errors()))
             try:
-                run = await work(running, parsed)
+                answer = await work(running, parsed)
             except ActionRefused as exc:
                 return json_error(409, "refused", str(exc))
             except StoreUnavailable as exc:
                 return json_error(503, "store_unavailable", str(exc))
-            return web.json_response({"run": run_json(run)})
+            return web.json_response(answer)
 
         return handle
 
-    async def request_run(running: RemediationService, body: RunBody) -> ActionRun:
-        return await running.engine.request(body.action, body.alert, ACTOR_PREFIX + body.actor, body.dry_run)
+    async def request_run(running: RemediationService, body: RunBody) -> dict[str, Any]:
+        run = await running.engine.request(body.action, body.alert, ACTOR_PREFIX + body.actor, body.dry_run)
+        return {"run": run_json(run)}
 
-    async def approve(running: RemediationService, body: DecisionBody) -> ActionRun:
-        return await running.engine.approve(body.run, ACTOR_PREFIX + body.actor)
+    async def approve(running: RemediationService, body: DecisionBody) -> dict[str, Any]:
+        return {"run": run_json(await running.engine.approve(body.run, ACTOR_PREFIX + body.actor))}
 
-    async def refuse(running: RemediationService, body: DecisionBody) -> ActionRun:
-        return await running.engine.refuse(body.run, ACTOR_PREFIX + body.actor)
+    async def refuse(running: RemediationService, body: DecisionBody) -> dict[str, Any]:
+        return {"run": run_json(await running.engine.refuse(body.run, ACTOR_PREFIX + body.actor))}
+
+    async def reset_breaker(running: RemediationService, body: _Body) -> dict[str, Any]:
+        await running.engine.reset_breaker(ACTOR_PREFIX + body.actor)
+        return {"breaker": "closed"}
 
     app.router.add_post(f"{ADMIN_PREFIX}/run", handler(request_run, RunBody))
     app.router.add_post(f"{ADMIN_PREFIX}/approve", handler(approve, DecisionBody))
     app.router.add_post(f"{ADMIN_PREFIX}/refuse", handler(refuse, DecisionBody))
+    app.router.add_post(f"{ADMIN_PREFIX}/reset-breaker", handler(reset_breaker, _Body))
 
 
 def _same_secret(presented: str, expected: str) -> bool:

@@ -1,6 +1,7 @@
-"""`gpu-alert-bot run ACTION --alert ID [--dry-run]`, `approve RUN`, `refuse RUN`: ask the running bot over its
-local admin endpoint (bot/actions/admin.py), with the token of `remediation.admin_token_file`. The actor is
-`cli:<login name>`; approvals check it against `remediation.approvers` / `admins`."""
+"""`gpu-alert-bot run ACTION --alert ID [--dry-run]`, `approve RUN`, `refuse RUN`, `reset-breaker`: ask the
+running bot over its local admin endpoint (bot/actions/admin.py), with the token of
+`remediation.admin_token_file`. The actor is `cli:<login name>`; approvals check it against
+`remediation.approvers` / `admins`."""
 
 from __future__ import annotations
 
@@ -45,6 +46,9 @@ def remediation_command(config: BotConfig, verb: str, payload: dict[str, Any], u
     if response.status_code != 200:
         print(f"{verb} refused ({response.status_code}): {answer.get('message', answer)}", file=sys.stderr)
         return EXIT_REFUSED
+    if "run" not in answer:
+        print(f"circuit breaker {answer['breaker']}")
+        return EXIT_OK
     run = answer["run"]
     where = run["target"] if run["gpu"] is None else f"{run['target']} gpu {run['gpu']}"
     detail = f": {run['detail']}" if run["detail"] else ""
