@@ -12,6 +12,7 @@ import pytest
 
 from bot.actions.engine import ActionRefused
 from bot.actions.kubernetes import NODE_ACTIONS
+from bot.actions.policy import AutomaticPolicy
 from bot.actions.ssh import SSH_VERBS
 from bot.config import DOCKER_ACTIONS
 from bot.playbooks import ACTIONS
@@ -301,3 +302,43 @@ def test_every_remediation_action_in_the_registry_has_an_executor() -> None:
     conversation = {"ack", "silence-1h", "silence-4h", "silence-24h"}
     implemented = set(SSH_VERBS) | NODE_ACTIONS | DOCKER_ACTIONS
     assert set(ACTIONS) - conversation <= implemented
+
+
+async def test_a_request_nobody_approves_expires_by_itself(tmp_path: Path) -> None:
+    clock, thread = FakeClock(), Thread()
+    config = remediation_config(["gpu01"], approval_ttl="15m", actions={RESTART: {"approval": True}})
+    async with sqlite_store(tmp_path) as store:
+        alert = await firing_alert(store, instance="gpu01:9400")
+        bot = engine(store, config, {"gpu01": RecordingExecutor("gpu01", [RESTART])}, clock, thread)
+        run = await bot.request(RESTART, alert.fingerprint, "cli:alice")
+        await clock.advance(14 * 60)
+        await bot.expire_stale()
+        assert (await store.get_action_run(run.id)).state == "requested"  # type: ignore[union-attr]
+        await clock.advance(2 * 60)
+        await bot.expire_stale()
+        assert (await store.get_action_run(run.id)).state == "expired"  # type: ignore[union-attr]
+        assert thread.texts(alert.key)[-1] == f"Run #{run.id} ({RESTART}) expired before it was approved"
+        assert ("bot", f"run {RESTART}", "expired") in await audit_outcomes(store, clock)
+
+
+async def test_the_automatic_policy_asks_once_per_alert_and_only_when_enabled(tmp_path: Path) -> None:
+    clock = FakeClock()
+    executor = RecordingExecutor("gpu01", [RESTART])
+    async with sqlite_store(tmp_path) as store:
+        blind = await firing_alert(store, "DCGMExporterNoGPUs", instance="gpu01:9400")
+        await firing_alert(store, "GPUTempCritical", instance="gpu01:9400", gpu="0")
+        off = engine(store, remediation_config(["gpu01"]), {"gpu01": executor}, clock)
+        assert not AutomaticPolicy(off, store, clock).enabled()
+
+        config = remediation_config(["gpu01"], actions={RESTART: {"automatic": True}})
+        bot = engine(store, config, {"gpu01": executor}, clock)
+        policy = AutomaticPolicy(bot, store, clock)
+        assert policy.enabled()
+        for _ in range(2):
+            await policy.check()
+            await bot.drain()
+        await AutomaticPolicy(bot, store, clock).check()  # after a restart of the bot too
+        await bot.drain()
+        assert executor.ran == [(RESTART, None)]
+        runs = await store.action_runs(clock.now() - timedelta(days=1))
+        assert [(run.alert_key, run.automatic, run.requested_by) for run in runs] == [(blind.key, True, "bot")]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -15,7 +17,9 @@ from bot.actions.verify import ExporterRestartCheck
 from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import BotConfig, RemediationConfig
 from bot.models import AlertState
-from bot.store.base import Store
+from bot.store.base import Store, StoreUnavailable
+
+log = logging.getLogger(__name__)
 
 
 def build_executors(config: RemediationConfig) -> dict[str, dict[str, Executor]]:
@@ -69,16 +73,34 @@ class NoteAnnouncer:
 
 @dataclass
 class RemediationService:
+    """The engine, and its background duty every poll_interval: expire unapproved requests, apply the
+    automatic policy."""
+
     engine: Remediation
     policy: AutomaticPolicy
+    clock: Clock
+    poll_interval: float
+    _task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await self.engine.resume()
-        self.policy.start()
+        self._task = asyncio.create_task(self._loop())
 
     async def stop(self) -> None:
-        await self.policy.stop()
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
         await self.engine.close()
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.engine.expire_stale()
+                if self.policy.enabled():
+                    await self.policy.check()
+            except StoreUnavailable as exc:
+                log.warning("remediation could not use the store", extra={"error": str(exc)})
+            await self.clock.sleep(self.poll_interval)
 
 
 def build_remediation(
@@ -99,4 +121,5 @@ def build_remediation(
         verifiers,
         clock,
     )
-    return RemediationService(engine, AutomaticPolicy(engine, store, clock, remediation.poll_interval))
+    policy = AutomaticPolicy(engine, store, clock)
+    return RemediationService(engine, policy, clock, remediation.poll_interval)

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from bot.actions.executor import ExecResult, Executor, ExecutorError
 from bot.actions.targets import Target, TargetRefused, select_target
@@ -130,13 +130,11 @@ class Remediation:
         alert = await self._find_alert(alert_id)
         if alert is None:
             await self._refuse_request(actor, action, alert_id, None, f"no alert {alert_id!r}")
-        assert alert is not None
         target = await self._checked_target(action, alert, actor)
         try:
             what = self._executors[target.host][action].describe(action, target.gpu)
         except ExecutorError as exc:  # the alert lacks what the action needs (a GPU index)
             await self._refuse_request(actor, action, target.host, alert, str(exc))
-            raise AssertionError from exc  # unreachable: _refuse_request raises
         if dry_run or self._config.dry_run or self.policy(action).dry_run:
             return await self._dry_run(action, alert, target, actor, automatic, what)
         if automatic:
@@ -181,14 +179,13 @@ class Remediation:
             target = select_target(alert.labels, self._config)
         except TargetRefused as exc:
             await self._refuse_request(actor, action, alert.key, alert, str(exc))
-            raise AssertionError from exc  # unreachable: _refuse_request raises
         if action not in self._executors.get(target.host, {}):
             await self._refuse_request(actor, action, target.host, alert, f"no executor for {action} on {target.host}")
         return target
 
     async def _refuse_request(
         self, actor: str, action: str, target: str, alert: AlertState | None, reason: str
-    ) -> None:
+    ) -> NoReturn:
         await self._audit.record(actor, f"run {action}", target, "refused", reason)
         if alert is not None:
             await self._say(alert.key, f"{action} refused ({actor}): {reason}")
@@ -303,18 +300,37 @@ class Remediation:
             raise ActionRefused(f"no run #{run_id}")
         if run.state != REQUESTED:
             await self._refuse_decision(run, actor, verb, f"run #{run.id} is {run.state}, not waiting for approval")
-        age = (self._clock.now() - run.requested_at).total_seconds()
-        if age > self._config.approval_ttl:
-            expired = await self._store.transition_action_run(
-                run.id, REQUESTED, EXPIRED, self._clock.now(), detail="approval expired"
-            )
+        if self._expired(run):
+            await self._expire(run)
             await self._audit.record(actor, f"{verb} {run.action}", _target_text(run), "expired", f"run #{run.id}")
-            if expired is not None:
-                await self._announce(expired, f"Run #{run.id} ({run.action}) expired before it was approved")
             raise ActionRefused(f"run #{run.id} expired: approvals last {_duration_text(self._config.approval_ttl)}")
         return run
 
-    async def _refuse_decision(self, run: ActionRun, actor: str, verb: str, reason: str) -> None:
+    def _expired(self, run: ActionRun) -> bool:
+        return (self._clock.now() - run.requested_at).total_seconds() > self._config.approval_ttl
+
+    async def _expire(self, run: ActionRun) -> None:
+        expired = await self._store.transition_action_run(
+            run.id, REQUESTED, EXPIRED, self._clock.now(), detail="approval expired"
+        )
+        if expired is not None:
+            await self._announce(expired, f"Run #{run.id} ({run.action}) expired before it was approved")
+
+    async def expire_stale(self) -> None:
+        """Requests nobody approved within approval_ttl expire (and say so in their thread)."""
+        since = self._clock.now() - timedelta(seconds=self._config.approval_ttl) - timedelta(days=1)
+        for run in await self._store.action_runs(since, (REQUESTED,)):
+            if self._expired(run):
+                await self._expire(run)
+                await self._audit.record(
+                    AUTOMATIC_ACTOR,
+                    f"run {run.action}",
+                    _target_text(run),
+                    "expired",
+                    f"run #{run.id}, not approved in time",
+                )
+
+    async def _refuse_decision(self, run: ActionRun, actor: str, verb: str, reason: str) -> NoReturn:
         await self._audit.record(actor, f"{verb} {run.action}", _target_text(run), "refused", reason)
         await self._announce(run, f"{verb} refused: {reason}")
         raise ActionRefused(reason)

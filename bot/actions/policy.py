@@ -4,29 +4,23 @@ once; the engine's rails still apply (cooldown, circuit breaker, verification, a
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import logging
 from datetime import timedelta
 
 from bot.actions.engine import AUTOMATIC_ACTOR, ActionRefused, Remediation
 from bot.clock import Clock
-from bot.store.base import Store, StoreUnavailable
-
-log = logging.getLogger(__name__)
+from bot.store.base import Store
 
 # alertname -> the action that fixes what it reports
 AUTOMATIC_TRIGGERS = {"DCGMExporterNoGPUs": "restart-dcgm-exporter", "DCGMXidGaugeStuck": "restart-dcgm-exporter"}
 
 
 class AutomaticPolicy:
-    def __init__(self, engine: Remediation, store: Store, clock: Clock, poll_interval: float) -> None:
+    def __init__(self, engine: Remediation, store: Store, clock: Clock) -> None:
         self._engine = engine
         self._store = store
         self._clock = clock
-        self._poll_interval = poll_interval
         self._tried: set[str] = set()  # alert keys asked for in this process (refusals leave no run)
-        self._task: asyncio.Task[None] | None = None
 
     def enabled(self) -> bool:
         return any(self._engine.policy(action).automatic for action in set(AUTOMATIC_TRIGGERS.values()))
@@ -47,21 +41,3 @@ class AutomaticPolicy:
     async def _has_run(self, alert_key: str, action: str) -> bool:
         runs = await self._store.action_runs(self._clock.now() - timedelta(days=1))
         return any(run.alert_key == alert_key and run.action == action for run in runs)
-
-    def start(self) -> None:
-        if self.enabled():
-            self._task = asyncio.create_task(self._loop())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
-
-    async def _loop(self) -> None:
-        while True:
-            try:
-                await self.check()
-            except StoreUnavailable as exc:
-                log.warning("automatic remediation could not read the store", extra={"error": str(exc)})
-            await self._clock.sleep(self._poll_interval)
