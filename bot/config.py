@@ -618,6 +618,16 @@ class BotConfig(StrictModel):
             raise ValueError("\n".join(problems))
         return self
 
+    @model_validator(mode="after")
+    def _automatic_remediation_is_verified(self) -> BotConfig:
+        automatic = sorted(name for name, policy in self.remediation.actions.items() if policy.automatic)
+        if automatic and self.remediation.prometheus is None and self.enrichment.prometheus is None:
+            raise ValueError(
+                f"remediation.actions: {', '.join(automatic)} automatic needs Prometheus to verify it: set "
+                "remediation.prometheus or enrichment.prometheus"
+            )
+        return self
+
     def secrets(self) -> Iterator[str]:
         """Every secret value in the configuration, so the log filter can mask them wherever they appear."""
         yield from _secrets_in(self)
