@@ -15,6 +15,7 @@ from bot.actions.kubernetes import NODE_ACTIONS
 from bot.actions.policy import AutomaticPolicy
 from bot.actions.ssh import SSH_VERBS
 from bot.config import DOCKER_ACTIONS
+from bot.metrics import Metrics
 from bot.playbooks import ACTIONS
 from bot.store.base import Store
 from tests.support.clock import FakeClock
@@ -22,6 +23,7 @@ from tests.support.remediation import RecordingExecutor, Thread, engine, firing_
 from tests.support.store import sqlite_store
 
 RESTART = "restart-dcgm-exporter"
+STEPS = "gpu_alert_bot_remediation_steps_total"
 
 
 async def audit_outcomes(store: Store, clock: FakeClock) -> list[tuple[str, str, str]]:
@@ -211,9 +213,11 @@ async def test_the_circuit_breaker_stops_automatic_actions_across_too_many_hosts
     hosts = ["gpu01", "gpu02", "gpu03", "gpu04"]
     executors = {host: RecordingExecutor(host, [RESTART]) for host in hosts}
     config = remediation_config(hosts, admins=["cli:root"], circuit_breaker={"max_hosts": 2, "window": "10m"})
+    metrics = Metrics()
     async with sqlite_store(tmp_path) as store:
         alerts = {host: await firing_alert(store, instance=f"{host}:9400") for host in hosts}
-        bot = engine(store, config, executors, clock, thread)
+        bot = engine(store, config, executors, clock, thread, metrics)
+        assert metrics.registry.get_sample_value(STEPS, {"action": RESTART, "outcome": "refused"}) == 0
         for host in hosts[:2]:
             await bot.request(RESTART, alerts[host].fingerprint, "bot", automatic=True)
         with pytest.raises(ActionRefused, match="circuit breaker opened"):
@@ -221,6 +225,9 @@ async def test_the_circuit_breaker_stops_automatic_actions_across_too_many_hosts
         await bot.drain()
         assert [host for host in hosts if executors[host].ran] == ["gpu01", "gpu02"]
         assert await bot.breaker() is not None
+        assert metrics.registry.get_sample_value("gpu_alert_bot_remediation_breaker_open") == 1
+        assert metrics.registry.get_sample_value(STEPS, {"action": RESTART, "outcome": "refused"}) == 1
+        assert metrics.registry.get_sample_value(STEPS, {"action": RESTART, "outcome": "done"}) == 2
 
         await clock.advance(3600)  # the window has passed: the breaker stays open all the same
         with pytest.raises(ActionRefused, match="circuit breaker open since"):
@@ -233,6 +240,7 @@ async def test_the_circuit_breaker_stops_automatic_actions_across_too_many_hosts
             await bot.reset_breaker("cli:alice")
         await bot.reset_breaker("cli:root")
         assert await bot.breaker() is None
+        assert metrics.registry.get_sample_value("gpu_alert_bot_remediation_breaker_open") == 0
         run = await bot.request(RESTART, alerts["gpu03"].fingerprint, "bot", automatic=True)
         await bot.drain()
         assert (await store.get_action_run(run.id)).state == "done"  # type: ignore[union-attr]

@@ -16,6 +16,7 @@ from bot.actions.ssh import SshExecutor
 from bot.actions.verify import ExporterRestartCheck
 from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import BotConfig, RemediationConfig
+from bot.metrics import Metrics
 from bot.models import AlertState
 from bot.store.base import Store, StoreUnavailable
 
@@ -104,7 +105,7 @@ class RemediationService:
 
 
 def build_remediation(
-    config: BotConfig, store: Store, notify: Callable[[], None], clock: Clock = SYSTEM_CLOCK
+    config: BotConfig, store: Store, notify: Callable[[], None], metrics: Metrics, clock: Clock = SYSTEM_CLOCK
 ) -> RemediationService:
     remediation = config.remediation
     prometheus = remediation.prometheus or config.enrichment.prometheus
@@ -120,6 +121,7 @@ def build_remediation(
         alert_finder(store),
         verifiers,
         clock,
+        metrics,
     )
     policy = AutomaticPolicy(engine, store, clock)
     return RemediationService(engine, policy, clock, remediation.poll_interval)

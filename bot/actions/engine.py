@@ -19,6 +19,7 @@ from bot.actions.targets import Target, TargetRefused, select_target
 from bot.audit import AuditLog
 from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import ActionPolicyConfig, RemediationConfig
+from bot.metrics import Metrics
 from bot.models import AlertState
 from bot.playbooks import ACTIONS
 from bot.store.base import ActionRun, BreakerState, Store
@@ -90,6 +91,7 @@ class Remediation:
         find_alert: AlertFinder,
         verifiers: Verifiers | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        metrics: Metrics | None = None,
     ) -> None:
         """`executors`: per configured host, per action, the executor that runs it there."""
         self._store = store
@@ -100,7 +102,10 @@ class Remediation:
         self._find_alert = find_alert
         self._verifiers = verifiers or {}
         self._clock = clock
-        self._audit = AuditLog(store, clock)
+        self._audit = _CountingAudit(AuditLog(store, clock), metrics)
+        self._metrics = metrics
+        if metrics is not None:
+            metrics.init_remediation(self.executable_actions())
         self._active: set[tuple[str, str]] = set()  # (action, host) running now
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -238,6 +243,7 @@ class Remediation:
                 f"(limit {limits.max_hosts}): a fleet-wide problem"
             )
             await self._store.set_breaker(BreakerState(self._clock.now(), reason))
+            self._show_breaker(open_=True)
             await self._audit.record(AUTOMATIC_ACTOR, "circuit-breaker", "remediation", "opened", reason)
             await self._refuse_request(AUTOMATIC_ACTOR, action, target.host, alert, f"circuit breaker opened: {reason}")
 
@@ -249,7 +255,12 @@ class Remediation:
             await self._audit.record(actor, "circuit-breaker", "remediation", "refused", "not an admin")
             raise ActionRefused(f"{actor} is not a remediation admin")
         await self._store.set_breaker(None)
+        self._show_breaker(open_=False)
         await self._audit.record(actor, "circuit-breaker", "remediation", "reset")
+
+    def _show_breaker(self, open_: bool) -> None:
+        if self._metrics is not None:
+            self._metrics.remediation_breaker_open.set(1 if open_ else 0)
 
     # --- approval -----------------------------------------------------------------------------------
     async def approve(self, run_id: int, actor: str) -> ActionRun:
@@ -421,6 +432,7 @@ class Remediation:
     async def resume(self) -> None:
         """After a restart: run what was approved, verify what was done, and report (never repeat) what was
         running when the process stopped, since it may or may not have reached the host."""
+        self._show_breaker(open_=await self._store.get_breaker() is not None)
         since = self._clock.now() - timedelta(days=1)
         for run in await self._store.action_runs(since, (APPROVED, RUNNING, DONE)):
             if run.state == APPROVED:
@@ -461,6 +473,20 @@ class Remediation:
             await self._announcer.announce(alert_key, text)
         except Exception:  # the audit log has it; a thread message must not stop the action
             log.exception("could not announce a remediation step", extra={"alert_key": alert_key})
+
+
+class _CountingAudit:
+    """The audit log, each remediation step also counted in `gpu_alert_bot_remediation_steps_total`."""
+
+    def __init__(self, audit: AuditLog, metrics: Metrics | None) -> None:
+        self._audit = audit
+        self._metrics = metrics
+
+    async def record(self, actor: str, action: str, target: str, outcome: str, detail: str = "") -> None:
+        await self._audit.record(actor, action, target, outcome, detail)
+        name = action.rsplit(" ", 1)[-1]  # "run restart-dcgm-exporter", "approve reset-gpu"
+        if self._metrics is not None and name in ACTIONS:
+            self._metrics.remediation_steps.labels(name, outcome).inc()
 
 
 def _output_block(result: ExecResult) -> str:

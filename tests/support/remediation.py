@@ -11,6 +11,7 @@ from bot.actions.build import alert_finder
 from bot.actions.engine import ConfigAuthorizer, Remediation
 from bot.actions.executor import ExecResult, Executor
 from bot.config import RemediationConfig
+from bot.metrics import Metrics
 from bot.models import AlertState
 from bot.store.base import Store
 from bot.store.sqlite import SqliteStore
@@ -67,6 +68,7 @@ def engine(
     executors: dict[str, RecordingExecutor],
     clock: FakeClock,
     thread: Thread | None = None,
+    metrics: Metrics | None = None,
 ) -> Remediation:
     per_host: dict[str, dict[str, Executor]] = {
         host: dict.fromkeys(executor.actions(), executor) for host, executor in executors.items()
@@ -79,6 +81,7 @@ def engine(
         ConfigAuthorizer(config),
         alert_finder(store),
         clock=clock,
+        metrics=metrics,
     )
 
 
