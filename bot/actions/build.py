@@ -7,12 +7,9 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bot.actions.docker import DockerExecutor
 from bot.actions.engine import AlertFinder, ConfigAuthorizer, Remediation, Verification
 from bot.actions.executor import Executor
-from bot.actions.kubernetes import KubernetesExecutor
 from bot.actions.policy import AutomaticPolicy
-from bot.actions.ssh import SshExecutor
 from bot.actions.verify import ExporterRestartCheck
 from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import BotConfig, RemediationConfig
@@ -25,15 +22,24 @@ log = logging.getLogger(__name__)
 
 def build_executors(config: RemediationConfig) -> dict[str, dict[str, Executor]]:
     """Per configured host, per action, the executor that runs it there: the first configured of Docker
-    (the most direct), Kubernetes, then SSH."""
+    (the most direct), Kubernetes, then SSH.
+
+    Each executor's client library is imported only when some host uses it: together they take seconds to
+    load, which every command and every start of the bot would pay otherwise."""
     executors: dict[str, dict[str, Executor]] = {}
     for host, target in config.hosts.items():
         candidates: list[Executor] = []
         if target.docker is not None:
+            from bot.actions.docker import DockerExecutor
+
             candidates.append(DockerExecutor(host, target.docker))
         if config.kubernetes is not None and target.kubernetes_node is not None:
+            from bot.actions.kubernetes import KubernetesExecutor
+
             candidates.append(KubernetesExecutor(host, target.kubernetes_node, config.kubernetes))
         if target.ssh is not None:
+            from bot.actions.ssh import SshExecutor
+
             candidates.append(SshExecutor(host, target.ssh))
         executors[host] = _first_per_action(candidates)
     return executors
