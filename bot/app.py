@@ -71,7 +71,9 @@ async def start_runtime(
     worker = Worker(pipeline, store, config.worker, config.store, metrics)
     outbox.start()
     worker.start()
-    remediation = build_remediation(config, store, worker.notify, metrics) if config.remediation.hosts else None
+    remediation = (
+        build_remediation(config, store, worker.notify, metrics, playbooks) if config.remediation.hosts else None
+    )
     if remediation is not None:
         await remediation.start()
     return Runtime(store=store, outbox=outbox, worker=worker, enrichers=enrichers, remediation=remediation)

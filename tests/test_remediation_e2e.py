@@ -157,4 +157,7 @@ async def test_the_bot_restarts_a_blind_exporter_by_itself_and_says_whether_it_h
             assert any("automatic policy: restart-dcgm-exporter on 127.0.0.1" in text for text in replies)
             assert any("restart-dcgm-exporter on 127.0.0.1 done" in text for text in replies)
             if not restart_helps:
-                assert any("it reports no GPU" in text for text in replies)
+                [escalation] = [text for text in replies if "did not help" in text]
+                assert "it reports no GPU" in escalation
+                # The playbook's own escalation (playbooks/DCGMExporterNoGPUs.yaml) says what comes next.
+                assert "Next step: Escalate when nvidia-smi fails on the host itself" in escalation

@@ -15,6 +15,7 @@ from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import BotConfig, RemediationConfig
 from bot.metrics import Metrics
 from bot.models import AlertState
+from bot.playbooks import PlaybookSet
 from bot.store.base import Store, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -111,7 +112,12 @@ class RemediationService:
 
 
 def build_remediation(
-    config: BotConfig, store: Store, notify: Callable[[], None], metrics: Metrics, clock: Clock = SYSTEM_CLOCK
+    config: BotConfig,
+    store: Store,
+    notify: Callable[[], None],
+    metrics: Metrics,
+    playbooks: PlaybookSet,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> RemediationService:
     remediation = config.remediation
     prometheus = remediation.prometheus or config.enrichment.prometheus
@@ -128,6 +134,7 @@ def build_remediation(
         verifiers,
         clock,
         metrics,
+        lambda alert: " ".join(playbooks.match(alert).escalate.split()),
     )
     policy = AutomaticPolicy(engine, store, clock)
     return RemediationService(engine, policy, clock, remediation.poll_interval)

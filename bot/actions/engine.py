@@ -76,8 +76,10 @@ class Verification(Protocol):
 
 # Looks an alert up by the id people see (a short id, a fingerprint or the key).
 AlertFinder = Callable[[str], Awaitable[AlertState | None]]
-# Checks to take before an action (the GPUs an exporter reported), given to its verification afterwards.
+# Per action, how to check afterwards that it helped.
 Verifiers = Mapping[str, Verification]
+# What people should do about an alert when the action did not help.
+NextStep = Callable[[AlertState], str]
 
 
 class Remediation:
@@ -92,8 +94,10 @@ class Remediation:
         verifiers: Verifiers | None = None,
         clock: Clock = SYSTEM_CLOCK,
         metrics: Metrics | None = None,
+        next_step: NextStep | None = None,
     ) -> None:
-        """`executors`: per configured host, per action, the executor that runs it there."""
+        """`executors`: per configured host, per action, the executor that runs it there. `next_step` says
+        what to do when an action did not help (the playbook's escalation)."""
         self._store = store
         self._config = config
         self._executors = executors
@@ -104,6 +108,7 @@ class Remediation:
         self._clock = clock
         self._audit = _CountingAudit(AuditLog(store, clock), metrics)
         self._metrics = metrics
+        self._next_step = next_step or (lambda alert: "")
         if metrics is not None:
             metrics.init_remediation(self.executable_actions())
         self._active: set[tuple[str, str]] = set()  # (action, host) running now
@@ -425,7 +430,7 @@ class Remediation:
             await self._announce(
                 moved,
                 f"{run.action} on {run.target} did not help (run #{run.id}): {seen}. "
-                "Next step: follow the playbook's escalation",
+                f"Next step: {self._next_step(alert) or 'follow the playbook'}",
             )
 
     # --- restart and background work ----------------------------------------------------------------
