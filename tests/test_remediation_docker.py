@@ -4,11 +4,13 @@ version is negotiated, the configured container is restarted (the call waits for
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import trustme
 from pydantic import ValidationError
 
 from bot.actions.build import alert_finder, build_executors
@@ -94,3 +96,25 @@ async def test_the_engine_restarts_through_docker_and_a_failure_is_a_failed_run(
         assert any("restart-inference-server on gpu01 failed" in text for text in thread.texts(alert.key))
         outcomes = [e.outcome for e in await store.audit_log(clock.now() - timedelta(days=1))]
         assert outcomes == ["requested", "done", "requested", "failed"]
+
+
+async def test_over_tcp_the_engine_and_the_bot_prove_who_they_are_with_certificates(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server)
+    ca.configure_trust(server)
+    server.verify_mode = ssl.CERT_REQUIRED  # dockerd --tlsverify
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    client = ca.issue_cert("gpu-alert-bot")
+    client.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
+    client.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    async with FakeDocker(tmp_path / "unused.sock", ["dcgm-exporter"], tls=server) as docker:
+        files = {"ca_file": str(tmp_path / "ca.pem"), "cert_file": str(tmp_path / "cert.pem")}
+        mutual = docker_config(docker, **files, key_file=str(tmp_path / "key.pem"))
+        assert (await DockerExecutor("gpu01", mutual).run("restart-dcgm-exporter", None)).ok
+        assert docker.restarts("dcgm-exporter") == 1
+
+        without_client_cert = docker_config(docker, ca_file=str(tmp_path / "ca.pem"))
+        with pytest.raises(ExecutorError, match="Docker API unreachable"):
+            await DockerExecutor("gpu01", without_client_cert).run("restart-dcgm-exporter", None)
+        assert docker.restarts("dcgm-exporter") == 1

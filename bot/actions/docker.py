@@ -13,6 +13,9 @@ import aiohttp
 from bot.actions.executor import ExecResult, ExecutorError
 from bot.config import DOCKER_ACTIONS, DockerExecutorConfig
 
+# The status aiodocker gives a DockerError when it got no answer at all (connection refused, TLS refused).
+_NO_CONNECTION = 900
+
 
 class DockerExecutor:
     kind = "docker"
@@ -36,6 +39,8 @@ class DockerExecutor:
             async with aiodocker.Docker(url=config.url, ssl_context=self._ssl_context(), timeout=timeout) as docker:
                 await docker.containers.container(name).restart(t=config.stop_timeout, timeout=timeout)
         except aiodocker.DockerError as exc:
+            if exc.status == _NO_CONNECTION:
+                raise ExecutorError(f"{self._host}: Docker API unreachable: {exc.message}") from exc
             raise ExecutorError(f"{self._host}: Docker answered {exc.status}: {exc.message}") from exc
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise ExecutorError(f"{self._host}: Docker API unreachable: {type(exc).__name__}: {exc}") from exc

@@ -1,4 +1,5 @@
-"""A loopback fake of the Docker Engine API on a unix socket, speaking what moby documents (protocols.md 8.1).
+"""A loopback fake of the Docker Engine API on a unix socket (or TCP with mutual TLS), speaking what moby
+documents (protocols.md 8.1).
 
 `GET /_ping` (`OK`, header `Api-Version`), `GET /version` (`ApiVersion`, `MinAPIVersion`), versioned paths
 `/v1.NN/...` (a version below the minimum: 400 with Docker's message), `GET /containers/{name}/json`, and
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import ssl
 from pathlib import Path
 from typing import Self
 
@@ -28,8 +30,12 @@ def _version_tuple(version: str) -> tuple[int, int]:
 
 
 class FakeDocker:
-    def __init__(self, socket_path: Path, containers: list[str]) -> None:
+    def __init__(self, socket_path: Path, containers: list[str], tls: ssl.SSLContext | None = None) -> None:
+        """On the unix socket `socket_path`; with `tls`, on a loopback TCP port with that server context instead
+        (dockerd's `--tlsverify`: the context asks for a client certificate)."""
         self.socket_path = socket_path
+        self.tls = tls
+        self.port = 0
         self.containers = {name: {"restarts": 0} for name in containers}
         self.failing: set[str] = set()
         self.restart_seconds = 0.0
@@ -38,7 +44,7 @@ class FakeDocker:
 
     @property
     def url(self) -> str:
-        return f"unix://{self.socket_path}"
+        return f"https://127.0.0.1:{self.port}" if self.tls else f"unix://{self.socket_path}"
 
     def restarts(self, name: str) -> int:
         return self.containers[name]["restarts"]
@@ -52,7 +58,11 @@ class FakeDocker:
             app.router.add_post(prefix + "/containers/{name}/restart", self._restart)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        await web.UnixSite(self._runner, str(self.socket_path)).start()
+        if self.tls is None:
+            await web.UnixSite(self._runner, str(self.socket_path)).start()
+        else:
+            await web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=self.tls).start()
+            self.port = self._runner.addresses[0][1]
         return self
 
     async def stop(self) -> None:
