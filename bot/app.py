@@ -11,6 +11,8 @@ from typing import TextIO
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from bot.actions.admin import add_admin_routes
+from bot.actions.build import RemediationService, build_remediation
 from bot.auth import WebhookAuth
 from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import BotConfig
@@ -46,8 +48,11 @@ class Runtime:
     enrichers: EnrichmentRunner
     interactivity: Interactivity | None = None
     deadman: Deadman | None = None
+    remediation: RemediationService | None = None
 
     async def close(self) -> None:
+        if self.remediation is not None:
+            await self.remediation.stop()
         if self.deadman is not None:
             await self.deadman.stop()
         if self.interactivity is not None:
@@ -88,8 +93,19 @@ async def start_runtime(
     deadman = Deadman(store, config.deadman, metrics, clock, worker.notify) if config.deadman.enabled else None
     if deadman is not None:
         deadman.start()
+    remediation = (
+        build_remediation(config, store, worker.notify, metrics, playbooks) if config.remediation.hosts else None
+    )
+    if remediation is not None:
+        await remediation.start()
     return Runtime(
-        store=store, outbox=outbox, worker=worker, enrichers=enrichers, interactivity=interactivity, deadman=deadman
+        store=store,
+        outbox=outbox,
+        worker=worker,
+        enrichers=enrichers,
+        interactivity=interactivity,
+        deadman=deadman,
+        remediation=remediation,
     )
 
 
@@ -132,7 +148,13 @@ def build_app(
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)
     add_slack_routes(app, config.interactivity, lambda request: request.app[RUNTIME_KEY].interactivity)
+    admin_token = config.remediation.admin_token_file
+    add_admin_routes(app, admin_token.get() if admin_token else None, _remediation)
     return app
+
+
+def _remediation(request: web.Request) -> RemediationService | None:
+    return request.app[RUNTIME_KEY].remediation
 
 
 async def _webhook(request: web.Request) -> web.Response:

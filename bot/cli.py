@@ -18,6 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
+from bot.actions.cli import remediation_command
 from bot.app import build_app
 from bot.audit import audit_command
 from bot.config import BotConfig, ConfigError, listen_address, load_config, parse_duration, secret_file_warnings
@@ -130,6 +131,21 @@ def _parser() -> argparse.ArgumentParser:
     selftest.add_argument("--pagerduty-event", action="store_true", help="also send the test alert to PagerDuty")
     selftest.add_argument("--json", action="store_true", help="the result as JSON on stdout (progress on stderr)")
     selftest.set_defaults(run=_selftest)
+
+    run = commands.add_parser("run", help="ask the running bot to run a remediation action on an alert's host")
+    run.add_argument("action", help="an action of the registry, e.g. restart-dcgm-exporter")
+    run.add_argument("--alert", required=True, help="the alert's short id (as in its message), key or fingerprint")
+    run.add_argument("--dry-run", action="store_true", help="only say what would be done")
+    _admin_options(run)
+    run.set_defaults(run=_run_action)
+    for verb in ("approve", "refuse"):
+        decide = commands.add_parser(verb, help=f"{verb} a remediation run waiting for approval")
+        decide.add_argument("run_id", type=int, metavar="RUN", help="the run number the request printed")
+        _admin_options(decide)
+        decide.set_defaults(run=_decide, verb=verb)
+    reset = commands.add_parser("reset-breaker", help="close the remediation circuit breaker (admins)")
+    _admin_options(reset)
+    reset.set_defaults(run=_reset_breaker)
     return parser
 
 
@@ -139,6 +155,33 @@ def _store_option(command: argparse.ArgumentParser) -> None:
 
 def _store_override(args: argparse.Namespace) -> dict[str, Any]:
     return {"store.path": str(args.store.resolve())} if args.store else {}
+
+
+def _admin_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, help="the bot's YAML configuration (admin token, listen address)")
+    parser.add_argument("--url", help="the bot's address (default: from server.listen, on loopback)")
+
+
+def _run_action(args: argparse.Namespace) -> int:
+    payload = {"action": args.action, "alert": args.alert, "dry_run": args.dry_run}
+    return _ask_bot(args, "run", payload)
+
+
+def _decide(args: argparse.Namespace) -> int:
+    return _ask_bot(args, args.verb, {"run": args.run_id})
+
+
+def _reset_breaker(args: argparse.Namespace) -> int:
+    return _ask_bot(args, "reset-breaker", {})
+
+
+def _ask_bot(args: argparse.Namespace, verb: str, payload: dict[str, Any]) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        _print_problems(exc.problems)
+        return EXIT_CONFIG
+    return remediation_command(config, verb, payload, args.url)
 
 
 def _duration(text: str) -> float:

@@ -42,6 +42,17 @@ ERROR_KINDS: tuple[ErrorKind, ...] = get_args(ErrorKind)
 DeliveryOutcome = Literal["delivered", "retry", "failed"]
 DELIVERY_RESULTS: tuple[DeliveryOutcome, ...] = get_args(DeliveryOutcome)
 ALERT_STATUSES = ("firing", "resolved")
+REMEDIATION_OUTCOMES = (
+    "requested",
+    "approved",
+    "refused",
+    "dry-run",
+    "done",
+    "failed",
+    "verified",
+    "escalated",
+    "expired",
+)
 
 # The *_created series double the output and nobody alerts on them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -128,9 +139,27 @@ class Metrics:
             ["replica"],
             registry=r,
         )
+        self.remediation_steps = Counter(
+            f"{_PREFIX}_remediation_steps",
+            "Remediation steps, by action and outcome (requested, approved, refused, dry-run, done, failed, "
+            "verified, escalated, expired).",
+            ["action", "outcome"],
+            registry=r,
+        )
+        self.remediation_breaker_open = Gauge(
+            f"{_PREFIX}_remediation_breaker_open",
+            "1 while the remediation circuit breaker stops automatic actions (an admin resets it).",
+            registry=r,
+        )
 
     def error(self, kind: ErrorKind) -> None:
         self.errors.labels(kind).inc()
+
+    def init_remediation(self, actions: Iterable[str]) -> None:
+        """Start each executable action's step counters at 0."""
+        for action in actions:
+            for outcome in REMEDIATION_OUTCOMES:
+                self.remediation_steps.labels(action, outcome)
 
     def init_receivers(self, receivers: Iterable[str]) -> None:
         """Start each configured receiver's delivery counters at 0 (the failures are per reason: not known)."""

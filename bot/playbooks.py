@@ -118,6 +118,7 @@ ACTIONS: Mapping[str, ActionSpec] = {
         ActionSpec(
             "cordon-node", "Cordon node", "guarded", "No new work is scheduled on the host; running work continues."
         ),
+        ActionSpec("uncordon-node", "Uncordon node", "guarded", "New work may be scheduled on the host again."),
         ActionSpec("drain-node", "Drain node", "dangerous", "Stops or moves every workload off the host."),
         ActionSpec(
             "reset-gpu",

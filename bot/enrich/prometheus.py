@@ -119,8 +119,10 @@ class PrometheusClient:
         matrix = _parse(_Matrix, data, "a range query result")
         return [RawSeries(s.metric, [(ts, parse_value(v)) for ts, v in s.values]) for s in matrix.result]
 
-    async def query(self, query: str, at: float, deadline: Deadline) -> list[RawSeries]:
-        data = await self._call("POST", "/api/v1/query", deadline, data={"query": query, "time": _num(at)})
+    async def query(self, query: str, at: float | None, deadline: Deadline) -> list[RawSeries]:
+        """An instant query at `at`, or at Prometheus's own present when None."""
+        form = {"query": query} if at is None else {"query": query, "time": _num(at)}
+        data = await self._call("POST", "/api/v1/query", deadline, data=form)
         vector = _parse(_Vector, data, "an instant vector")
         return [RawSeries(s.metric, [(s.value[0], parse_value(s.value[1]))]) for s in vector.result]
 

@@ -102,6 +102,35 @@ class WatchdogRecord:
     alerted_since: datetime | None = None
 
 
+@dataclass(frozen=True)
+class ActionRun:
+    """One remediation action asked for on one alert's target, as persisted: its state moves requested ->
+    approved -> running -> done/failed -> verified/escalated (or refused, expired, dry-run), each step written
+    before the next begins, so a restart neither loses nor repeats it."""
+
+    id: int
+    action: str
+    alert_key: str
+    target: str
+    gpu: str | None
+    requested_by: str
+    automatic: bool
+    dry_run: bool
+    state: str
+    requested_at: datetime
+    updated_at: datetime
+    approvals: tuple[str, ...] = ()
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class BreakerState:
+    """The remediation circuit breaker, open: automatic actions stop until an admin resets it."""
+
+    opened_at: datetime
+    reason: str
+
+
 # (what the store knows of the notification's alerts, its alerts, its groupKey) -> one decision per alert
 Planner = Callable[[Mapping[str, AlertState], Sequence[AmAlert], str], list[AlertDecision]]
 
@@ -249,6 +278,39 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def watchdog_alerting(self, replica: str, since: datetime | None) -> None:
         """Record that the switch now alerts for this replica (since the given time), or no longer (None)."""
+
+    # --- remediation: action runs and the circuit breaker ---------------------------------------------
+    @abc.abstractmethod
+    async def add_action_run(self, run: ActionRun) -> ActionRun:
+        """Persist a new run (its `id` is ignored) and return it with the id the store gave it."""
+
+    @abc.abstractmethod
+    async def get_action_run(self, run_id: int) -> ActionRun | None: ...
+
+    @abc.abstractmethod
+    async def transition_action_run(
+        self,
+        run_id: int,
+        expected: str,
+        state: str,
+        at: datetime,
+        detail: str | None = None,
+        approvals: Sequence[str] | None = None,
+    ) -> ActionRun | None:
+        """Move a run from state `expected` to `state` (with a new detail or approvals), atomically: None when
+        the run is not in `expected` any more (someone else moved it first)."""
+
+    @abc.abstractmethod
+    async def action_runs(self, since: datetime, states: Sequence[str] | None = None) -> list[ActionRun]:
+        """Runs updated at or after `since` (in one of `states` when given), oldest first."""
+
+    @abc.abstractmethod
+    async def get_breaker(self) -> BreakerState | None:
+        """The circuit breaker's state: None when closed."""
+
+    @abc.abstractmethod
+    async def set_breaker(self, state: BreakerState | None) -> None:
+        """Open (a state) or close (None) the circuit breaker, durably."""
 
     # --- health and housekeeping ---------------------------------------------------------------------
     @abc.abstractmethod

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import fcntl
 import functools
 import itertools
@@ -41,7 +42,9 @@ from bot.models import (
     short_id,
 )
 from bot.store.base import (
+    ActionRun,
     AuditEntry,
+    BreakerState,
     DeliveryRecord,
     EventRecord,
     IncomingNotification,
@@ -190,6 +193,29 @@ CREATE TABLE IF NOT EXISTS audit_log (
     detail TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS audit_log_at ON audit_log(at);
+
+CREATE TABLE IF NOT EXISTS action_runs (
+    id INTEGER PRIMARY KEY,
+    action TEXT NOT NULL,
+    alert_key TEXT NOT NULL,
+    target TEXT NOT NULL,
+    gpu TEXT,
+    requested_by TEXT NOT NULL,
+    automatic INTEGER NOT NULL,
+    dry_run INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    requested_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    approvals TEXT NOT NULL DEFAULT '[]',
+    detail TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS action_runs_updated_at ON action_runs(updated_at);
+
+CREATE TABLE IF NOT EXISTS remediation_breaker (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    opened_at REAL NOT NULL,
+    reason TEXT NOT NULL
+);
 
 -- The text of NOTE events, one row per note.
 CREATE TABLE IF NOT EXISTS event_notes (
@@ -1167,6 +1193,78 @@ class SqliteStore(Store):
     def _executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         self._transaction(lambda conn: conn.executemany(sql, rows))
 
+    # --- remediation ------------------------------------------------------------------------------------
+    async def add_action_run(self, run: ActionRun) -> ActionRun:
+        row = (
+            run.action,
+            run.alert_key,
+            run.target,
+            run.gpu,
+            run.requested_by,
+            int(run.automatic),
+            int(run.dry_run),
+            run.state,
+            run.requested_at.timestamp(),
+            run.updated_at.timestamp(),
+            json.dumps(list(run.approvals)),
+            run.detail,
+        )
+        insert = """INSERT INTO action_runs (action, alert_key, target, gpu, requested_by, automatic, dry_run, state,
+                    requested_at, updated_at, approvals, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
+
+        def add(conn: sqlite3.Connection) -> int:
+            run_id = conn.execute(insert, row).lastrowid
+            assert run_id is not None
+            return run_id
+
+        run_id = await self._run(functools.partial(self._transaction, add, acknowledged=True))
+        return dataclasses.replace(run, id=run_id)
+
+    async def get_action_run(self, run_id: int) -> ActionRun | None:
+        row = await self._run(self._fetchone, "SELECT * FROM action_runs WHERE id = ?", (run_id,))
+        return None if row is None else _action_run_from_row(row)
+
+    async def transition_action_run(
+        self,
+        run_id: int,
+        expected: str,
+        state: str,
+        at: datetime,
+        detail: str | None = None,
+        approvals: Sequence[str] | None = None,
+    ) -> ActionRun | None:
+        update = """UPDATE action_runs SET state = ?, updated_at = ?, detail = COALESCE(?, detail),
+                    approvals = COALESCE(?, approvals) WHERE id = ? AND state = ? RETURNING *"""
+        encoded = None if approvals is None else json.dumps(list(approvals))
+        args = (state, at.timestamp(), detail, encoded, run_id, expected)
+
+        def transition(conn: sqlite3.Connection) -> sqlite3.Row | None:
+            found: sqlite3.Row | None = conn.execute(update, args).fetchone()
+            return found
+
+        row = await self._run(functools.partial(self._transaction, transition, acknowledged=True))
+        return None if row is None else _action_run_from_row(row)
+
+    async def action_runs(self, since: datetime, states: Sequence[str] | None = None) -> list[ActionRun]:
+        rows = await self._run(
+            self._fetchall, "SELECT * FROM action_runs WHERE updated_at >= ? ORDER BY id", (since.timestamp(),)
+        )
+        runs = [_action_run_from_row(row) for row in rows]
+        return runs if states is None else [run for run in runs if run.state in states]
+
+    async def get_breaker(self) -> BreakerState | None:
+        row = await self._run(self._fetchone, "SELECT * FROM remediation_breaker WHERE id = 1", ())
+        return None if row is None else BreakerState(datetime.fromtimestamp(row["opened_at"], UTC), row["reason"])
+
+    async def set_breaker(self, state: BreakerState | None) -> None:
+        args: tuple[float, str] | tuple[()] = ()
+        if state is None:
+            sql = "DELETE FROM remediation_breaker"
+        else:
+            sql = "INSERT OR REPLACE INTO remediation_breaker (id, opened_at, reason) VALUES (1, ?, ?)"
+            args = (state.opened_at.timestamp(), state.reason)
+        await self._run(functools.partial(self._transaction, lambda conn: conn.execute(sql, args), acknowledged=True))
+
     # --- health and housekeeping -----------------------------------------------------------------------
     async def check_writable(self) -> None:
         if self._batcher is not None and self._batcher.done():
@@ -1219,6 +1317,7 @@ class SqliteStore(Store):
                 "AND NOT EXISTS (SELECT 1 FROM events e WHERE e.alert_key = alerts.key AND e.state = 'pending')",
                 "DELETE FROM gpu_events WHERE at < :cutoff",
                 "DELETE FROM audit_log WHERE at < :cutoff",
+                "DELETE FROM action_runs WHERE updated_at < :cutoff",
             ):
                 removed += conn.execute(sql, {"cutoff": cutoff}).rowcount
             # Parts of rows removed above, not counted on their own.
@@ -1244,6 +1343,24 @@ def _add_missing_columns(conn: sqlite3.Connection, table: str, columns: dict[str
     for name, sql_type in columns.items():
         if name not in present:
             conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {sql_type}")
+
+
+def _action_run_from_row(row: sqlite3.Row) -> ActionRun:
+    return ActionRun(
+        id=row["id"],
+        action=row["action"],
+        alert_key=row["alert_key"],
+        target=row["target"],
+        gpu=row["gpu"],
+        requested_by=row["requested_by"],
+        automatic=bool(row["automatic"]),
+        dry_run=bool(row["dry_run"]),
+        state=row["state"],
+        requested_at=datetime.fromtimestamp(row["requested_at"], UTC),
+        updated_at=datetime.fromtimestamp(row["updated_at"], UTC),
+        approvals=tuple(json.loads(row["approvals"])),
+        detail=row["detail"],
+    )
 
 
 def _add_missing_short_ids(conn: sqlite3.Connection) -> None:

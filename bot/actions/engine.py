@@ -1,0 +1,510 @@
+"""The remediation engine: request, approve, refuse and run actions behind the safety rails.
+
+The API the Slack layer calls: `request(action, alert_id, actor, dry_run)`, `approve(run_id, actor)`,
+`refuse(run_id, actor)`, `executable_actions()`; approvals are decided by an `Authorizer`, thread messages
+go through an `Announcer`. Every step is a persisted state change of the run (written before the next step),
+an audit entry and a thread message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from datetime import timedelta
+from typing import Any, NoReturn, Protocol
+
+from bot.actions.executor import ExecResult, Executor, ExecutorError
+from bot.actions.targets import Target, TargetRefused, select_target
+from bot.audit import AuditLog
+from bot.clock import SYSTEM_CLOCK, Clock
+from bot.config import ActionPolicyConfig, RemediationConfig
+from bot.metrics import Metrics
+from bot.models import AlertState
+from bot.playbooks import ACTIONS
+from bot.store.base import ActionRun, BreakerState, Store
+
+log = logging.getLogger(__name__)
+
+REQUESTED, APPROVED, RUNNING, DONE, FAILED = "requested", "approved", "running", "done", "failed"
+VERIFIED, ESCALATED, REFUSED, EXPIRED, DRY_RUN = "verified", "escalated", "refused", "expired", "dry-run"
+# A run in one of these states has touched the target: it counts for the cooldown.
+_STARTED = (RUNNING, DONE, FAILED, VERIFIED, ESCALATED)
+# Actions the Slack layer owns (acknowledge, silence): not remediation.
+_CONVERSATION_ACTIONS = frozenset({"ack", "silence-1h", "silence-4h", "silence-24h"})
+AUTOMATIC_ACTOR = "bot"
+
+
+class ActionRefused(Exception):
+    """The request, approval or refusal was not accepted; the message says why (it is audited)."""
+
+
+class Announcer(Protocol):
+    async def announce(self, alert_key: str, text: str) -> None:
+        """Say something in the alert's conversation (a thread reply in Slack)."""
+        ...
+
+
+class Authorizer(Protocol):
+    def may_approve(self, actor: str, action: str) -> bool: ...
+
+    def is_admin(self, actor: str) -> bool: ...
+
+
+class ConfigAuthorizer:
+    """Approvers and admins listed in `remediation.approvers` / `remediation.admins` (actor ids such as
+    `cli:alice` or `slack:U024BE7LH`). Dangerous actions need an admin."""
+
+    def __init__(self, config: RemediationConfig) -> None:
+        self._approvers = frozenset(config.approvers)
+        self._admins = frozenset(config.admins)
+
+    def may_approve(self, actor: str, action: str) -> bool:
+        if ACTIONS[action].safety == "dangerous":
+            return actor in self._admins
+        return actor in self._approvers or actor in self._admins
+
+    def is_admin(self, actor: str) -> bool:
+        return actor in self._admins
+
+
+class Verification(Protocol):
+    async def __call__(self, run: ActionRun, alert: AlertState, within: float) -> tuple[bool, str]:
+        """Whether the action helped, checked until `within` seconds have passed, and what was seen."""
+        ...
+
+
+# Looks an alert up by the id people see (a short id, a fingerprint or the key).
+AlertFinder = Callable[[str], Awaitable[AlertState | None]]
+# Per action, how to check afterwards that it helped.
+Verifiers = Mapping[str, Verification]
+# What people should do about an alert when the action did not help.
+NextStep = Callable[[AlertState], str]
+
+
+class Remediation:
+    def __init__(
+        self,
+        store: Store,
+        config: RemediationConfig,
+        executors: Mapping[str, Mapping[str, Executor]],
+        announcer: Announcer,
+        authorizer: Authorizer,
+        find_alert: AlertFinder,
+        verifiers: Verifiers | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        metrics: Metrics | None = None,
+        next_step: NextStep | None = None,
+    ) -> None:
+        """`executors`: per configured host, per action, the executor that runs it there. `next_step` says
+        what to do when an action did not help (the playbook's escalation)."""
+        self._store = store
+        self._config = config
+        self._executors = executors
+        self._announcer = announcer
+        self._authorizer = authorizer
+        self._find_alert = find_alert
+        self._verifiers = verifiers or {}
+        self._clock = clock
+        self._audit = _CountingAudit(AuditLog(store, clock), metrics)
+        self._metrics = metrics
+        self._next_step = next_step or (lambda alert: "")
+        if metrics is not None:
+            metrics.init_remediation(self.executable_actions())
+        self._active: set[tuple[str, str]] = set()  # (action, host) running now
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # --- what can run -------------------------------------------------------------------------------
+    def executable_actions(self) -> set[str]:
+        """Actions enabled in config that some configured host has an executor for (buttons show only these)."""
+        return {
+            action
+            for per_host in self._executors.values()
+            for action in per_host
+            if action in ACTIONS and self._enabled(action)
+        }
+
+    def policy(self, action: str) -> ActionPolicyConfig:
+        return self._config.actions.get(action) or ActionPolicyConfig()
+
+    def _enabled(self, action: str) -> bool:
+        enabled = self.policy(action).enabled
+        return ACTIONS[action].safety != "dangerous" if enabled is None else enabled
+
+    # --- requests -----------------------------------------------------------------------------------
+    async def request(
+        self, action: str, alert_id: str, actor: str, dry_run: bool = False, automatic: bool = False
+    ) -> ActionRun:
+        """Ask for `action` on the alert's target. Returns the persisted run: `dry-run`, `requested` (waiting
+        for approval) or `approved` (it runs in the background). Raises ActionRefused, audited."""
+        alert = await self._find_alert(alert_id)
+        if alert is None:
+            await self._refuse_request(actor, action, alert_id, None, f"no alert {alert_id!r}")
+        target = await self._checked_target(action, alert, actor)
+        try:
+            what = self._executors[target.host][action].describe(action, target.gpu)
+        except ExecutorError as exc:  # the alert lacks what the action needs (a GPU index)
+            await self._refuse_request(actor, action, target.host, alert, str(exc))
+        if dry_run or self._config.dry_run or self.policy(action).dry_run:
+            return await self._dry_run(action, alert, target, actor, automatic, what)
+        if automatic:
+            await self._check_breaker(action, alert, target)
+        needs_approval = self.policy(action).approval or ACTIONS[action].safety == "dangerous"
+        now = self._clock.now()
+        run = await self._store.add_action_run(
+            ActionRun(
+                0,
+                action,
+                alert.key,
+                target.host,
+                target.gpu,
+                actor,
+                automatic,
+                False,
+                REQUESTED if needs_approval else APPROVED,
+                now,
+                now,
+            )
+        )
+        await self._audit.record(actor, f"run {action}", _target_text(run), "requested", f"run #{run.id}")
+        if needs_approval:
+            ttl = _duration_text(self._config.approval_ttl)
+            await self._announce(
+                run,
+                f"{actor} asks to {action} on {target.host} (run #{run.id}): waiting for "
+                f"approval (`approve {run.id}`), expires in {ttl}",
+            )
+            return run
+        who = "automatic policy" if automatic else actor
+        await self._announce(run, f"{who}: {action} on {target.host} (run #{run.id})")
+        self._spawn(self._execute(run))
+        return run
+
+    async def _checked_target(self, action: str, alert: AlertState, actor: str) -> Target:
+        if action not in ACTIONS or action in _CONVERSATION_ACTIONS:
+            await self._refuse_request(actor, action, alert.key, alert, f"{action!r} is not a remediation action")
+        if not self._enabled(action):
+            await self._refuse_request(actor, action, alert.key, alert, f"{action} is not enabled in the config")
+        try:
+            target = select_target(alert.labels, self._config)
+        except TargetRefused as exc:
+            await self._refuse_request(actor, action, alert.key, alert, str(exc))
+        if action not in self._executors.get(target.host, {}):
+            await self._refuse_request(actor, action, target.host, alert, f"no executor for {action} on {target.host}")
+        return target
+
+    async def _refuse_request(
+        self, actor: str, action: str, target: str, alert: AlertState | None, reason: str
+    ) -> NoReturn:
+        await self._audit.record(actor, f"run {action}", target, "refused", reason)
+        if alert is not None:
+            await self._say(alert.key, f"{action} refused ({actor}): {reason}")
+        raise ActionRefused(reason)
+
+    async def _dry_run(
+        self, action: str, alert: AlertState, target: Target, actor: str, automatic: bool, what: str
+    ) -> ActionRun:
+        now = self._clock.now()
+        run = await self._store.add_action_run(
+            ActionRun(
+                0,
+                action,
+                alert.key,
+                target.host,
+                target.gpu,
+                actor,
+                automatic,
+                True,
+                DRY_RUN,
+                now,
+                now,
+                detail=f"would run: {what}",
+            )
+        )
+        await self._audit.record(actor, f"run {action}", _target_text(run), "dry-run", f"would run: {what}")
+        await self._announce(run, f"Dry run of {action} (run #{run.id}, {actor}): would run {what}")
+        return run
+
+    # --- circuit breaker ----------------------------------------------------------------------------
+    async def _check_breaker(self, action: str, alert: AlertState, target: Target) -> None:
+        breaker = await self._store.get_breaker()
+        if breaker is not None:
+            await self._refuse_request(
+                AUTOMATIC_ACTOR,
+                action,
+                target.host,
+                alert,
+                f"circuit breaker open since "
+                f"{breaker.opened_at:%Y-%m-%d %H:%M} UTC ({breaker.reason}); an admin resets it",
+            )
+        limits = self._config.circuit_breaker
+        since = self._clock.now() - timedelta(seconds=limits.window)
+        recent = await self._store.action_runs(since)
+        hosts = {run.target for run in recent if run.automatic and not run.dry_run and run.requested_at >= since}
+        hosts.add(target.host)
+        if len(hosts) > limits.max_hosts:
+            reason = (
+                f"{len(hosts)} hosts needed an automatic action within {_duration_text(limits.window)} "
+                f"(limit {limits.max_hosts}): a fleet-wide problem"
+            )
+            await self._store.set_breaker(BreakerState(self._clock.now(), reason))
+            self._show_breaker(open_=True)
+            await self._audit.record(AUTOMATIC_ACTOR, "circuit-breaker", "remediation", "opened", reason)
+            await self._refuse_request(AUTOMATIC_ACTOR, action, target.host, alert, f"circuit breaker opened: {reason}")
+
+    async def breaker(self) -> BreakerState | None:
+        return await self._store.get_breaker()
+
+    async def reset_breaker(self, actor: str) -> None:
+        if not self._authorizer.is_admin(actor):
+            await self._audit.record(actor, "circuit-breaker", "remediation", "refused", "not an admin")
+            raise ActionRefused(f"{actor} is not a remediation admin")
+        await self._store.set_breaker(None)
+        self._show_breaker(open_=False)
+        await self._audit.record(actor, "circuit-breaker", "remediation", "reset")
+
+    def _show_breaker(self, open_: bool) -> None:
+        if self._metrics is not None:
+            self._metrics.remediation_breaker_open.set(1 if open_ else 0)
+
+    # --- approval -----------------------------------------------------------------------------------
+    async def approve(self, run_id: int, actor: str) -> ActionRun:
+        run = await self._pending(run_id, actor, "approve")
+        if not self._authorizer.may_approve(actor, run.action):
+            await self._refuse_decision(run, actor, "approve", f"{actor} may not approve {run.action}")
+        if actor in run.approvals:
+            await self._refuse_decision(run, actor, "approve", f"{actor} already approved run #{run.id}")
+        approvals = (*run.approvals, actor)
+        needed = 2 if self._config.second_approver and ACTIONS[run.action].safety == "dangerous" else 1
+        state = APPROVED if len(approvals) >= needed else REQUESTED
+        moved = await self._store.transition_action_run(
+            run.id, REQUESTED, state, self._clock.now(), approvals=approvals
+        )
+        if moved is None:
+            raise ActionRefused(f"run #{run.id} changed meanwhile; look again")
+        await self._audit.record(
+            actor,
+            f"approve {run.action}",
+            _target_text(run),
+            "approved",
+            f"run #{run.id}, approval {len(approvals)} of {needed}",
+        )
+        if state == REQUESTED:
+            await self._announce(moved, f"{actor} approved run #{run.id} ({run.action}); a second approver is needed")
+            return moved
+        await self._announce(moved, f"{actor} approved run #{run.id}: {run.action} on {run.target}")
+        self._spawn(self._execute(moved))
+        return moved
+
+    async def refuse(self, run_id: int, actor: str) -> ActionRun:
+        run = await self._pending(run_id, actor, "refuse")
+        if not self._authorizer.may_approve(actor, run.action):
+            await self._refuse_decision(run, actor, "refuse", f"{actor} may not decide on {run.action}")
+        moved = await self._store.transition_action_run(
+            run.id, REQUESTED, REFUSED, self._clock.now(), detail=f"refused by {actor}"
+        )
+        if moved is None:
+            raise ActionRefused(f"run #{run.id} changed meanwhile; look again")
+        await self._audit.record(actor, f"refuse {run.action}", _target_text(run), "refused", f"run #{run.id}")
+        await self._announce(moved, f"{actor} refused run #{run.id} ({run.action} on {run.target})")
+        return moved
+
+    async def _pending(self, run_id: int, actor: str, verb: str) -> ActionRun:
+        run = await self._store.get_action_run(run_id)
+        if run is None:
+            await self._audit.record(actor, verb, f"run #{run_id}", "refused", "no such run")
+            raise ActionRefused(f"no run #{run_id}")
+        if run.state != REQUESTED:
+            await self._refuse_decision(run, actor, verb, f"run #{run.id} is {run.state}, not waiting for approval")
+        if self._expired(run):
+            await self._expire(run)
+            await self._audit.record(actor, f"{verb} {run.action}", _target_text(run), "expired", f"run #{run.id}")
+            raise ActionRefused(f"run #{run.id} expired: approvals last {_duration_text(self._config.approval_ttl)}")
+        return run
+
+    def _expired(self, run: ActionRun) -> bool:
+        return (self._clock.now() - run.requested_at).total_seconds() > self._config.approval_ttl
+
+    async def _expire(self, run: ActionRun) -> None:
+        expired = await self._store.transition_action_run(
+            run.id, REQUESTED, EXPIRED, self._clock.now(), detail="approval expired"
+        )
+        if expired is not None:
+            await self._announce(expired, f"Run #{run.id} ({run.action}) expired before it was approved")
+
+    async def expire_stale(self) -> None:
+        """Requests nobody approved within approval_ttl expire (and say so in their thread)."""
+        since = self._clock.now() - timedelta(seconds=self._config.approval_ttl) - timedelta(days=1)
+        for run in await self._store.action_runs(since, (REQUESTED,)):
+            if self._expired(run):
+                await self._expire(run)
+                await self._audit.record(
+                    AUTOMATIC_ACTOR,
+                    f"run {run.action}",
+                    _target_text(run),
+                    "expired",
+                    f"run #{run.id}, not approved in time",
+                )
+
+    async def _refuse_decision(self, run: ActionRun, actor: str, verb: str, reason: str) -> NoReturn:
+        await self._audit.record(actor, f"{verb} {run.action}", _target_text(run), "refused", reason)
+        await self._announce(run, f"{verb} refused: {reason}")
+        raise ActionRefused(reason)
+
+    # --- execution ----------------------------------------------------------------------------------
+    async def _execute(self, run: ActionRun) -> None:
+        slot = (run.action, run.target)
+        blocked = await self._cooldown(run)
+        if blocked is None and slot in self._active:
+            blocked = f"{run.action} is already running on {run.target}"
+        if blocked is None and len(self._active) >= self._config.max_concurrent:
+            blocked = f"{len(self._active)} actions are running (limit {self._config.max_concurrent}); ask again later"
+        if blocked is not None:
+            await self._not_run(run, blocked)
+            return
+        self._active.add(slot)  # no await since the checks: concurrent runs see it
+        try:
+            running = await self._store.transition_action_run(run.id, APPROVED, RUNNING, self._clock.now())
+            if running is None:
+                return  # another worker took it
+            result = await self._run_executor(running)
+        finally:
+            self._active.discard(slot)
+        state = DONE if result.ok else FAILED
+        finished = await self._store.transition_action_run(
+            run.id, RUNNING, state, self._clock.now(), detail=result.summary
+        )
+        await self._audit.record(run.requested_by, f"run {run.action}", _target_text(run), state, result.summary)
+        await self._announce(running, f"{run.action} on {run.target} {state} (run #{run.id}):{_output_block(result)}")
+        alert = await self._store.get_alert(run.alert_key)
+        if finished is not None and result.ok and alert is not None:
+            await self._verify(finished, alert)
+
+    async def _not_run(self, run: ActionRun, reason: str) -> None:
+        refused = await self._store.transition_action_run(run.id, APPROVED, REFUSED, self._clock.now(), detail=reason)
+        if refused is not None:
+            await self._audit.record(run.requested_by, f"run {run.action}", _target_text(run), "refused", reason)
+            await self._announce(refused, f"{run.action} on {run.target} not run (run #{run.id}): {reason}")
+
+    async def _cooldown(self, run: ActionRun) -> str | None:
+        cooldown = self.policy(run.action).cooldown
+        since = self._clock.now() - timedelta(seconds=cooldown)
+        earlier = [
+            other
+            for other in await self._store.action_runs(since, _STARTED)
+            if other.id != run.id and other.action == run.action and other.target == run.target
+        ]
+        if not earlier:
+            return None
+        last = max(other.updated_at for other in earlier)
+        until = last + timedelta(seconds=cooldown)
+        return f"cooldown: {run.action} ran on {run.target} at {last:%H:%M:%S} UTC, next allowed after {until:%H:%M:%S}"
+
+    async def _run_executor(self, run: ActionRun) -> ExecResult:
+        executor = self._executors.get(run.target, {}).get(run.action)
+        if executor is None:
+            return ExecResult(False, f"no executor for {run.action} on {run.target} any more")
+        try:
+            return await executor.run(run.action, run.gpu)
+        except ExecutorError as exc:
+            return ExecResult(False, str(exc))
+
+    async def _verify(self, run: ActionRun, alert: AlertState) -> None:
+        verification = self._verifiers.get(run.action)
+        if verification is None:
+            return
+        within = self.policy(run.action).verify_within
+        try:
+            helped, seen = await verification(run, alert, within)
+        except Exception as exc:  # a verification that cannot check did not show the action helped
+            log.warning("verification failed", extra={"run": run.id, "error": str(exc)})
+            helped, seen = False, f"could not check: {type(exc).__name__}: {exc}"
+        state = VERIFIED if helped else ESCALATED
+        moved = await self._store.transition_action_run(run.id, DONE, state, self._clock.now(), detail=seen)
+        await self._audit.record(AUTOMATIC_ACTOR, f"verify {run.action}", _target_text(run), state, seen)
+        if moved is None:
+            return
+        if helped:
+            await self._announce(moved, f"Verified: {run.action} on {run.target} helped (run #{run.id}): {seen}")
+        else:
+            await self._announce(
+                moved,
+                f"{run.action} on {run.target} did not help (run #{run.id}): {seen}. "
+                f"Next step: {self._next_step(alert) or 'follow the playbook'}",
+            )
+
+    # --- restart and background work ----------------------------------------------------------------
+    async def resume(self) -> None:
+        """After a restart: run what was approved, verify what was done, and report (never repeat) what was
+        running when the process stopped, since it may or may not have reached the host."""
+        self._show_breaker(open_=await self._store.get_breaker() is not None)
+        since = self._clock.now() - timedelta(days=1)
+        for run in await self._store.action_runs(since, (APPROVED, RUNNING, DONE)):
+            if run.state == APPROVED:
+                self._spawn(self._execute(run))
+            elif run.state == RUNNING:
+                detail = "interrupted by a restart of the bot; not repeated: check the host"
+                moved = await self._store.transition_action_run(
+                    run.id, RUNNING, FAILED, self._clock.now(), detail=detail
+                )
+                await self._audit.record(AUTOMATIC_ACTOR, f"run {run.action}", _target_text(run), "failed", detail)
+                if moved is not None:
+                    await self._announce(moved, f"{run.action} on {run.target} (run #{run.id}): {detail}")
+            else:
+                alert = await self._store.get_alert(run.alert_key)
+                if alert is not None:
+                    self._spawn(self._verify(run, alert))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def drain(self) -> None:
+        """Wait for every action and verification in progress (tests, and a clean shut-down)."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _announce(self, run: ActionRun, text: str) -> None:
+        await self._say(run.alert_key, text)
+
+    async def _say(self, alert_key: str, text: str) -> None:
+        try:
+            await self._announcer.announce(alert_key, text)
+        except Exception:  # the audit log has it; a thread message must not stop the action
+            log.exception("could not announce a remediation step", extra={"alert_key": alert_key})
+
+
+class _CountingAudit:
+    """The audit log, each remediation step also counted in `gpu_alert_bot_remediation_steps_total`."""
+
+    def __init__(self, audit: AuditLog, metrics: Metrics | None) -> None:
+        self._audit = audit
+        self._metrics = metrics
+
+    async def record(self, actor: str, action: str, target: str, outcome: str, detail: str = "") -> None:
+        await self._audit.record(actor, action, target, outcome, detail)
+        name = action.rsplit(" ", 1)[-1]  # "run restart-dcgm-exporter", "approve reset-gpu"
+        if self._metrics is not None and name in ACTIONS:
+            self._metrics.remediation_steps.labels(name, outcome).inc()
+
+
+def _output_block(result: ExecResult) -> str:
+    """Multi-line output (diagnostics) as a code block, which Slack shows collapsed under "Show more"."""
+    fence = "`" * 3
+    summary = result.summary.replace(fence, "'" * 3)
+    return f"\n{fence}\n{summary}\n{fence}" if "\n" in summary else f" {summary}"
+
+
+def _target_text(run: ActionRun) -> str:
+    return run.target if run.gpu is None else f"{run.target} gpu {run.gpu}"
+
+
+def _duration_text(seconds: float) -> str:
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 120 else f"{round(seconds / 3600)} h"

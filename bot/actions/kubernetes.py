@@ -1,0 +1,115 @@
+"""The Kubernetes executor (kubernetes_asyncio; in-cluster or a kubeconfig): restart a node's dcgm-exporter or
+inference pod by deleting it (its DaemonSet or Deployment recreates it), cordon, uncordon and drain the node.
+The node is the one the configuration gives for the host; pods are found by the configured label selector and
+the node name, never by a name taken from an alert.
+
+RBAC it needs: pods `list, delete` in the configured namespace; nodes `get, patch`; for drain-node also pods
+`list` in all namespaces and pods/eviction `create`."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client
+from kubernetes_asyncio import config as kube_config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from bot.actions.executor import ExecResult, ExecutorError
+from bot.config import KubernetesExecutorConfig
+
+NODE_ACTIONS = frozenset({"cordon-node", "uncordon-node", "drain-node"})
+
+
+class KubernetesExecutor:
+    kind = "kubernetes"
+
+    def __init__(self, host: str, node: str, config: KubernetesExecutorConfig) -> None:
+        self._host = host
+        self._node = node
+        self._config = config
+
+    def actions(self) -> frozenset[str]:
+        return NODE_ACTIONS | frozenset(self._config.pods)
+
+    def describe(self, action: str, gpu: str | None) -> str:
+        if action in NODE_ACTIONS:
+            verb = {"cordon-node": "cordon", "uncordon-node": "uncordon", "drain-node": "cordon and drain"}[action]
+            return f"{verb} Kubernetes node {self._node} ({self._host})"
+        selector = self._config.pods[action]
+        return f"delete the pod {selector} on node {self._node} in namespace {self._config.namespace} ({self._host})"
+
+    async def run(self, action: str, gpu: str | None) -> ExecResult:
+        try:
+            async with client.ApiClient(await self._configuration()) as api:
+                core = client.CoreV1Api(api)
+                if action == "drain-node":
+                    return await self._drain(core)
+                if action in NODE_ACTIONS:
+                    return await self._set_unschedulable(core, action == "cordon-node")
+                return await self._delete_pods(core, self._config.pods[action])
+        except ApiException as exc:
+            raise ExecutorError(f"{self._host}: Kubernetes answered {exc.status}: {_message(exc)}") from exc
+        except (aiohttp.ClientError, OSError, TimeoutError, kube_config.ConfigException) as exc:
+            raise ExecutorError(f"{self._host}: Kubernetes API unreachable: {type(exc).__name__}: {exc}") from exc
+
+    async def _configuration(self) -> client.Configuration:
+        configuration = client.Configuration()
+        if self._config.kubeconfig is None:
+            kube_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        else:
+            await kube_config.load_kube_config(
+                config_file=str(self._config.kubeconfig), client_configuration=configuration
+            )
+        return configuration
+
+    async def _delete_pods(self, core: client.CoreV1Api, selector: str) -> ExecResult:
+        namespace = self._config.namespace
+        pods = await core.list_namespaced_pod(
+            namespace, label_selector=selector, field_selector=f"spec.nodeName={self._node}", **self._timeout()
+        )
+        names = [pod.metadata.name for pod in pods.items]
+        if not names:
+            return ExecResult(False, f"no pod {selector} on node {self._node} in namespace {namespace}")
+        for name in names:
+            await core.delete_namespaced_pod(name, namespace, **self._timeout())
+        return ExecResult(True, f"deleted pod {', '.join(names)} on node {self._node}; its controller recreates it")
+
+    async def _set_unschedulable(self, core: client.CoreV1Api, unschedulable: bool) -> ExecResult:
+        await core.patch_node(self._node, {"spec": {"unschedulable": unschedulable}}, **self._timeout())
+        return ExecResult(True, f"node {self._node} {'cordoned' if unschedulable else 'uncordoned'}")
+
+    async def _drain(self, core: client.CoreV1Api) -> ExecResult:
+        await self._set_unschedulable(core, True)
+        pods = await core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self._node}", **self._timeout())
+        evicted = []
+        for pod in pods.items:
+            if _daemon_set_pod(pod):
+                continue  # a DaemonSet would put it right back
+            eviction = client.V1Eviction(
+                metadata=client.V1ObjectMeta(name=pod.metadata.name, namespace=pod.metadata.namespace)
+            )
+            await core.create_namespaced_pod_eviction(
+                pod.metadata.name, pod.metadata.namespace, eviction, **self._timeout()
+            )
+            evicted.append(f"{pod.metadata.namespace}/{pod.metadata.name}")
+        return ExecResult(True, f"node {self._node} cordoned; evicted {len(evicted)} pods: {', '.join(evicted)}")
+
+    def _timeout(self) -> dict[str, Any]:
+        return {"_request_timeout": self._config.timeout}
+
+
+def _daemon_set_pod(pod: Any) -> bool:
+    return any(owner.kind == "DaemonSet" for owner in pod.metadata.owner_references or ())
+
+
+def _message(exc: ApiException) -> str:
+    """The Status object's message when the API sent one, else the HTTP reason."""
+    if not exc.body:
+        return str(exc.reason)
+    try:
+        status = json.loads(exc.body)
+    except ValueError:
+        return str(exc.reason)
+    return str(status.get("message", exc.reason)) if isinstance(status, dict) else str(exc.reason)

@@ -1,0 +1,74 @@
+"""The SSH executor: one connection per action to a configured host, whose `authorized_keys` entry forces
+scripts/gpu-node-actions.sh. The bot sends only a fixed verb (and a checked GPU index); the script maps it to
+the command. The host key is pinned by the configured known_hosts file."""
+
+from __future__ import annotations
+
+import asyncssh
+
+from bot.actions.executor import ExecResult, ExecutorError
+from bot.config import SshExecutorConfig
+
+# The verbs scripts/gpu-node-actions.sh knows, and whether each takes the GPU index.
+SSH_VERBS: dict[str, bool] = {
+    "collect-diagnostics": True,
+    "restart-dcgm-exporter": False,
+    "restart-inference-server": False,
+    "run-dcgm-diag": True,
+    "lower-power-limit": True,
+    "reset-gpu": True,
+    "reboot-node": False,
+}
+
+
+class SshExecutor:
+    kind = "ssh"
+
+    def __init__(self, host: str, config: SshExecutorConfig) -> None:
+        self._host = host
+        self._config = config
+
+    def actions(self) -> frozenset[str]:
+        return frozenset(SSH_VERBS)
+
+    def command(self, action: str, gpu: str | None) -> str:
+        if action not in SSH_VERBS:
+            raise ExecutorError(f"the SSH executor has no verb for {action}")
+        if SSH_VERBS[action]:
+            if gpu is None:
+                raise ExecutorError(f"{action} needs the alert's gpu label")
+            return f"{action} {gpu}"
+        return action
+
+    def describe(self, action: str, gpu: str | None) -> str:
+        config = self._config
+        verb = self.command(action, gpu)
+        return f"ssh {config.user}@{config.address}:{config.port} ({self._host}) with verb {verb!r}"
+
+    async def run(self, action: str, gpu: str | None) -> ExecResult:
+        command = self.command(action, gpu)
+        config = self._config
+        try:
+            async with asyncssh.connect(
+                config.address,
+                port=config.port,
+                username=config.user,
+                client_keys=[str(config.key_file)],
+                known_hosts=str(config.known_hosts),
+                connect_timeout=config.timeout,
+                agent_path=None,
+                config=[],
+            ) as connection:
+                result = await connection.run(command, check=False, timeout=config.timeout)
+        except asyncssh.HostKeyNotVerifiable as exc:
+            raise ExecutorError(f"{self._host}: host key not verified against {config.known_hosts}: {exc}") from exc
+        except (asyncssh.Error, OSError, TimeoutError) as exc:
+            raise ExecutorError(f"{self._host}: ssh failed: {type(exc).__name__}: {exc}") from exc
+        output = _text(result.stdout) + _text(result.stderr)
+        return ExecResult(ok=result.exit_status == 0, output=output or f"exit status {result.exit_status}")
+
+
+def _text(data: str | bytes | None) -> str:
+    if data is None:
+        return ""
+    return data.decode(errors="replace") if isinstance(data, bytes) else data

@@ -1,0 +1,47 @@
+"""Action runs and the circuit breaker in the real SQLite store: a state change is a compare-and-set, both
+survive a reopen, and runs are pruned with the rest of the history."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+from bot.store.base import ActionRun, BreakerState
+from tests.support.clock import FakeClock
+from tests.support.store import sqlite_store
+
+
+def new_run(clock: FakeClock) -> ActionRun:
+    now = clock.now()
+    return ActionRun(0, "restart-dcgm-exporter", "a@1", "gpu01", None, "cli:alice", False, False, "requested", now, now)
+
+
+async def test_a_state_change_happens_once_and_survives_a_reopen(tmp_path: Path) -> None:
+    clock = FakeClock()
+    async with sqlite_store(tmp_path) as store:
+        run = await store.add_action_run(new_run(clock))
+        await clock.advance(5)
+        moved = await store.transition_action_run(run.id, "requested", "approved", clock.now(), approvals=["cli:bob"])
+        assert moved is not None and moved.state == "approved" and moved.approvals == ("cli:bob",)
+        assert moved.updated_at == clock.now() and moved.detail == ""
+        # A second approver racing the first finds the run moved on: nothing changes.
+        assert await store.transition_action_run(run.id, "requested", "approved", clock.now()) is None
+        await store.set_breaker(BreakerState(clock.now(), "5 hosts"))
+    async with sqlite_store(tmp_path) as store:
+        assert await store.get_action_run(run.id) == moved
+        assert await store.action_runs(clock.now() - timedelta(hours=1), ("approved",)) == [moved]
+        assert await store.action_runs(clock.now() - timedelta(hours=1), ("requested",)) == []
+        assert await store.get_breaker() == BreakerState(clock.now(), "5 hosts")
+        await store.set_breaker(None)
+        assert await store.get_breaker() is None
+
+
+async def test_old_runs_are_pruned(tmp_path: Path) -> None:
+    clock = FakeClock()
+    async with sqlite_store(tmp_path) as store:
+        old = await store.add_action_run(new_run(clock))
+        await clock.advance(3600)
+        recent = await store.add_action_run(new_run(clock))
+        await store.prune(clock.now() - timedelta(minutes=30))
+        assert await store.get_action_run(old.id) is None
+        assert await store.get_action_run(recent.id) == recent
