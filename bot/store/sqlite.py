@@ -21,7 +21,6 @@ import queue
 import sqlite3
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from datetime import UTC, datetime
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from bot.message import Message
-from bot.models import AlertState, AmAlert, Delivery, Event, EventKind, GpuEvent, NewDelivery, WebhookPayload
+from bot.models import AlertState, Delivery, Event, EventKind, GpuEvent, NewDelivery
 from bot.store.base import (
     AuditEntry,
     EventRecord,
@@ -40,6 +39,17 @@ from bot.store.base import (
     StoreStats,
     StoreUnavailable,
 )
+from bot.store.core import (
+    ALERT_INSERT_COLUMNS,
+    ALERT_UPDATE,
+    DELIVERY_NOT_BLOCKED,
+    EVENT_NOT_BLOCKED,
+    NotificationPlan,
+    plan_notification,
+    read_notification,
+    split_copies,
+)
+from bot.store.core import alert_from_row as _alert_from_row
 
 log = logging.getLogger(__name__)
 
@@ -185,9 +195,7 @@ CREATE TABLE IF NOT EXISTS write_probe (
 """
 
 
-# A delivery waits while an earlier one for the same alert is pending: an update never overtakes a post.
-_NOT_BLOCKED = """NOT EXISTS (SELECT 1 FROM deliveries p WHERE p.receiver = d.receiver AND p.state = 'pending'
-                               AND p.alert_key = d.alert_key AND p.id < d.id)"""
+_NOT_BLOCKED = DELIVERY_NOT_BLOCKED
 _NEXT_DUE = (
     "SELECT MIN(d.next_attempt_at) AS due FROM deliveries d WHERE d.receiver = ? AND d.state = 'pending' AND "  # noqa: S608
     + _NOT_BLOCKED
@@ -465,17 +473,8 @@ class SqliteStore(Store):
                 [*(value for pair in keys.items() for value in pair), now - self._dedup_window],
             )
         }
-        fresh: list[IncomingNotification] = []
-        position_in_fresh: list[int | None] = []
-        copies: Counter[str] = Counter()
-        for n in batch:
-            if n.idempotency_key in taken:
-                copies[n.idempotency_key] += 1
-                position_in_fresh.append(None)
-            else:
-                taken.add(n.idempotency_key)
-                position_in_fresh.append(len(fresh))
-                fresh.append(n)
+        split = split_copies(batch, taken)
+        fresh, copies = split.fresh, split.copies
         first_id = 0
         if fresh:
             conn.execute(
@@ -497,12 +496,7 @@ class SqliteStore(Store):
                 "UPDATE notification_keys SET duplicates = duplicates + ?, last_received_at = ? WHERE key = ?",
                 [(times, now, key) for key, times in copies.items()],
             )
-        return [
-            IngestResult(accepted=True, duplicate=True)
-            if position is None
-            else IngestResult(accepted=True, duplicate=False, notification_id=first_id + position)
-            for position in position_in_fresh
-        ]
+        return split.results(range(first_id, first_id + len(fresh)))
 
     # --- dedup -----------------------------------------------------------------------------------------
     async def dedup_pending(self, planner: Planner, limit: int) -> int:
@@ -538,83 +532,34 @@ class SqliteStore(Store):
         self, conn: sqlite3.Connection, *, notification_id: int, body: bytes, planner: Planner
     ) -> None:
         try:
-            payload = WebhookPayload.model_validate_json(body)
+            payload, alerts = read_notification(body)
         except ValueError as exc:
             conn.execute(
                 "UPDATE notifications SET state = 'failed', error = ? WHERE id = ?",
                 (str(exc)[:2000], notification_id),
             )
             return
-        # One decision per episode even if a sender repeated an alert inside one body: the last copy wins.
-        alerts = list({alert.key: alert for alert in payload.alerts}.values())
         known = {state.key: state for state in self._alerts_by_keys(conn, [a.key for a in alerts])}
         now = _now()
-        for decision in planner(known, alerts, payload.group_key):
-            alert = decision.alert
-            previous = known.get(alert.key)
-            if previous is None:
-                self._insert_alert(conn, payload.group_key, payload.receiver_name, payload.external_url, alert, now)
-            else:
-                self._update_alert(conn, previous, alert, now, keep_status=decision.stale)
-            if decision.event is not None:
-                conn.execute(
-                    "INSERT INTO events (alert_key, kind, created_at) VALUES (?, ?, ?)",
-                    (alert.key, decision.event.value, now),
-                )
-            if decision.event is EventKind.RESOLVED:
-                conn.execute(
-                    "INSERT OR REPLACE INTO group_resolves (group_key, resolved_at) VALUES (?, ?)",
-                    (payload.group_key, now),
-                )
+        self._write_plan(conn, plan_notification(payload, alerts, known, planner, now), now)
         conn.execute("UPDATE notifications SET state = 'done' WHERE id = ?", (notification_id,))
 
     @staticmethod
-    def _insert_alert(
-        conn: sqlite3.Connection, group_key: str, receiver: str, external_url: str, alert: AmAlert, now: float
-    ) -> None:
-        conn.execute(
-            """INSERT INTO alerts (key, fingerprint, alertname, status, labels, annotations, starts_at, ends_at,
-                   generator_url, group_key, receiver, external_url, first_seen, last_seen, times_seen, resolved_at)
-               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?)""",
-            (
-                alert.key,
-                alert.fingerprint,
-                alert.labels.get("alertname", ""),
-                alert.status,
-                json.dumps(alert.labels, sort_keys=True),
-                json.dumps(alert.annotations, sort_keys=True),
-                alert.starts_at.timestamp(),
-                _ts(alert.ends_at),
-                alert.generator_url,
-                group_key,
-                receiver,
-                external_url,
-                now,
-                now,
-                (_ts(alert.ends_at) or now) if alert.status == "resolved" else None,
-            ),
+    def _write_plan(conn: sqlite3.Connection, plan: NotificationPlan, now: float) -> None:
+        conn.executemany(
+            f"INSERT INTO alerts ({ALERT_INSERT_COLUMNS}) VALUES ({','.join('?' * 16)})",  # noqa: S608
+            [alert.row() for alert in plan.new_alerts],
         )
-
-    @staticmethod
-    def _update_alert(
-        conn: sqlite3.Connection, previous: AlertState, alert: AmAlert, now: float, keep_status: bool
-    ) -> None:
-        status = previous.status if keep_status else alert.status
-        resolved_at = None
-        if status == "resolved":
-            resolved_at = _ts(previous.resolved_at) or _ts(alert.ends_at) or now
-        conn.execute(
-            """UPDATE alerts SET status = ?, annotations = ?, ends_at = COALESCE(?, ends_at), last_seen = ?,
-                   times_seen = times_seen + 1, resolved_at = ? WHERE key = ?""",
-            (
-                status,
-                json.dumps(alert.annotations, sort_keys=True),
-                None if keep_status else _ts(alert.ends_at),
-                now,
-                resolved_at,
-                previous.key,
-            ),
+        conn.executemany(ALERT_UPDATE.format(p="?"), [update.row() for update in plan.updates])
+        conn.executemany(
+            "INSERT INTO events (alert_key, kind, created_at) VALUES (?, ?, ?)",
+            [(key, kind.value, now) for key, kind in plan.events],
         )
+        if plan.resolved_group is not None:
+            conn.execute(
+                "INSERT OR REPLACE INTO group_resolves (group_key, resolved_at) VALUES (?, ?)",
+                (plan.resolved_group, now),
+            )
 
     def _alerts_by_keys(self, conn: sqlite3.Connection, keys: Sequence[str]) -> list[AlertState]:
         states: list[AlertState] = []
@@ -635,12 +580,10 @@ class SqliteStore(Store):
         def claim(conn: sqlite3.Connection) -> list[Event]:
             now = _now()
             rows = conn.execute(
-                """SELECT e.id, e.kind, e.created_at, e.attempts AS event_attempts, a.*
+                f"""SELECT e.id, e.kind, e.created_at, e.attempts AS event_attempts, a.*
                    FROM events e JOIN alerts a ON a.key = e.alert_key
-                   WHERE e.state = 'pending' AND e.lease_until <= ?
-                     AND NOT EXISTS (SELECT 1 FROM events p WHERE p.alert_key = e.alert_key AND p.state = 'pending'
-                                     AND p.id < e.id)
-                   ORDER BY e.id LIMIT ?""",
+                   WHERE e.state = 'pending' AND e.lease_until <= ? AND {EVENT_NOT_BLOCKED}
+                   ORDER BY e.id LIMIT ?""",  # noqa: S608
                 (now, limit),
             ).fetchall()
             conn.executemany(
@@ -965,26 +908,3 @@ class SqliteStore(Store):
             return removed
 
         return self._transaction(prune)
-
-
-def _alert_from_row(row: sqlite3.Row) -> AlertState:
-    return AlertState(
-        key=row["key"],
-        fingerprint=row["fingerprint"],
-        status=row["status"],
-        labels=json.loads(row["labels"]),
-        annotations=json.loads(row["annotations"]),
-        starts_at=datetime.fromtimestamp(row["starts_at"], UTC),
-        ends_at=_dt(row["ends_at"]),
-        generator_url=row["generator_url"],
-        group_key=row["group_key"],
-        receiver=row["receiver"],
-        external_url=row["external_url"],
-        first_seen=datetime.fromtimestamp(row["first_seen"], UTC),
-        last_seen=datetime.fromtimestamp(row["last_seen"], UTC),
-        times_seen=row["times_seen"],
-        resolved_at=_dt(row["resolved_at"]),
-        acked_by=row["acked_by"],
-        acked_at=_dt(row["acked_at"]),
-        enrichment=json.loads(row["enrichment"]) if row["enrichment"] else None,
-    )
