@@ -186,3 +186,13 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def close(self) -> None: ...
+
+    # --- several replicas on one store (PostgreSQL); a single-process store has nobody to share with ------
+    async def hold_receiver(self, receiver: str, lease_seconds: float) -> bool:
+        """Take, or renew, this process's lease on dispatching one receiver; False while another replica holds
+        it. One dispatcher per receiver keeps Slack pacing, storm summaries and threads single-writer."""
+        return True
+
+    def subscribe(self, on_work: Callable[[], None], on_deliveries: Callable[[str], None]) -> None:  # noqa: B027
+        """Be told when another replica stored notifications or events (`on_work`) or queued deliveries for a
+        receiver (`on_deliveries`). Polling stays the fallback; a single-process store never calls them."""
