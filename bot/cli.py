@@ -22,7 +22,7 @@ from bot.config import BotConfig, ConfigError, listen_address, load_config, pars
 from bot.enrich.recurrence import gpus_command
 from bot.explain import run as run_explain
 from bot.ingest import WEBHOOK_PATH
-from bot.logs import configure_logging
+from bot.logs import configure_logging, tag_records
 from bot.playbooks import PlaybookError, PlaybookSet
 from bot.store import StoreUnavailable
 from bot.xid_catalog import xid_command
@@ -181,6 +181,8 @@ def _serve(args: argparse.Namespace) -> int:
         _print_problems(exc.problems)
         return EXIT_CONFIG
     configure_logging(config.logging.level, config.secrets())
+    if config.store.backend == "postgresql":
+        tag_records(replica=config.store.replica)
     try:
         asyncio.run(_run_server(config, playbooks))
     except (OSError, StoreUnavailable) as exc:
@@ -227,7 +229,7 @@ async def _run_server(config: BotConfig, playbooks: PlaybookSet) -> None:
         extra={
             "listen": f"{host}:{config.server.port}",
             "webhook": WEBHOOK_PATH,
-            "store": str(config.store.path),
+            "store": str(config.store.path) if config.store.backend == "sqlite" else "postgresql",
             "auth": "on" if config.server.auth.enabled else "off",
             "receivers": [r.name for r in config.receivers],
         },

@@ -193,6 +193,9 @@ class Store(abc.ABC):
         it. One dispatcher per receiver keeps Slack pacing, storm summaries and threads single-writer."""
         return True
 
+    async def release_receiver(self, receiver: str) -> None:  # noqa: B027
+        """Give the receiver up (at shutdown), so another replica takes it over without waiting for the lease."""
+
     def subscribe(self, on_work: Callable[[], None], on_deliveries: Callable[[str], None]) -> None:  # noqa: B027
         """Be told when another replica stored notifications or events (`on_work`) or queued deliveries for a
         receiver (`on_deliveries`). Polling stays the fallback; a single-process store never calls them."""
