@@ -1,4 +1,5 @@
-"""Command line: `gpu-alert-bot serve | check-config | explain | xid | gpus | audit` (and `python -m bot`)."""
+"""Command line: `gpu-alert-bot serve | check-config | explain | xid | gpus | audit | migrate | store copy` (and
+`python -m bot`)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from bot.ingest import WEBHOOK_PATH
 from bot.logs import configure_logging, tag_records
 from bot.playbooks import PlaybookError, PlaybookSet
 from bot.store import StoreUnavailable
+from bot.store.copy import migrate_command, store_copy_command
 from bot.xid_catalog import xid_command
 
 log = logging.getLogger("bot")
@@ -92,6 +94,19 @@ def _parser() -> argparse.ArgumentParser:
     gpus.add_argument("--since", type=_duration, default="30d", help="how far back, e.g. 24h or 30d (default 30d)")
     gpus.add_argument("--format", choices=("table", "json"), default="table", help="a table (default) or JSON lines")
     gpus.set_defaults(run=_gpus)
+
+    migrate = commands.add_parser("migrate", help="bring the store's schema to this version (serve does it too)")
+    migrate.add_argument("--config", type=Path, help="YAML configuration file (default: built-in defaults)")
+    migrate.set_defaults(run=_migrate)
+
+    store = commands.add_parser("store", help="store maintenance")
+    store_commands = store.add_subparsers(dest="store_command", required=True, metavar="STORE_COMMAND")
+    store_copy = store_commands.add_parser(
+        "copy", help="copy alert history, conversations, GPU history and audit log into another store"
+    )
+    store_copy.add_argument("--from", dest="from_config", type=Path, required=True, metavar="CONFIG_A")
+    store_copy.add_argument("--to", dest="to_config", type=Path, required=True, metavar="CONFIG_B")
+    store_copy.set_defaults(run=_store_copy)
 
     audit = commands.add_parser("audit", help="print the audit log: who asked the bot to do what, and the outcome")
     audit.add_argument("--config", type=Path, help="YAML configuration file (default: built-in defaults)")
@@ -167,6 +182,14 @@ def _audit(args: argparse.Namespace) -> int:
         _print_problems(exc.problems)
         return EXIT_CONFIG
     return asyncio.run(audit_command(config, args.since, args.format))
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    return asyncio.run(migrate_command(args.config))
+
+
+def _store_copy(args: argparse.Namespace) -> int:
+    return asyncio.run(store_copy_command(args.from_config, args.to_config))
 
 
 def _serve(args: argparse.Namespace) -> int:

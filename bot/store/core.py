@@ -281,3 +281,25 @@ def audit_from_row(row: Row) -> AuditEntry:
         outcome=row["outcome"],
         detail=row["detail"],
     )
+
+
+# --- store copy: what moves from one store to another ----------------------------------------------------
+# What a site keeps when it moves (SQLite to PostgreSQL): the alert records with their enrichment and acks,
+# the conversations (Slack threads, email Message-IDs), the GPU history that recurrence counts, the audit log.
+# Work in progress (notifications, events, deliveries) is not moved: stop the old bot once its queues drained.
+COPIED_TABLES: dict[str, tuple[str, ...]] = {
+    "alerts": (
+        *ALERT_INSERT_COLUMNS.split(", "),
+        "acked_by",
+        "acked_at",
+        "enrichment",
+    ),
+    "sink_state": ("receiver", "key", "value", "updated_at"),
+    "gpu_events": ("gpu_key", "host", "pci_bus_id", "uuid", "kind", "code", "at", "alert_key"),
+    "audit_log": ("at", "actor", "action", "target", "outcome", "detail"),
+}
+
+
+def copied_columns(table: str) -> tuple[str, ...]:
+    """The columns `store copy` moves; raises KeyError for a table it does not move (never a name from input)."""
+    return COPIED_TABLES[table]

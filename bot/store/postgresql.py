@@ -592,6 +592,24 @@ class PostgresStore(Store):
             acknowledged=True,
         )
 
+    async def export_rows(self, table: str) -> list[dict[str, Any]]:
+        columns = sql.SQL(", ").join(map(sql.Identifier, core.copied_columns(table)))
+        query = sql.SQL("SELECT {} FROM {} ORDER BY 1").format(columns, sql.Identifier(table))
+        async with self._connection() as conn:
+            return [dict(row) for row in await (await conn.execute(query)).fetchall()]
+
+    async def import_rows(self, table: str, rows: Sequence[Mapping[str, Any]]) -> int:
+        names = core.copied_columns(table)
+        query = sql.SQL("INSERT INTO {} ({}) VALUES ({}) ON CONFLICT DO NOTHING").format(
+            sql.Identifier(table),
+            sql.SQL(", ").join(map(sql.Identifier, names)),
+            sql.SQL(", ").join(sql.Placeholder() * len(names)),
+        )
+        async with self._transaction(acknowledged=True) as conn:
+            cursor = conn.cursor()
+            await cursor.executemany(query, [[row[name] for name in names] for row in rows])
+            return max(0, cursor.rowcount)
+
     async def stats(self) -> StoreStats:
         row = await self._fetchone(
             """SELECT

@@ -21,7 +21,7 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from datetime import UTC, datetime
 from pathlib import Path
@@ -45,11 +45,13 @@ from bot.store.core import (
     DELIVERY_NOT_BLOCKED,
     EVENT_NOT_BLOCKED,
     NotificationPlan,
+    copied_columns,
     plan_notification,
     read_notification,
     split_copies,
 )
 from bot.store.core import alert_from_row as _alert_from_row
+from bot.store.migrations import SQLITE_SCHEMA_VERSION, refuse_newer
 
 log = logging.getLogger(__name__)
 
@@ -346,7 +348,11 @@ class SqliteStore(Store):
         conn.execute("PRAGMA cache_size=-8000")
         conn.execute(f"PRAGMA wal_autocheckpoint={_AUTOCHECKPOINT_PAGES}")
         conn.execute("PRAGMA journal_size_limit=67108864")
+        refuse_newer(
+            conn.execute("PRAGMA user_version").fetchone()[0], SQLITE_SCHEMA_VERSION, f"the store {self._path}"
+        )
         conn.executescript(_SCHEMA)
+        conn.execute(f"PRAGMA user_version = {SQLITE_SCHEMA_VERSION}")
         # The lock above guarantees this is the only process using the store: leases left by a killed one are void.
         conn.execute("UPDATE events SET lease_until = 0 WHERE state = 'pending'")
         self._conn = conn
@@ -864,6 +870,20 @@ class SqliteStore(Store):
         finally:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
+
+    async def export_rows(self, table: str) -> list[dict[str, Any]]:
+        columns = copied_columns(table)
+        rows = await self._run(self._fetchall, f"SELECT {', '.join(columns)} FROM {table} ORDER BY 1", ())  # noqa: S608
+        return [dict(zip(columns, row, strict=True)) for row in rows]
+
+    async def import_rows(self, table: str, rows: Sequence[Mapping[str, Any]]) -> int:
+        columns = copied_columns(table)
+        insert = f"INSERT OR IGNORE INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"  # noqa: S608
+        values = [tuple(row[column] for column in columns) for row in rows]
+        cursor = await self._run(
+            functools.partial(self._transaction, lambda conn: conn.executemany(insert, values), acknowledged=True)
+        )
+        return int(cursor.rowcount)
 
     async def stats(self) -> StoreStats:
         row = await self._run(
