@@ -256,16 +256,23 @@ class PostgresStore(Store):
             ).fetchall()
             won = {row["key"] for row in rows}
             split = core.split_copies(batch, {n.idempotency_key for n in candidates} - won)
-            ids: list[int] = []
-            for n in split.fresh:
-                cursor = await conn.execute(
-                    "INSERT INTO notifications (received_at, group_key, receiver, body) VALUES (%s, %s, %s, %s) "
-                    "RETURNING id",
-                    (now, n.group_key, n.receiver, n.body),
+            inserted = await (
+                await conn.execute(
+                    # Rows are inserted (and take their ids) in the order of n: ascending ids follow the batch.
+                    """INSERT INTO notifications (received_at, group_key, receiver, body)
+                       SELECT %(now)s, i.group_key, i.receiver, i.body
+                       FROM unnest(%(groups)s::text[], %(receivers)s::text[], %(bodies)s::bytea[])
+                            WITH ORDINALITY AS i(group_key, receiver, body, n)
+                       ORDER BY i.n RETURNING id""",
+                    {
+                        "now": now,
+                        "groups": [n.group_key for n in split.fresh],
+                        "receivers": [n.receiver for n in split.fresh],
+                        "bodies": [n.body for n in split.fresh],
+                    },
                 )
-                row = await cursor.fetchone()
-                assert row is not None
-                ids.append(int(row["id"]))
+            ).fetchall()
+            ids = sorted(int(row["id"]) for row in inserted)
             if split.copies:
                 await conn.cursor().executemany(
                     "UPDATE notification_keys SET duplicates = duplicates + %s, last_received_at = %s WHERE key = %s",
