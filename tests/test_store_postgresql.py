@@ -15,6 +15,7 @@ import psycopg
 import pytest
 import yaml
 
+from bot.cli import main
 from bot.config import ConfigError, load_config
 from bot.dedup import plan_events
 from bot.store import open_store
@@ -22,7 +23,7 @@ from bot.store.base import StoreUnavailable
 from bot.store.migrations import POSTGRESQL_SCHEMA_VERSION, SchemaTooNew
 from bot.store.postgresql import PostgresStore
 from tests.support.payloads import distinct_webhooks, gpu_alerts, webhook
-from tests.support.processes import free_port
+from tests.support.processes import REPO, free_port
 from tests.support.store import incoming, ingest, ingest_and_dedup, postgres_store, route_all
 
 
@@ -133,3 +134,24 @@ async def test_open_store_opens_the_configured_backend(tmp_path: Path, postgres_
         await store.check_writable()
     finally:
         await store.close()
+
+
+def test_the_shipped_ha_compose_runs_two_named_replicas_on_one_database_with_file_secrets(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    compose = yaml.safe_load((REPO / "config" / "docker-compose.ha.yml").read_text())
+    bots = {name: s for name, s in compose["services"].items() if name.startswith("gpu-alert-bot")}
+    assert len(bots) == 2 and len({s["hostname"] for s in bots.values()}) == 2  # the hostname names the replica
+    for service in compose["services"].values():
+        assert not any("PASSWORD=" in e or "DSN=" in e for e in service.get("environment", []))
+    assert all(secret["file"].startswith("./secrets/") for secret in compose["secrets"].values())
+    assert all("postgres_dsn" in s["secrets"] and "/readyz" in str(s["healthcheck"]) for s in bots.values())
+
+    (tmp_path / "webhook_token").write_text("t0k3n\n")
+    (tmp_path / "postgres_dsn").write_text(postgres_dsn)
+    text = (REPO / "config" / "bot.ha.yaml").read_text().replace("/run/secrets", str(tmp_path))
+    text = text.replace("/etc/gpu-alert-bot/playbooks", str(REPO / "playbooks"))
+    (tmp_path / "bot.yaml").write_text(text)
+    config = load_config(tmp_path / "bot.yaml", {"store.replica": "gpu-alert-bot-a"})
+    assert (config.store.backend, config.store.replica) == ("postgresql", "gpu-alert-bot-a")
+    assert main(["migrate", "--config", str(tmp_path / "bot.yaml")]) == 0

@@ -89,6 +89,7 @@ class PostgresStore(Store):
         )
         self._ingest_queue: asyncio.Queue[tuple[IncomingNotification, asyncio.Future[IngestResult]]] = asyncio.Queue()
         self._batcher: asyncio.Task[None] | None = None
+        self._ingest_conn: Conn | None = None
         self._listener: asyncio.Task[None] | None = None
         self._on_work: Callable[[], None] = lambda: None
         self._on_deliveries: Callable[[str], None] = lambda _receiver: None
@@ -141,6 +142,9 @@ class PostgresStore(Store):
             _, future = self._ingest_queue.get_nowait()
             if not future.done():
                 future.set_exception(StoreUnavailable("store is closing"))
+        if self._ingest_conn is not None:
+            await self._ingest_conn.close()
+            self._ingest_conn = None
         await self._pool.close()
 
     @contextlib.asynccontextmanager
@@ -158,6 +162,24 @@ class PostgresStore(Store):
         async with self._connection() as conn, conn.transaction():
             await conn.execute(f"SET LOCAL synchronous_commit = {'on' if acknowledged else 'off'}")
             yield conn
+
+    @contextlib.asynccontextmanager
+    async def _ingest_transaction(self) -> AsyncIterator[Conn]:
+        """The group commit's own connection, outside the pool: an acknowledge never waits for a connection that
+        the worker or the outbox holds (as on SQLite, where webhook writes go first). Reopened after a failure."""
+        try:
+            if self._ingest_conn is None or self._ingest_conn.broken or self._ingest_conn.closed:
+                self._ingest_conn = await psycopg.AsyncConnection.connect(
+                    self._dsn,
+                    autocommit=True,
+                    row_factory=dict_row,
+                    connect_timeout=max(1, round(self._connect_timeout)),
+                )
+            async with self._ingest_conn.transaction():
+                await self._ingest_conn.execute("SET LOCAL synchronous_commit = on")
+                yield self._ingest_conn
+        except psycopg.Error as exc:
+            raise StoreUnavailable(f"{type(exc).__name__}: {exc}".strip()) from exc
 
     async def _fetchall(self, query: str, args: Sequence[Any] | Mapping[str, Any] = ()) -> list[DictRow]:
         async with self._connection() as conn:
@@ -230,7 +252,7 @@ class PostgresStore(Store):
 
     async def _ingest_batch(self, batch: list[IncomingNotification]) -> list[IngestResult]:
         candidates = core.split_copies(batch, set()).fresh
-        async with self._transaction(acknowledged=True) as conn:
+        async with self._ingest_transaction() as conn:
             now = await self._db_now(conn)
             # A key is taken (its notification is a copy) when it was accepted within the window and after its
             # group last resolved. The unique key makes a concurrent replica's insert wait for this commit.
