@@ -44,6 +44,8 @@ def compose_message(event: Event, enrichment: Enrichment, advice: Advice) -> Mes
         actions=advice.actions if alert.status == "firing" else [],
         labels=alert.labels,
         details=_details(alert.annotations, enrichment, advice),
+        note=event.note if event.kind is EventKind.NOTE else "",
+        note_id=event.id if event.kind is EventKind.NOTE else 0,
     )
 
 

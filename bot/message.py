@@ -75,6 +75,9 @@ class Message(BaseModel):
     actions: list[ActionRef] = Field(default_factory=list)
     labels: dict[str, str] = Field(default_factory=dict)
     details: dict[str, Any] = Field(default_factory=dict)
+    # A note event (`event == "note"`): its text, and its event id, unique per note of the alert.
+    note: str = ""
+    note_id: int = 0
 
     @property
     def duration_text(self) -> str:

@@ -118,6 +118,21 @@ def alert_key(fingerprint: str, starts_at: datetime) -> str:
     return f"{fingerprint}@{starts_at.astimezone(UTC).isoformat()}"
 
 
+# Lowercase letters and digits, without the look-alikes 0/o and 1/l/i: typed from a phone without a doubt.
+SHORT_ID_ALPHABET = "abcdefghjkmnpqrstuvwxyz23456789"
+SHORT_ID_LENGTH = 7
+
+
+def short_id(alert_key: str) -> str:
+    """A short, stable name for one alert episode that people can type (`/gpu ack k3x9m2p`)."""
+    number = int.from_bytes(hashlib.sha256(alert_key.encode()).digest()[:8], "big")
+    letters = []
+    for _ in range(SHORT_ID_LENGTH):
+        number, index = divmod(number, len(SHORT_ID_ALPHABET))
+        letters.append(SHORT_ID_ALPHABET[index])
+    return "".join(letters)
+
+
 class EventKind(StrEnum):
     FIRING = "firing"
     REPEAT = "repeat"
@@ -126,6 +141,8 @@ class EventKind(StrEnum):
     # when Prometheus could not reach it for longer than the alert's endsAt margin).
     REFIRING = "refiring"
     ACK = "ack"
+    # Something a person or the bot says about the alert (an outcome, a comment): told in the alert's conversation.
+    NOTE = "note"
 
 
 class AlertState(BaseModel):
@@ -171,6 +188,8 @@ class Event(BaseModel):
     created_at: datetime
     alert: AlertState
     attempts: int = 1
+    # The text of a NOTE event.
+    note: str = ""
 
 
 class NewDelivery(BaseModel):

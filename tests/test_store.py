@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from bot.dedup import plan_events
-from bot.models import EventKind, GpuEvent, NewDelivery
-from bot.store.base import Store, StoreUnavailable
+from bot.models import EventKind, GpuEvent, NewDelivery, short_id
+from bot.store.base import Store, StoreUnavailable, UnknownAlert
 from bot.store.sqlite import SqliteStore, StoreInUse
 from tests.support.payloads import STARTED, am_alert, distinct_webhooks, gpu_alerts, webhook
 from tests.support.postgres import PostgresServer
@@ -231,6 +231,24 @@ async def test_prune_forgets_a_firing_alert_whose_resolve_never_came(opened: Ope
         await store.prune(datetime.now(UTC) + timedelta(seconds=1))  # nothing heard of either within retention
         assert [a.labels["host"] for a in await store.list_alerts()] == ["not-routed-yet"]
         assert (await store.stats()).alerts_firing == 1
+
+
+async def test_alerts_are_found_by_short_id_and_notes_are_events_of_their_alert(opened: Opener) -> None:
+    async with opened() as store:
+        await ingest_and_dedup(store, webhook(gpu_alerts(2)))
+        [firing, _] = await store.claim_events(10, 60)
+        found = await store.alert_by_short_id(f" {short_id(firing.alert.key).upper()} ")
+        assert found is not None and found.key == firing.alert.key
+        assert await store.alert_by_short_id("zzzzzzz") is None
+        await store.route_event(firing.id, None, [])
+        note_id = await store.add_note(firing.alert.key, "restarted dcgm-exporter")
+        [noted] = await store.claim_events(10, 60)
+        assert (noted.id, noted.kind, noted.note) == (note_id, EventKind.NOTE, "restarted dcgm-exporter")
+        with pytest.raises(UnknownAlert):
+            await store.add_note("nope@2026-11-29T13:31:59+00:00", "x")
+        await store.route_event(noted.id, None, [])
+        await store.prune(datetime.now(UTC) + timedelta(days=1))
+        assert await store.alert_by_short_id(short_id(firing.alert.key)) is None
 
 
 @pytest.mark.parametrize(

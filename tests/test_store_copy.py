@@ -14,6 +14,7 @@ import yaml
 
 from bot.cli import main
 from bot.config import load_config
+from bot.models import short_id
 from bot.store import open_store
 from bot.store.base import AuditEntry
 from tests.support.payloads import am_alert, webhook
@@ -73,6 +74,7 @@ def test_copy_from_sqlite_to_postgresql_keeps_gpu_history_alerts_and_conversatio
         try:
             alert = await store.get_alert(alert_key)
             assert alert is not None and alert.labels["gpu"] == "3" and alert.status == "firing"
+            assert await store.alert_by_short_id(short_id(alert_key)) == alert  # what people type still works
             assert await store.get_sink_state("slack", alert_key) == {"ts": "1716900000.000100", "channel": "C1"}
             [entry] = await store.audit_log(datetime(2000, 1, 1, tzinfo=UTC))
             assert (entry.actor, entry.action, entry.target) == ("cli:root", "ack", "a1b2")
@@ -82,7 +84,7 @@ def test_copy_from_sqlite_to_postgresql_keeps_gpu_history_alerts_and_conversatio
     asyncio.run(moved())
     # Run again (say, after an interruption): nothing is doubled.
     assert main(["store", "copy", "--from", str(sqlite_config), "--to", str(postgres_config)]) == 0
-    assert capsys.readouterr().out.count(": 0 rows copied") == 4
+    assert capsys.readouterr().out.count(": 0 rows copied") == 5
     assert _gpus(postgres_config, capsys) == before
 
 

@@ -22,6 +22,7 @@ from email.message import EmailMessage
 from email.utils import format_datetime, parseaddr
 
 from bot.message import Message, SectionKind
+from bot.models import short_id
 
 _STATUS_WORDS = {
     "firing": "FIRING",
@@ -29,6 +30,7 @@ _STATUS_WORDS = {
     "refiring": "FIRING AGAIN",
     "resolved": "RESOLVED",
     "ack": "ACKNOWLEDGED",
+    "note": "NOTE",
 }
 _SEVERITY_COLOURS = {"critical": "#c62828", "error": "#d84315", "warning": "#f9a825", "info": "#1565c0"}
 _RESOLVED_COLOUR = "#2e7d32"
@@ -92,6 +94,8 @@ def render_email(message: Message, domain: str) -> RenderedEmail:
 def _reply_id(message: Message, domain: str) -> str:
     # Per notification of the episode, so a second resolve (after firing again) is no copy of the first one,
     # which mail systems would drop; a retry of the same delivery keeps its ID.
+    if message.event == "note":
+        return thread_message_id(message.alert_key, domain, f"note.{message.note_id}")
     return thread_message_id(message.alert_key, domain, f"{message.event}.{message.times_seen}")
 
 
@@ -148,6 +152,8 @@ def _headline(message: Message) -> str:
 
 def _blocks(message: Message) -> list[_Block]:
     blocks: list[_Block] = []
+    if message.note:
+        blocks.append(_Block(title="Note", kind="text", lines=(message.note,)))
     if message.summary and message.summary != message.title:
         blocks.append(_Block(title="", kind="text", lines=(message.summary,)))
     facts = [(fact.label, fact.value) for fact in message.facts]
@@ -181,7 +187,7 @@ def _other_annotations(message: Message) -> list[tuple[str, str]]:
 
 
 def _footer(message: Message) -> str:
-    return f"gpu-alert-bot · alert {message.alert_key}"
+    return f"gpu-alert-bot · alert {short_id(message.alert_key)} ({message.alert_key})"
 
 
 # --- plain text -------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from bot.message import ActionRef, Link, Message, Section, format_duration
+from bot.models import short_id
 
 Block = dict[str, Any]
 Payload = dict[str, Any]
@@ -73,6 +74,7 @@ UNKNOWN_COLOUR = "#98A2B3"
 _RESOLVED_EMOJI = "✅"
 _UNKNOWN_EMOJI = "⚪"
 _ACK_EMOJI = "👀"
+_NOTE_EMOJI = "📝"
 # Labels already shown as fields or in the header; the labels line shows the rest.
 _SHOWN_LABELS = frozenset({"alertname", "severity"})
 _SAFE_URL = re.compile(r"^https?://[^\s]+$", re.IGNORECASE)
@@ -268,6 +270,7 @@ def _status_line(message: Message, related: Sequence[RelatedNote]) -> str:
             parts.append(f"seen {message.times_seen} times")
     if message.acked_by:
         parts.append(f"{_ACK_EMOJI} acknowledged by *{escape(message.acked_by)}*")
+    parts.append(f"id `{short_id(message.alert_key)}`")
     if related:
         shown = ", ".join(
             escape(note.title) + (" (resolved)" if note.status == "resolved" else "") for note in related[:5]
@@ -471,6 +474,11 @@ def refiring_note(message: Message) -> Payload:
 def ack_note(message: Message) -> Payload:
     who = escape(message.acked_by or "someone")
     return note_payload(f"{_ACK_EMOJI} *{escape(message.title)}* acknowledged by *{who}*")
+
+
+def note_reply(message: Message) -> Payload:
+    """A note about the alert (an outcome, a comment), as a reply in its thread; the text is data, escaped."""
+    return note_payload(f"{_NOTE_EMOJI} *{escape(message.title)}*: {escape(message.note)}")
 
 
 # --- storms -----------------------------------------------------------------------------------------------

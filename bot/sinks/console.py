@@ -6,7 +6,7 @@ import json
 import sys
 from typing import TextIO
 
-from bot.models import Delivery
+from bot.models import Delivery, short_id
 from bot.sinks.base import DeliveryResult
 
 
@@ -28,6 +28,7 @@ class ConsoleSink:
             "gpu": message.gpu,
             "fingerprint": message.fingerprint,
             "alert_key": message.alert_key,
+            "short_id": short_id(message.alert_key),
             "group_key": message.group_key,
             "starts_at": message.starts_at.isoformat(),
             "resolved_at": message.resolved_at.isoformat() if message.resolved_at else None,
@@ -39,6 +40,8 @@ class ConsoleSink:
             "event_id": delivery.event_id,
             "delivery_id": delivery.id,
         }
+        if message.note:
+            line["note"] = message.note
         stream = self._stream or sys.stdout
         try:
             stream.write(json.dumps(line, ensure_ascii=False) + "\n")

@@ -20,6 +20,10 @@ class StoreUnavailable(Exception):
     """The store cannot take a write now (read-only, disk full, locked, closed): the caller should retry."""
 
 
+class UnknownAlert(LookupError):
+    """No alert episode has this key (never seen, or pruned)."""
+
+
 @dataclass(frozen=True)
 class IngestResult:
     accepted: bool
@@ -143,6 +147,15 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def list_alerts(self, status: str | None = None, limit: int = 100) -> list[AlertState]: ...
+
+    @abc.abstractmethod
+    async def alert_by_short_id(self, short_id: str) -> AlertState | None:
+        """The alert episode whose `bot.models.short_id` this is (case and surrounding blanks ignored)."""
+
+    @abc.abstractmethod
+    async def add_note(self, alert_key: str, text: str) -> int:
+        """Queue a NOTE event carrying `text` for a known alert and return its id; it is routed and delivered
+        like the alert's other events, into the alert's conversation. Raises UnknownAlert for an unknown key."""
 
     @abc.abstractmethod
     async def alert_events(self, key: str) -> list[EventRecord]:

@@ -297,6 +297,7 @@ COPIED_TABLES: dict[str, tuple[str, ...]] = {
     "sink_state": ("receiver", "key", "value", "updated_at"),
     "gpu_events": ("gpu_key", "host", "pci_bus_id", "uuid", "kind", "code", "at", "alert_key"),
     "audit_log": ("at", "actor", "action", "target", "outcome", "detail"),
+    "alert_short_ids": ("short_id", "alert_key"),
 }
 
 

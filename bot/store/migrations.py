@@ -161,4 +161,23 @@ CREATE TABLE heartbeat (
 """,
     ),
 ]
+POSTGRESQL_MIGRATIONS.append(
+    (
+        2,
+        """
+-- The text of NOTE events, one row per note.
+CREATE TABLE event_notes (
+    event_id BIGINT PRIMARY KEY,
+    text TEXT NOT NULL
+);
+
+-- The short id people type for an alert episode (bot.models.short_id); the first episode keeps a rare clash.
+CREATE TABLE alert_short_ids (
+    short_id TEXT PRIMARY KEY,
+    alert_key TEXT NOT NULL
+);
+CREATE INDEX alert_short_ids_key ON alert_short_ids(alert_key);
+""",
+    )
+)
 POSTGRESQL_SCHEMA_VERSION = POSTGRESQL_MIGRATIONS[-1][0]

@@ -29,7 +29,7 @@ from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from bot.message import Message
-from bot.models import AlertState, Delivery, Event, EventKind, GpuEvent, NewDelivery
+from bot.models import AlertState, Delivery, Event, EventKind, GpuEvent, NewDelivery, short_id
 from bot.store import core
 from bot.store.base import (
     AuditEntry,
@@ -40,6 +40,7 @@ from bot.store.base import (
     Store,
     StoreStats,
     StoreUnavailable,
+    UnknownAlert,
 )
 from bot.store.migrations import POSTGRESQL_MIGRATIONS, POSTGRESQL_SCHEMA_VERSION, refuse_newer
 
@@ -358,6 +359,10 @@ class PostgresStore(Store):
             f"INSERT INTO alerts ({core.ALERT_INSERT_COLUMNS}) VALUES ({marks})".encode(),  # noqa: S608
             [alert.row() for alert in plan.new_alerts],
         )
+        await cursor.executemany(
+            "INSERT INTO alert_short_ids (short_id, alert_key) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+            [(short_id(alert.key), alert.key) for alert in plan.new_alerts],
+        )
         await cursor.executemany(core.ALERT_UPDATE.format(p="%s").encode(), [u.row() for u in plan.updates])
         await cursor.executemany(
             "INSERT INTO events (alert_key, kind, created_at) VALUES (%s, %s, %s)",
@@ -389,8 +394,9 @@ class PostgresStore(Store):
                 return []
             joined = await (
                 await conn.execute(
-                    """SELECT e.id, e.kind, e.created_at, e.attempts AS event_attempts, a.*
-                       FROM events e JOIN alerts a ON a.key = e.alert_key WHERE e.id = ANY(%s) ORDER BY e.id""",
+                    """SELECT e.id, e.kind, e.created_at, e.attempts AS event_attempts, n.text AS note_text, a.*
+                       FROM events e JOIN alerts a ON a.key = e.alert_key LEFT JOIN event_notes n ON n.event_id = e.id
+                       WHERE e.id = ANY(%s) ORDER BY e.id""",
                     ([row["id"] for row in rows],),
                 )
             ).fetchall()
@@ -401,6 +407,7 @@ class PostgresStore(Store):
                 created_at=core.dt(row["created_at"]),
                 alert=core.alert_from_row(row),
                 attempts=row["event_attempts"],
+                note=row["note_text"] or "",
             )
             for row in joined
         ]
@@ -552,6 +559,28 @@ class PostgresStore(Store):
         )
         return [core.alert_from_row(row) for row in rows]
 
+    async def alert_by_short_id(self, short_id: str) -> AlertState | None:
+        row = await self._fetchone(
+            "SELECT a.* FROM alert_short_ids s JOIN alerts a ON a.key = s.alert_key WHERE s.short_id = %s",
+            (short_id.strip().lower(),),
+        )
+        return None if row is None else core.alert_from_row(row)
+
+    async def add_note(self, alert_key: str, text: str) -> int:
+        async with self._transaction(acknowledged=True) as conn:
+            if await (await conn.execute("SELECT 1 FROM alerts WHERE key = %s", (alert_key,))).fetchone() is None:
+                raise UnknownAlert(alert_key)
+            row = await (
+                await conn.execute(
+                    "INSERT INTO events (alert_key, kind, created_at) VALUES (%s, %s, %s) RETURNING id",
+                    (alert_key, EventKind.NOTE.value, _now()),
+                )
+            ).fetchone()
+            assert row is not None
+            await conn.execute("INSERT INTO event_notes (event_id, text) VALUES (%s, %s)", (row["id"], text))
+            await conn.execute(f"NOTIFY {_WORK_CHANNEL}".encode())
+        return int(row["id"])
+
     async def recent_alerts(self, alertnames: Sequence[str], since: datetime) -> list[AlertState]:
         if not alertnames:
             return []
@@ -669,6 +698,13 @@ class PostgresStore(Store):
                 "DELETE FROM audit_log WHERE at < %(cutoff)s",
             ):
                 removed += (await conn.execute(statement.encode(), cutoff)).rowcount
+            # Parts of rows removed above, not counted on their own.
+            await conn.execute(
+                "DELETE FROM event_notes n WHERE NOT EXISTS (SELECT 1 FROM events e WHERE e.id = n.event_id)"
+            )
+            await conn.execute(
+                "DELETE FROM alert_short_ids s WHERE NOT EXISTS (SELECT 1 FROM alerts a WHERE a.key = s.alert_key)"
+            )
             expired = {"cutoff": await self._db_now(conn) - self._dedup_window}
             for statement in (
                 "DELETE FROM notification_keys WHERE accepted_at < %(cutoff)s",

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from bot.message import Message
-from bot.models import AlertState, Delivery, Event, EventKind, GpuEvent, NewDelivery
+from bot.models import AlertState, Delivery, Event, EventKind, GpuEvent, NewDelivery, short_id
 from bot.store.base import (
     AuditEntry,
     EventRecord,
@@ -38,6 +38,7 @@ from bot.store.base import (
     Store,
     StoreStats,
     StoreUnavailable,
+    UnknownAlert,
 )
 from bot.store.core import (
     ALERT_INSERT_COLUMNS,
@@ -185,6 +186,19 @@ CREATE TABLE IF NOT EXISTS audit_log (
     detail TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS audit_log_at ON audit_log(at);
+
+-- The text of NOTE events, one row per note.
+CREATE TABLE IF NOT EXISTS event_notes (
+    event_id INTEGER PRIMARY KEY,
+    text TEXT NOT NULL
+);
+
+-- The short id people type for an alert episode (bot.models.short_id); the first episode keeps a rare clash.
+CREATE TABLE IF NOT EXISTS alert_short_ids (
+    short_id TEXT PRIMARY KEY,
+    alert_key TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS alert_short_ids_key ON alert_short_ids(alert_key);
 
 CREATE TABLE IF NOT EXISTS heartbeat (
     id INTEGER PRIMARY KEY CHECK (id = 1),
@@ -353,6 +367,7 @@ class SqliteStore(Store):
         )
         conn.executescript(_SCHEMA)
         conn.execute(f"PRAGMA user_version = {SQLITE_SCHEMA_VERSION}")
+        _add_missing_short_ids(conn)
         # The lock above guarantees this is the only process using the store: leases left by a killed one are void.
         conn.execute("UPDATE events SET lease_until = 0 WHERE state = 'pending'")
         self._conn = conn
@@ -556,6 +571,10 @@ class SqliteStore(Store):
             f"INSERT INTO alerts ({ALERT_INSERT_COLUMNS}) VALUES ({','.join('?' * 16)})",  # noqa: S608
             [alert.row() for alert in plan.new_alerts],
         )
+        conn.executemany(
+            "INSERT OR IGNORE INTO alert_short_ids (short_id, alert_key) VALUES (?, ?)",
+            [(short_id(alert.key), alert.key) for alert in plan.new_alerts],
+        )
         conn.executemany(ALERT_UPDATE.format(p="?"), [update.row() for update in plan.updates])
         conn.executemany(
             "INSERT INTO events (alert_key, kind, created_at) VALUES (?, ?, ?)",
@@ -586,8 +605,8 @@ class SqliteStore(Store):
         def claim(conn: sqlite3.Connection) -> list[Event]:
             now = _now()
             rows = conn.execute(
-                f"""SELECT e.id, e.kind, e.created_at, e.attempts AS event_attempts, a.*
-                   FROM events e JOIN alerts a ON a.key = e.alert_key
+                f"""SELECT e.id, e.kind, e.created_at, e.attempts AS event_attempts, n.text AS note_text, a.*
+                   FROM events e JOIN alerts a ON a.key = e.alert_key LEFT JOIN event_notes n ON n.event_id = e.id
                    WHERE e.state = 'pending' AND e.lease_until <= ? AND {EVENT_NOT_BLOCKED}
                    ORDER BY e.id LIMIT ?""",  # noqa: S608
                 (now, limit),
@@ -603,6 +622,7 @@ class SqliteStore(Store):
                     created_at=datetime.fromtimestamp(row["created_at"], UTC),
                     alert=_alert_from_row(row),
                     attempts=row["event_attempts"] + 1,
+                    note=row["note_text"] or "",
                 )
                 for row in rows
             ]
@@ -766,6 +786,32 @@ class SqliteStore(Store):
         )
         return [_alert_from_row(row) for row in rows]
 
+    async def alert_by_short_id(self, short_id: str) -> AlertState | None:
+        row = await self._run(
+            self._fetchone,
+            "SELECT a.* FROM alert_short_ids s JOIN alerts a ON a.key = s.alert_key WHERE s.short_id = ?",
+            (short_id.strip().lower(),),
+        )
+        return None if row is None else _alert_from_row(row)
+
+    async def add_note(self, alert_key: str, text: str) -> int:
+        return await self._run(self._add_note_sync, alert_key, text)
+
+    def _add_note_sync(self, alert_key: str, text: str) -> int:
+        def add(conn: sqlite3.Connection) -> int:
+            if conn.execute("SELECT 1 FROM alerts WHERE key = ?", (alert_key,)).fetchone() is None:
+                raise UnknownAlert(alert_key)
+            cursor = conn.execute(
+                "INSERT INTO events (alert_key, kind, created_at) VALUES (?, ?, ?)",
+                (alert_key, EventKind.NOTE.value, _now()),
+            )
+            event_id = cursor.lastrowid
+            assert event_id is not None
+            conn.execute("INSERT INTO event_notes (event_id, text) VALUES (?, ?)", (event_id, text))
+            return event_id
+
+        return self._transaction(add, acknowledged=True)
+
     async def alert_events(self, key: str) -> list[EventRecord]:
         rows = await self._run(
             self._fetchall,
@@ -921,6 +967,11 @@ class SqliteStore(Store):
                 "DELETE FROM audit_log WHERE at < :cutoff",
             ):
                 removed += conn.execute(sql, {"cutoff": cutoff}).rowcount
+            # Parts of rows removed above, not counted on their own.
+            conn.execute("DELETE FROM event_notes WHERE NOT EXISTS (SELECT 1 FROM events e WHERE e.id = event_id)")
+            conn.execute(
+                "DELETE FROM alert_short_ids WHERE NOT EXISTS (SELECT 1 FROM alerts a WHERE a.key = alert_key)"
+            )
             # A key older than the dedup window no longer makes anything a duplicate.
             expired = _now() - self._dedup_window
             removed += conn.execute("DELETE FROM notification_keys WHERE accepted_at < ?", (expired,)).rowcount
@@ -928,3 +979,17 @@ class SqliteStore(Store):
             return removed
 
         return self._transaction(prune)
+
+
+def _add_missing_short_ids(conn: sqlite3.Connection) -> None:
+    """Short ids for alerts stored by a version that had none."""
+    keys = conn.execute(
+        "SELECT key FROM alerts a WHERE NOT EXISTS (SELECT 1 FROM alert_short_ids s WHERE s.alert_key = a.key)"
+    ).fetchall()
+    if keys:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany(
+            "INSERT OR IGNORE INTO alert_short_ids (short_id, alert_key) VALUES (?, ?)",
+            [(short_id(row["key"]), row["key"]) for row in keys],
+        )
+        conn.execute("COMMIT")

@@ -28,6 +28,7 @@ from bot.render.slack import (
     Payload,
     RelatedNote,
     ack_note,
+    note_reply,
     refiring_note,
     repeat_note,
     resolved_note,
@@ -36,7 +37,7 @@ from bot.render.slack import (
 from bot.sinks.base import DeliveryResult
 from bot.sinks.slack.channel import SlackChannel, SlackFailure
 from bot.sinks.slack.pacing import SlackRateLimits
-from bot.sinks.slack.state import AlertRecord, Posting, Related, SinkState
+from bot.sinks.slack.state import AlertRecord, Posting, Related, SinkState, Storm
 from bot.sinks.slack.storm import StormControl
 from bot.store.base import Store, StoreUnavailable
 
@@ -74,7 +75,9 @@ class SlackSink:
     async def _handle(self, delivery: Delivery) -> None:
         message = delivery.message
         record = await self._state.record(message.alert_key)
-        if (
+        if message.event == "note":
+            await self._note(message, record, delivery)
+        elif (
             record is not None
             and record.mode == "storm"
             and message.event == "refiring"
@@ -163,6 +166,30 @@ class SlackSink:
             await self._storms.resolve(record.storm, message.alert_key)
         elif record.storm and message.event == "refiring":
             await self._storms.reopen(record.storm, message.alert_key)
+
+    async def _note(self, message: Message, record: AlertRecord | None, delivery: Delivery) -> None:
+        """A note goes into the thread the alert was told in (its own, its root's, its storm's); an alert that
+        never reached this channel has no conversation to add to."""
+        if record is None:
+            return
+        thread_ts = record.thread_ts or record.ts
+        if record.mode == "storm":
+            storm = await self._storms_summary(record.storm)
+            thread_ts = storm.summary_ts if storm is not None else ""
+        if not thread_ts:
+            return
+        nonce = f"note:{message.alert_key}:{delivery.id}"
+        await self._post_once(message.alert_key, record, note_reply(message), thread_ts, nonce)
+        await self._state.save_record(message.alert_key, record)
+
+    async def _storms_summary(self, storm_id: str) -> Storm | None:
+        storm = await self._state.storm(storm_id)
+        if storm is not None and not storm.summary_ts and not storm.failed:
+            # The flusher has not posted the summary yet: the note waits for its thread.
+            raise SlackFailure(
+                DeliveryResult.retry_later("storm_summary_pending", "waiting for the storm's summary"), False
+            )
+        return storm
 
     # --- related alerts ---------------------------------------------------------------------------------
     async def _root_for(self, message: Message) -> tuple[str, AlertRecord] | None:
