@@ -79,10 +79,6 @@ class Outbox:
             if name in self._wakeups:
                 self._wakeups[name].set()
 
-    def dispatching(self, receiver: str) -> bool:
-        """Whether this process dispatches the receiver now (with several replicas, one of them does)."""
-        return self._holding.get(receiver, False)
-
     async def _keep_lease(self, receiver: str) -> None:
         while True:
             try:

@@ -156,3 +156,16 @@ def test_the_shipped_ha_compose_runs_two_named_replicas_on_one_database_with_fil
     config = load_config(tmp_path / "bot.yaml", {"store.replica": "gpu-alert-bot-a"})
     assert (config.store.backend, config.store.replica) == ("postgresql", "gpu-alert-bot-a")
     assert main(["migrate", "--config", str(tmp_path / "bot.yaml")]) == 0
+
+
+async def test_every_commit_waits_for_the_wal_flush_whatever_the_server_default(postgres_dsn: str) -> None:
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        database = conn.info.dbname
+        conn.execute(f"ALTER DATABASE {database} SET synchronous_commit = off".encode())
+    async with postgres_store(postgres_dsn) as store:
+        row = await store._fetchone("SHOW synchronous_commit")
+        assert row is not None and row["synchronous_commit"] == "on"
+        await ingest(store, webhook(gpu_alerts(1)))
+        async with store._ingest_transaction() as conn:
+            shown = await (await conn.execute("SHOW synchronous_commit")).fetchone()
+            assert shown is not None and shown["synchronous_commit"] == "on"

@@ -85,7 +85,7 @@ class PostgresStore(Store):
             timeout=connect_timeout,
             # A connection broken by a database restart is found out before it is handed over, not after.
             check=AsyncConnectionPool.check_connection,
-            kwargs={"autocommit": True, "row_factory": dict_row, "connect_timeout": max(1, round(connect_timeout))},
+            kwargs=self._connect_kwargs(),
             name=f"gpu-alert-bot-{replica}",
         )
         self._ingest_queue: asyncio.Queue[tuple[IncomingNotification, asyncio.Future[IngestResult]]] = asyncio.Queue()
@@ -156,12 +156,19 @@ class PostgresStore(Store):
         except (psycopg.Error, PoolTimeout) as exc:
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}".strip()) from exc
 
+    def _connect_kwargs(self) -> dict[str, Any]:
+        # Every commit waits for its WAL to be flushed, whatever the server's default: a 2xx promises it, and a
+        # delivery recorded as sent must not come back as pending after a database crash and be sent again.
+        return {
+            "autocommit": True,
+            "row_factory": dict_row,
+            "connect_timeout": max(1, round(self._connect_timeout)),
+            "options": "-c synchronous_commit=on",
+        }
+
     @contextlib.asynccontextmanager
-    async def _transaction(self, *, acknowledged: bool = False) -> AsyncIterator[Conn]:
-        """One transaction. `acknowledged` writes are the ones a 2xx promises: their COMMIT returns once the WAL
-        is flushed. The worker's own writes are redone from the stored notifications if lost, like on SQLite."""
+    async def _transaction(self) -> AsyncIterator[Conn]:
         async with self._connection() as conn, conn.transaction():
-            await conn.execute(f"SET LOCAL synchronous_commit = {'on' if acknowledged else 'off'}")
             yield conn
 
     @contextlib.asynccontextmanager
@@ -170,14 +177,8 @@ class PostgresStore(Store):
         the worker or the outbox holds (as on SQLite, where webhook writes go first). Reopened after a failure."""
         try:
             if self._ingest_conn is None or self._ingest_conn.broken or self._ingest_conn.closed:
-                self._ingest_conn = await psycopg.AsyncConnection.connect(
-                    self._dsn,
-                    autocommit=True,
-                    row_factory=dict_row,
-                    connect_timeout=max(1, round(self._connect_timeout)),
-                )
+                self._ingest_conn = await psycopg.AsyncConnection.connect(self._dsn, **self._connect_kwargs())
             async with self._ingest_conn.transaction():
-                await self._ingest_conn.execute("SET LOCAL synchronous_commit = on")
                 yield self._ingest_conn
         except psycopg.Error as exc:
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}".strip()) from exc
@@ -190,8 +191,8 @@ class PostgresStore(Store):
         rows = await self._fetchall(query, args)
         return rows[0] if rows else None
 
-    async def _execute(self, query: str, args: Sequence[Any] = (), *, acknowledged: bool = False) -> None:
-        async with self._transaction(acknowledged=acknowledged) as conn:
+    async def _execute(self, query: str, args: Sequence[Any] = ()) -> None:
+        async with self._transaction() as conn:
             await conn.execute(query.encode(), args)
 
     @staticmethod
@@ -567,7 +568,7 @@ class PostgresStore(Store):
         return None if row is None else core.alert_from_row(row)
 
     async def add_note(self, alert_key: str, text: str) -> int:
-        async with self._transaction(acknowledged=True) as conn:
+        async with self._transaction() as conn:
             if await (await conn.execute("SELECT 1 FROM alerts WHERE key = %s", (alert_key,))).fetchone() is None:
                 raise UnknownAlert(alert_key)
             row = await (
@@ -629,7 +630,6 @@ class PostgresStore(Store):
         await self._execute(
             "INSERT INTO audit_log (at, actor, action, target, outcome, detail) VALUES (%s, %s, %s, %s, %s, %s)",
             (entry.at.timestamp(), entry.actor, entry.action, entry.target, entry.outcome, entry.detail),
-            acknowledged=True,
         )
 
     async def audit_log(self, since: datetime, limit: int = 1000) -> list[AuditEntry]:
@@ -647,7 +647,6 @@ class PostgresStore(Store):
             f"""INSERT INTO heartbeat (replica, at) VALUES (%s, {_DB_NOW})
                 ON CONFLICT (replica) DO UPDATE SET at = excluded.at""",  # noqa: S608
             (self._replica,),
-            acknowledged=True,
         )
 
     async def export_rows(self, table: str) -> list[dict[str, Any]]:
@@ -663,7 +662,7 @@ class PostgresStore(Store):
             sql.SQL(", ").join(map(sql.Identifier, names)),
             sql.SQL(", ").join(sql.Placeholder() * len(names)),
         )
-        async with self._transaction(acknowledged=True) as conn:
+        async with self._transaction() as conn:
             cursor = conn.cursor()
             await cursor.executemany(query, [[row[name] for name in names] for row in rows])
             return max(0, cursor.rowcount)
