@@ -169,3 +169,15 @@ async def test_every_commit_waits_for_the_wal_flush_whatever_the_server_default(
         async with store._ingest_transaction() as conn:
             shown = await (await conn.execute("SHOW synchronous_commit")).fetchone()
             assert shown is not None and shown["synchronous_commit"] == "on"
+
+
+async def test_a_reader_never_migrates_and_refuses_a_schema_it_does_not_know(postgres_dsn: str) -> None:
+    with pytest.raises(StoreUnavailable, match="run gpu-alert-bot migrate"):
+        async with postgres_store(postgres_dsn, read_only=True):
+            pass
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT to_regclass('alerts')").fetchone() == (None,)
+    async with postgres_store(postgres_dsn) as store:
+        await ingest_and_dedup(store, webhook(gpu_alerts(2)))
+    async with postgres_store(postgres_dsn, read_only=True) as reader:
+        assert len(await reader.list_alerts()) == 2

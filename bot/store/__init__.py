@@ -12,7 +12,7 @@ __all__ = ["Store", "StoreUnavailable", "open_store"]
 
 async def open_store(config: StoreConfig, *, read_only: bool = False) -> Store:
     """The configured store, opened (and migrated). `read_only` is for CLI commands that inspect a running bot's
-    store; a PostgreSQL store is shared by design, so it opens the same way for them."""
+    store: they never migrate it."""
     if config.backend == "postgresql":
         assert config.dsn_file is not None  # StoreConfig refuses postgresql without it
         pg = PostgresStore(
@@ -21,6 +21,7 @@ async def open_store(config: StoreConfig, *, read_only: bool = False) -> Store:
             pool_size=config.pool_size,
             dedup_window=config.dedup_window,
             connect_timeout=config.connect_timeout,
+            read_only=read_only,
         )
         await pg.open()
         return pg

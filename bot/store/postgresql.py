@@ -71,11 +71,15 @@ class PostgresStore(Store):
         pool_size: int = 8,
         dedup_window: float = 600.0,
         connect_timeout: float = 5.0,
+        read_only: bool = False,
     ) -> None:
+        """`read_only` is for CLI commands that inspect the store beside running replicas: no migration, no
+        group commit, no listening."""
         self._dsn = dsn
         self._replica = replica
         self._dedup_window = dedup_window
         self._connect_timeout = connect_timeout
+        self._read_only = read_only
         self._pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
             dsn,
             connection_class=psycopg.AsyncConnection[DictRow],
@@ -107,10 +111,12 @@ class PostgresStore(Store):
             await self._pool.close()
             raise StoreUnavailable(f"cannot connect to PostgreSQL: {exc}") from exc
         try:
-            await self.migrate()
+            await (self._check_schema() if self._read_only else self.migrate())
         except BaseException:
             await self._pool.close()
             raise
+        if self._read_only:
+            return
         self._batcher = asyncio.create_task(self._group_commit_loop(), name="postgresql-group-commit")
         self._listener = asyncio.create_task(self._listen_loop(), name="postgresql-listen")
 
@@ -128,6 +134,20 @@ class PostgresStore(Store):
                     await conn.execute("INSERT INTO schema_version (version) VALUES (%s)", (version,))
                     log.info("store migrated", extra={"schema_version": version, "replica": self._replica})
         return POSTGRESQL_SCHEMA_VERSION
+
+    async def _check_schema(self) -> None:
+        """A reader (a CLI command beside running replicas) never migrates: it only reads a schema it knows."""
+        row = await self._fetchone("SELECT to_regclass('schema_version') IS NOT NULL AS present")
+        found = 0
+        if row is not None and row["present"]:
+            version = await self._fetchone("SELECT max(version) AS version FROM schema_version")
+            found = int(version["version"]) if version and version["version"] is not None else 0
+        refuse_newer(found, POSTGRESQL_SCHEMA_VERSION, "the PostgreSQL store")
+        if found < POSTGRESQL_SCHEMA_VERSION:
+            raise StoreUnavailable(
+                f"the PostgreSQL store has schema version {found}, older than this gpu-alert-bot's "
+                f"({POSTGRESQL_SCHEMA_VERSION}): run gpu-alert-bot migrate (or start the bot) first"
+            )
 
     def subscribe(self, on_work: Callable[[], None], on_deliveries: Callable[[str], None]) -> None:
         self._on_work = on_work
