@@ -73,7 +73,7 @@ async def start_runtime(
     store = await open_store(config.store)
     sinks = build_sinks(config.receivers, store, metrics, console, slack_controls(config))
     metrics.init_receivers(sinks)
-    outbox = Outbox(store, sinks, config.outbox, metrics)
+    outbox = Outbox(store, sinks, config.outbox, metrics, receiver_lease=config.store.receiver_lease)
     enrichers = build_enrichers(config.enrichment, store, metrics, playbooks.xid_catalog)
     pipeline = Pipeline(
         store,
@@ -85,6 +85,8 @@ async def start_runtime(
         late_copy_window=config.store.late_copy_window,
     )
     worker = Worker(pipeline, store, config.worker, config.store, metrics)
+    # Other replicas' work wakes this one at once (PostgreSQL LISTEN/NOTIFY); polling stays the fallback.
+    store.subscribe(worker.notify, lambda receiver: outbox.wake([receiver]))
     outbox.start()
     worker.start()
     interactivity = Interactivity(config, store) if interactivity_enabled(config.interactivity) else None
@@ -112,6 +114,7 @@ async def start_runtime(
 RUNTIME_KEY = web.AppKey("runtime", Runtime)
 METRICS_KEY = web.AppKey("metrics", Metrics)
 WEBHOOK_KEY = web.AppKey("webhook", WebhookHandler)
+STORE_INFO_KEY = web.AppKey("store_info", dict[str, str])
 
 
 def build_app(
@@ -126,6 +129,8 @@ def build_app(
     metrics = metrics or Metrics()
     app = web.Application(client_max_size=config.server.max_body_bytes, middlewares=[request_deadlines, _json_errors])
     app[METRICS_KEY] = metrics
+    app[STORE_INFO_KEY] = {"backend": config.store.backend, "replica": config.store.replica}
+    metrics.replica_info.labels(config.store.replica, config.store.backend).set(1)
     auth = WebhookAuth(config.server.auth)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
@@ -177,9 +182,9 @@ async def _readyz(request: web.Request) -> web.Response:
     checks["worker"] = "running" if runtime.worker.running else "stopped"
     checks["outbox"] = "running" if runtime.outbox.running else "stopped"
     ready = checks["store"] == "writable" and checks["worker"] == "running" and checks["outbox"] == "running"
-    return web.json_response(
-        {"status": "ready" if ready else "not ready", "checks": checks}, status=200 if ready else 503
-    )
+    body = {"status": "ready" if ready else "not ready", "checks": checks}
+    body |= {"store": request.app[STORE_INFO_KEY]}
+    return web.json_response(body, status=200 if ready else 503)
 
 
 async def _metrics(request: web.Request) -> web.Response:

@@ -1,4 +1,5 @@
-"""Command line: `gpu-alert-bot serve | check-config | explain | xid | gpus | audit | healthcheck` (and
+"""Command line: `gpu-alert-bot serve | check-config | explain | xid | gpus | audit | healthcheck | selftest |
+run | approve | refuse | reset-breaker | migrate | store copy` (and
 `python -m bot`)."""
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ from bot.enrich.recurrence import gpus_command
 from bot.explain import run as run_explain
 from bot.healthcheck import ALIVE_PATH, READY_PATH, probe
 from bot.ingest import WEBHOOK_PATH
-from bot.logs import configure_logging
+from bot.logs import configure_logging, tag_records
 from bot.playbooks import PlaybookError, PlaybookSet
 from bot.selftest.command import Options as SelftestOptions
 from bot.selftest.command import selftest_command
 from bot.server import GuardedSite
 from bot.store import StoreUnavailable
+from bot.store.copy import migrate_command, store_copy_command
 from bot.xid_catalog import xid_command
 
 log = logging.getLogger("bot")
@@ -102,6 +104,19 @@ def _parser() -> argparse.ArgumentParser:
     gpus.add_argument("--format", choices=("table", "json"), default="table", help="a table (default) or JSON lines")
     _store_option(gpus)
     gpus.set_defaults(run=_gpus)
+
+    migrate = commands.add_parser("migrate", help="bring the store's schema to this version (serve does it too)")
+    migrate.add_argument("--config", type=Path, help="YAML configuration file (default: built-in defaults)")
+    migrate.set_defaults(run=_migrate)
+
+    store = commands.add_parser("store", help="store maintenance")
+    store_commands = store.add_subparsers(dest="store_command", required=True, metavar="STORE_COMMAND")
+    store_copy = store_commands.add_parser(
+        "copy", help="copy alert history, conversations, GPU history and audit log into another store"
+    )
+    store_copy.add_argument("--from", dest="from_config", type=Path, required=True, metavar="CONFIG_A")
+    store_copy.add_argument("--to", dest="to_config", type=Path, required=True, metavar="CONFIG_B")
+    store_copy.set_defaults(run=_store_copy)
 
     audit = commands.add_parser("audit", help="print the audit log: who asked the bot to do what, and the outcome")
     audit.add_argument("--config", type=Path, help="YAML configuration file (default: built-in defaults)")
@@ -270,6 +285,14 @@ def _selftest(args: argparse.Namespace) -> int:
     return asyncio.run(selftest_command(config, options))
 
 
+def _migrate(args: argparse.Namespace) -> int:
+    return asyncio.run(migrate_command(args.config))
+
+
+def _store_copy(args: argparse.Namespace) -> int:
+    return asyncio.run(store_copy_command(args.from_config, args.to_config))
+
+
 def _serve(args: argparse.Namespace) -> int:
     overrides = _store_override(args)
     if args.listen:
@@ -280,6 +303,8 @@ def _serve(args: argparse.Namespace) -> int:
         _print_problems(exc.problems)
         return EXIT_CONFIG
     configure_logging(config.logging.level, config.secrets)
+    if config.store.backend == "postgresql":
+        tag_records(replica=config.store.replica)
     for warning in secret_file_warnings(config):
         log.warning(warning)
     try:
@@ -337,7 +362,7 @@ async def _run_server(config: BotConfig, playbooks: PlaybookSet) -> None:
         extra={
             "listen": f"{host}:{config.server.port}",
             "webhook": WEBHOOK_PATH,
-            "store": str(config.store.path),
+            "store": str(config.store.path) if config.store.backend == "sqlite" else "postgresql",
             "auth": "on" if config.server.auth.enabled else "off",
             "receivers": [r.name for r in config.receivers],
         },

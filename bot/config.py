@@ -7,17 +7,21 @@ are resolved against the directory of the configuration file, so the bot runs fr
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import logging
 import os
 import re
+import socket
 import stat
 import urllib.parse
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import psycopg
 import yaml
+from psycopg.conninfo import conninfo_to_dict
 from pydantic import (
     AfterValidator,
     AnyHttpUrl,
@@ -275,11 +279,34 @@ class ServerConfig(StrictModel):
 
 # --- store, worker, outbox, logging --------------------------------------------------------------------
 class StoreConfig(StrictModel):
+    backend: Literal["sqlite", "postgresql"] = "sqlite"
     path: ConfigPath = Field(default=Path("gpu-alert-bot.db"), validate_default=True)
     synchronous: Literal["full", "normal"] = "full"
     dedup_window: Duration = 600.0
     late_copy_window: Duration = 60.0
     retention: Duration = 30 * 86400.0
+    # PostgreSQL only: the DSN (it holds the password) comes from a file, like every secret.
+    dsn_file: SecretFile | None = None
+    pool_size: int = Field(default=8, ge=2, le=256)
+    connect_timeout: Duration = 5.0
+    # How long a dead replica keeps its receivers before another takes them over.
+    receiver_lease: Duration = 30.0
+    # This replica's name in logs, metrics and leases (default: the host name).
+    replica: str = Field(default_factory=socket.gethostname, min_length=1, max_length=200)
+
+    @model_validator(mode="after")
+    def _postgresql_needs_a_dsn(self) -> StoreConfig:
+        if self.backend == "postgresql" and self.dsn_file is None:
+            raise ValueError("backend postgresql needs dsn_file (a file holding the connection string)")
+        return self
+
+    def dsn_password(self) -> Iterator[str]:
+        """The password inside the DSN, a secret of its own: a driver's error may quote it without the rest."""
+        if self.dsn_file is not None:
+            with contextlib.suppress(psycopg.ProgrammingError):
+                password = conninfo_to_dict(self.dsn_file.get()).get("password")
+                if isinstance(password, str) and password:
+                    yield password
 
 
 class WorkerConfig(StrictModel):
@@ -817,6 +844,7 @@ class BotConfig(StrictModel):
     def secrets(self) -> Iterator[str]:
         """Every secret value in the configuration, so the log filter can mask them wherever they appear."""
         yield from _secrets_in(self)
+        yield from self.store.dsn_password()
 
 
 def cross_section_problems(config: Mapping[str, Any]) -> list[str]:

@@ -83,3 +83,20 @@ def configure_logging(level: str, secrets: Callable[[], Iterable[str]] = tuple) 
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     # httpx logs every request at INFO: Loki and Prometheus queries would drown the bot's own lines.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+class _Fields(logging.Filter):
+    def __init__(self, fields: dict[str, str]) -> None:
+        super().__init__()
+        self._fields = fields
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for key, value in self._fields.items():
+            setattr(record, key, value)
+        return True
+
+
+def tag_records(**fields: str) -> None:
+    """Add these fields to every line the bot logs: the replica's name, when several replicas share a store."""
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_Fields(fields))

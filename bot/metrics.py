@@ -152,6 +152,13 @@ class Metrics:
             registry=r,
         )
 
+        self.replica_info = Gauge(
+            f"{_PREFIX}_replica_info",
+            "Always 1: this process's replica name (store.replica) and store backend, to tell replicas apart.",
+            ["replica", "backend"],
+            registry=r,
+        )
+
     def error(self, kind: ErrorKind) -> None:
         self.errors.labels(kind).inc()
 

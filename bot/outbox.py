@@ -3,7 +3,8 @@
 Each receiver drains its own queue in order, so one sink's outage never delays another, and an update of a
 message never overtakes the post that created it. While a delivery is retried the receiver's queue waits
 behind it: when Slack is down, hammering it with the next message would not help. Every attempt is written
-to the store first, so a restart resumes where the last process stopped.
+to the store first, so a restart resumes where the last process stopped. With several replicas on one store,
+each receiver is dispatched by the replica that holds its lease (renewed while it runs); the others stand by.
 
 A delivery that went out but whose outcome the store could not record (disk full) is remembered here and
 recorded before this receiver sends anything else: it is never sent again while the store fails, and only a
@@ -45,8 +46,18 @@ class _Outcome:
 
 
 class Outbox:
-    def __init__(self, store: Store, sinks: Mapping[str, Sink], config: OutboxConfig, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        store: Store,
+        sinks: Mapping[str, Sink],
+        config: OutboxConfig,
+        metrics: Metrics,
+        *,
+        receiver_lease: float = 30.0,
+    ) -> None:
         self._store = store
+        self._receiver_lease = receiver_lease
+        self._holding = dict.fromkeys(sinks, False)
         self._sinks = dict(sinks)
         self._config = config
         self._metrics = metrics
@@ -62,7 +73,7 @@ class Outbox:
     def start(self) -> None:
         self._tasks = [
             asyncio.create_task(self._dispatch(sink), name=f"outbox-{name}") for name, sink in self._sinks.items()
-        ]
+        ] + [asyncio.create_task(self._keep_lease(name), name=f"outbox-lease-{name}") for name in self._sinks]
 
     @property
     def running(self) -> bool:
@@ -77,6 +88,11 @@ class Outbox:
         self._tasks = []
         await asyncio.gather(*self._attempts, return_exceptions=True)
         await self._record_unrecorded_before_exit()
+        for name, holding in self._holding.items():
+            if holding:  # hand the receiver over at once rather than after the lease expires
+                with contextlib.suppress(StoreUnavailable):
+                    await self._store.release_receiver(name)
+            self._holding[name] = False
         for sink in self._sinks.values():
             await sink.close()
 
@@ -85,14 +101,31 @@ class Outbox:
             if name in self._wakeups:
                 self._wakeups[name].set()
 
+    async def _keep_lease(self, receiver: str) -> None:
+        while True:
+            try:
+                held = await self._store.hold_receiver(receiver, self._receiver_lease)
+            except StoreUnavailable:
+                held = False  # the store cannot record a delivery either; another replica takes over at expiry
+            if held != self._holding[receiver]:
+                log.info("receiver " + ("taken over" if held else "handed over"), extra={"receiver": receiver})
+                self._holding[receiver] = held
+                self._wakeups[receiver].set()
+            await asyncio.sleep(self._receiver_lease / 3)
+
     async def _dispatch(self, sink: Sink) -> None:
         wakeup = self._wakeups[sink.name]
         while True:
             wakeup.clear()
+            if not self._holding[sink.name]:
+                await self._wait(wakeup, _IDLE_RECHECK)
+                continue
             try:
                 await self._record_outcomes(sink.name)
                 batch = await self._store.due_deliveries(sink.name, _BATCH)
                 for delivery in batch:
+                    if not self._holding[sink.name]:
+                        break  # lost the receiver to another replica: it sends the rest
                     await self._deliver(sink, delivery)
                 if batch:
                     continue
@@ -105,10 +138,14 @@ class Outbox:
                 self._metrics.error("outbox")
                 log.exception("outbox dispatcher error; will try again", extra={"receiver": sink.name})
                 timeout = self._config.max_backoff
-            # asyncio.timeout, not wait_for, which on Python 3.11 can swallow the cancellation of stop().
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout):
-                    await wakeup.wait()
+            await self._wait(wakeup, timeout)
+
+    @staticmethod
+    async def _wait(wakeup: asyncio.Event, seconds: float) -> None:
+        # asyncio.timeout, not wait_for, which on Python 3.11 can swallow the cancellation of stop().
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await wakeup.wait()
 
     async def _idle_timeout(self, receiver: str) -> float:
         due = await self._store.next_delivery_due(receiver)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from tests.support.postgres import PostgresServer
 from tests.support.processes import Alertmanager, webhook_alertmanager_config
 
 # CI must not fail on an example nobody has seen before: property tests replay the same examples
@@ -31,3 +32,16 @@ def alertmanager_factory(tmp_path: Path) -> Iterator[object]:
     yield start
     for am in started:
         am.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One real PostgreSQL for the whole session; tests take a fresh database each (`postgres_dsn`)."""
+    server = PostgresServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def postgres_dsn(postgres_server: PostgresServer) -> str:
+    return postgres_server.create_database()

@@ -1,9 +1,13 @@
-"""The SQLite store: durable group-committed ingest, leases, outbox order, health probe, single-process lock."""
+"""The store contract, run on both backends through the Store interface only (the `opened` fixture): durable
+ingest with copies caught, leases, event and outbox order, alert queries, GPU history, prune. Then what only
+SQLite does: its pragmas, its health probe, its single-process lock and fsync."""
 
 from __future__ import annotations
 
 import asyncio
-import json
+import functools
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -11,25 +15,46 @@ from typing import Any
 import pytest
 
 from bot.dedup import plan_events
-from bot.models import EventKind, GpuEvent, NewDelivery
-from bot.store.base import StoreUnavailable
+from bot.models import EventKind, GpuEvent, NewDelivery, short_id
+from bot.store.base import Store, StoreUnavailable, UnknownAlert
 from bot.store.sqlite import SqliteStore, StoreInUse
 from tests.support.payloads import STARTED, am_alert, distinct_webhooks, gpu_alerts, webhook
-from tests.support.store import count, incoming, ingest, ingest_and_dedup, message, query, route_all, sqlite_store
+from tests.support.postgres import PostgresServer
+from tests.support.store import (
+    count,
+    incoming,
+    ingest,
+    ingest_and_dedup,
+    message,
+    postgres_store,
+    route_all,
+    sqlite_store,
+)
+
+Opener = Callable[..., AbstractAsyncContextManager[Store]]
 
 
-async def test_an_acknowledged_notification_survives_a_reopen(tmp_path: Path) -> None:
-    async with sqlite_store(tmp_path) as store:
+@pytest.fixture(params=["sqlite", "postgresql"])
+def opened(request: pytest.FixtureRequest, tmp_path: Path) -> Opener:
+    """Opens the store under test (again and again, on the same data): `async with opened(**options) as store`."""
+    if request.param == "sqlite":
+        return functools.partial(sqlite_store, tmp_path)
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    return functools.partial(postgres_store, server.create_database())
+
+
+async def test_an_acknowledged_notification_survives_a_reopen(opened: Opener) -> None:
+    async with opened() as store:
         result = await ingest(store, webhook(gpu_alerts(3)))
         assert result.accepted and not result.duplicate and result.notification_id == 1
-    async with sqlite_store(tmp_path) as store:
+    async with opened() as store:
         assert (await store.stats()).notifications_pending == 1
         assert await store.dedup_pending(plan_events, 10) == 1
         assert (await store.stats()).events_pending == 3
 
 
-async def test_concurrent_ingests_share_commits_and_copies_in_one_batch_are_caught(tmp_path: Path) -> None:
-    async with sqlite_store(tmp_path) as store:
+async def test_concurrent_ingests_share_commits_and_copies_in_one_batch_are_caught(opened: Opener) -> None:
+    async with opened() as store:
         payloads = list(distinct_webhooks(200, 2))
         copies = [payloads[0]] * 5
         results = await asyncio.gather(*(store.ingest(incoming(p)) for p in payloads + copies))
@@ -37,11 +62,11 @@ async def test_concurrent_ingests_share_commits_and_copies_in_one_batch_are_caug
         assert sum(r.duplicate for r in results) == 5
         ids = [r.notification_id for r in results if not r.duplicate]
         assert len(set(ids)) == 200
-        assert count(store, "SELECT COUNT(*) FROM notifications") == 200
+        assert (await store.stats()).notifications_pending == 200
 
 
-async def test_events_are_leased_and_a_lease_expires(tmp_path: Path) -> None:
-    async with sqlite_store(tmp_path) as store:
+async def test_events_are_leased_and_a_lease_expires(opened: Opener) -> None:
+    async with opened() as store:
         await ingest_and_dedup(store, webhook(gpu_alerts(2)))
         first = await store.claim_events(10, lease_seconds=0.2)
         assert [e.attempts for e in first] == [1, 1]
@@ -61,21 +86,21 @@ async def test_leases_of_a_dead_process_are_void_on_open(tmp_path: Path) -> None
         assert len(resumed) == 2
 
 
-async def test_routing_is_done_once_even_if_attempted_twice(tmp_path: Path) -> None:
-    async with sqlite_store(tmp_path) as store:
+async def test_routing_is_done_once_even_if_attempted_twice(opened: Opener) -> None:
+    async with opened() as store:
         await ingest_and_dedup(store, webhook(gpu_alerts(1)))
         [event] = await store.claim_events(10, 60)
         deliveries = [NewDelivery(receiver="console", message=message(event.alert.key))]
         await store.route_event(event.id, {"sections": []}, deliveries)
         await store.route_event(event.id, {"sections": [{"x": 1}]}, deliveries)
-        assert count(store, "SELECT COUNT(*) FROM deliveries") == 1
+        assert (await store.stats()).deliveries_pending == 1
         assert (await store.alert_events(event.alert.key))[0].state == "routed"
         alert = await store.get_alert(event.alert.key)
         assert alert is not None and alert.enrichment == {"sections": []}
 
 
-async def test_a_failed_event_is_retried_later_or_set_aside(tmp_path: Path) -> None:
-    async with sqlite_store(tmp_path) as store:
+async def test_a_failed_event_is_retried_later_or_set_aside(opened: Opener) -> None:
+    async with opened() as store:
         await ingest_and_dedup(store, webhook(gpu_alerts(2)))
         retry, give_up = await store.claim_events(10, 60)
         await store.fail_event(retry.id, "boom", retry_in=0.1)
@@ -88,8 +113,8 @@ async def test_a_failed_event_is_retried_later_or_set_aside(tmp_path: Path) -> N
         assert (await store.stats()).events_failed == 1
 
 
-async def test_an_update_never_overtakes_the_pending_post_of_the_same_alert(tmp_path: Path) -> None:
-    async with sqlite_store(tmp_path) as store:
+async def test_an_update_never_overtakes_the_pending_post_of_the_same_alert(opened: Opener) -> None:
+    async with opened() as store:
         await ingest_and_dedup(store, webhook([am_alert(gpu="0"), am_alert(gpu="1")]))
         await route_all(store, ["slack"])
         await ingest_and_dedup(store, webhook([am_alert(gpu="0", status="resolved"), am_alert(gpu="1")]))
@@ -104,12 +129,12 @@ async def test_an_update_never_overtakes_the_pending_post_of_the_same_alert(tmp_
         await store.delivery_failed(post_gpu0.id, "channel_not_found")
         [resolve] = await store.due_deliveries("slack", 10)
         assert resolve.message.event == "resolved" and resolve.alert_key == post_gpu0.alert_key
-        assert query(store, "SELECT attempts, state FROM deliveries WHERE id = ?", post_gpu0.id) == [(2, "failed")]
+        assert (await store.stats()).deliveries_failed == 1
         assert await store.due_deliveries("email", 10) == []
 
 
-async def test_an_event_waits_while_an_earlier_event_of_the_same_alert_is_pending(tmp_path: Path) -> None:
-    async with sqlite_store(tmp_path) as store:
+async def test_an_event_waits_while_an_earlier_event_of_the_same_alert_is_pending(opened: Opener) -> None:
+    async with opened() as store:
         await ingest_and_dedup(store, webhook([am_alert(gpu="0"), am_alert(gpu="1")]))
         await ingest_and_dedup(store, webhook([am_alert(gpu="0", status="resolved"), am_alert(gpu="1")]))
         firing_gpu0, firing_gpu1 = await store.claim_events(10, 60)
@@ -124,8 +149,8 @@ async def test_an_event_waits_while_an_earlier_event_of_the_same_alert_is_pendin
         assert resolve.kind == EventKind.RESOLVED and resolve.alert.key == firing_gpu0.alert.key
 
 
-async def test_the_next_due_delivery_is_one_that_may_go(tmp_path: Path) -> None:
-    async with sqlite_store(tmp_path) as store:
+async def test_the_next_due_delivery_is_one_that_may_go(opened: Opener) -> None:
+    async with opened() as store:
         await ingest_and_dedup(store, webhook([am_alert(gpu="0")]))
         await route_all(store, ["slack"])
         await ingest_and_dedup(store, webhook([am_alert(gpu="0", status="resolved")]))
@@ -137,8 +162,8 @@ async def test_the_next_due_delivery_is_one_that_may_go(tmp_path: Path) -> None:
         assert await store.next_delivery_due("slack") == retry_at
 
 
-async def test_sink_state_is_kept_per_receiver_and_key(tmp_path: Path) -> None:
-    async with sqlite_store(tmp_path) as store:
+async def test_sink_state_is_kept_per_receiver_and_key(opened: Opener) -> None:
+    async with opened() as store:
         assert await store.get_sink_state("slack", "a") is None
         await store.put_sink_state("slack", "a", {"ts": "1.2"})
         await store.put_sink_state("slack", "a", {"ts": "3.4"})
@@ -147,8 +172,8 @@ async def test_sink_state_is_kept_per_receiver_and_key(tmp_path: Path) -> None:
         assert await store.get_sink_state("email", "a") == {"id": "<x@y>"}
 
 
-async def test_alert_queries(tmp_path: Path) -> None:
-    async with sqlite_store(tmp_path) as store:
+async def test_alert_queries(opened: Opener) -> None:
+    async with opened() as store:
         await ingest_and_dedup(store, webhook([am_alert("GPUXidError", gpu="0"), am_alert("GPUHot", gpu="1")]))
         await ingest_and_dedup(store, webhook([am_alert("GPUHot", gpu="1", status="resolved")], group_key="h"))
         assert {a.alertname for a in await store.list_alerts()} == {"GPUXidError", "GPUHot"}
@@ -160,29 +185,30 @@ async def test_alert_queries(tmp_path: Path) -> None:
         assert (stats.alerts_firing, stats.alerts_resolved) == (1, 1)
 
 
-async def test_gpu_events_are_recorded_once(tmp_path: Path) -> None:
+async def test_gpu_events_are_recorded_once(opened: Opener) -> None:
     event = GpuEvent(gpu_key="k-ai-01/GPU-1", host="k-ai-01", kind="xid", code="79", at=STARTED)
-    async with sqlite_store(tmp_path) as store:
+    async with opened() as store:
         await store.record_gpu_events([event, event])
         await store.record_gpu_events([event])
         assert await store.gpu_events(STARTED - timedelta(days=1)) == [event]
         assert await store.gpu_events(STARTED - timedelta(days=1), kind="alert") == []
 
 
-async def test_prune_keeps_pending_work_and_forgets_expired_dedup_keys(tmp_path: Path) -> None:
-    async with sqlite_store(tmp_path, dedup_window=0.05) as store:
+async def test_prune_keeps_pending_work_and_forgets_expired_dedup_keys(opened: Opener) -> None:
+    async with opened(dedup_window=0.05) as store:
         await ingest_and_dedup(store, webhook(gpu_alerts(1), group_key="done"))
         await route_all(store, ["console"])
         await ingest(store, webhook(gpu_alerts(1, host="pending"), group_key="pending"))
         await asyncio.sleep(0.1)
         removed = await store.prune(datetime.now(UTC) + timedelta(seconds=1))
         assert removed == 5  # the done notification, its routed event, its alert and both expired keys
-        assert query(store, "SELECT state FROM notifications") == [("pending",)]
-        assert count(store, "SELECT COUNT(*) FROM deliveries WHERE state = 'pending'") == 1
+        stats = await store.stats()
+        assert (stats.notifications_pending, stats.deliveries_pending) == (1, 1)
+        assert not (await ingest(store, webhook(gpu_alerts(1), group_key="done"))).duplicate  # its key expired
 
 
-async def test_prune_forgets_resolved_alerts_and_old_gpu_history_but_keeps_live_firing_alerts(tmp_path: Path) -> None:
-    async with sqlite_store(tmp_path) as store:
+async def test_prune_forgets_resolved_alerts_and_old_gpu_history_but_keeps_live_firing_alerts(opened: Opener) -> None:
+    async with opened() as store:
         resolved = am_alert(host="gone", status="resolved", ends_at=STARTED + timedelta(minutes=5))
         await ingest_and_dedup(store, webhook([resolved], group_key="resolved"))
         await ingest_and_dedup(store, webhook(gpu_alerts(1, host="still-firing"), group_key="firing"))
@@ -191,22 +217,38 @@ async def test_prune_forgets_resolved_alerts_and_old_gpu_history_but_keeps_live_
             [GpuEvent(gpu_key="GPU-1", kind="xid", code="79", at=datetime.now(UTC) - timedelta(days=40))]
         )
         await store.prune(datetime.now(UTC) - timedelta(days=30))
-        assert count(store, "SELECT COUNT(*) FROM gpu_events") == 0
-        assert count(store, "SELECT COUNT(*) FROM alerts") == 2  # resolved within retention: kept
+        assert await store.gpu_events(datetime.now(UTC) - timedelta(days=400)) == []
+        assert len(await store.list_alerts()) == 2  # resolved within retention: kept
         await store.prune(datetime.now(UTC) - timedelta(minutes=1))
-        assert query(store, "SELECT status FROM alerts") == [("firing",)]  # heard of within retention
+        assert [a.status for a in await store.list_alerts()] == ["firing"]  # heard of within retention
 
 
-async def test_prune_forgets_a_firing_alert_whose_resolve_never_came(tmp_path: Path) -> None:
-    async with sqlite_store(tmp_path) as store:
+async def test_prune_forgets_a_firing_alert_whose_resolve_never_came(opened: Opener) -> None:
+    async with opened() as store:
         await ingest_and_dedup(store, webhook(gpu_alerts(1, host="resolve-lost"), group_key="lost"))
         await route_all(store, ["console"])
         await ingest_and_dedup(store, webhook(gpu_alerts(1, host="not-routed-yet"), group_key="pending"))
         await store.prune(datetime.now(UTC) + timedelta(seconds=1))  # nothing heard of either within retention
-        assert [json.loads(labels)["host"] for (labels,) in query(store, "SELECT labels FROM alerts")] == [
-            "not-routed-yet"
-        ]
+        assert [a.labels["host"] for a in await store.list_alerts()] == ["not-routed-yet"]
         assert (await store.stats()).alerts_firing == 1
+
+
+async def test_alerts_are_found_by_short_id_and_notes_are_events_of_their_alert(opened: Opener) -> None:
+    async with opened() as store:
+        await ingest_and_dedup(store, webhook(gpu_alerts(2)))
+        [firing, _] = await store.claim_events(10, 60)
+        found = await store.alert_by_short_id(f" {short_id(firing.alert.key).upper()} ")
+        assert found is not None and found.key == firing.alert.key
+        assert await store.alert_by_short_id("zzzzzzz") is None
+        await store.route_event(firing.id, None, [])
+        note_id = await store.add_note(firing.alert.key, "restarted dcgm-exporter")
+        [noted] = await store.claim_events(10, 60)
+        assert (noted.id, noted.kind, noted.note) == (note_id, EventKind.NOTE, "restarted dcgm-exporter")
+        with pytest.raises(UnknownAlert):
+            await store.add_note("nope@2026-11-29T13:31:59+00:00", "x")
+        await store.route_event(noted.id, None, [])
+        await store.prune(datetime.now(UTC) + timedelta(days=1))
+        assert await store.alert_by_short_id(short_id(firing.alert.key)) is None
 
 
 @pytest.mark.parametrize(

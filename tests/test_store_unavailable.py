@@ -8,6 +8,7 @@ write that needs a new page with SQLITE_FULL.
 
 from __future__ import annotations
 
+import socket
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,7 @@ async def test_readyz_fails_when_the_worker_or_the_outbox_stops(tmp_path: Path) 
         assert ready.json() == {
             "status": "ready",
             "checks": {"store": "writable", "worker": "running", "outbox": "running"},
+            "store": {"backend": "sqlite", "replica": socket.gethostname()},
         }
         await bot.runtime.worker.stop()
         stopped = await _ready(client, bot)

@@ -1,16 +1,30 @@
-"""Persistence. `open_store` picks the backend from the configuration (SQLite today, PostgreSQL later)."""
+"""Persistence. `open_store` picks the backend from the configuration: SQLite (default) or PostgreSQL."""
 
 from __future__ import annotations
 
 from bot.config import StoreConfig
 from bot.store.base import Store, StoreUnavailable
+from bot.store.postgresql import PostgresStore
 from bot.store.sqlite import SqliteStore
 
 __all__ = ["Store", "StoreUnavailable", "open_store"]
 
 
 async def open_store(config: StoreConfig, *, read_only: bool = False) -> Store:
-    """The configured store, opened. `read_only` is for CLI commands that inspect a running bot's store."""
+    """The configured store, opened (and migrated). `read_only` is for CLI commands that inspect a running bot's
+    store: they never migrate it."""
+    if config.backend == "postgresql":
+        assert config.dsn_file is not None  # StoreConfig refuses postgresql without it
+        pg = PostgresStore(
+            config.dsn_file.get(),
+            replica=config.replica,
+            pool_size=config.pool_size,
+            dedup_window=config.dedup_window,
+            connect_timeout=config.connect_timeout,
+            read_only=read_only,
+        )
+        await pg.open()
+        return pg
     store = SqliteStore(
         config.path, synchronous=config.synchronous, dedup_window=config.dedup_window, read_only=read_only
     )

@@ -327,3 +327,26 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def close(self) -> None: ...
+
+    # --- store copy (core.COPIED_TABLES names the tables and columns) -----------------------------------
+    @abc.abstractmethod
+    async def export_rows(self, table: str) -> list[dict[str, Any]]:
+        """Every row of one of the tables `store copy` moves, as column -> stored value."""
+
+    @abc.abstractmethod
+    async def import_rows(self, table: str, rows: Sequence[Mapping[str, Any]]) -> int:
+        """Insert rows exported by any backend, in one transaction; a row the store already has is kept as it is.
+        Returns how many were inserted."""
+
+    # --- several replicas on one store (PostgreSQL); a single-process store has nobody to share with ------
+    async def hold_receiver(self, receiver: str, lease_seconds: float) -> bool:
+        """Take, or renew, this process's lease on dispatching one receiver; False while another replica holds
+        it. One dispatcher per receiver keeps Slack pacing, storm summaries and threads single-writer."""
+        return True
+
+    async def release_receiver(self, receiver: str) -> None:  # noqa: B027
+        """Give the receiver up (at shutdown), so another replica takes it over without waiting for the lease."""
+
+    def subscribe(self, on_work: Callable[[], None], on_deliveries: Callable[[str], None]) -> None:  # noqa: B027
+        """Be told when another replica stored notifications or events (`on_work`) or queued deliveries for a
+        receiver (`on_deliveries`). Polling stays the fallback; a single-process store never calls them."""

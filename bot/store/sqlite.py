@@ -22,25 +22,14 @@ import queue
 import sqlite3
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from bot.message import Message
-from bot.models import (
-    AlertState,
-    AmAlert,
-    Delivery,
-    Event,
-    EventKind,
-    GpuEvent,
-    NewDelivery,
-    WebhookPayload,
-    short_id,
-)
+from bot.models import AlertState, Delivery, Event, EventKind, GpuEvent, NewDelivery, short_id
 from bot.store.base import (
     ActionRun,
     AuditEntry,
@@ -56,6 +45,19 @@ from bot.store.base import (
     UnknownAlert,
     WatchdogRecord,
 )
+from bot.store.core import (
+    ALERT_INSERT_COLUMNS,
+    ALERT_UPDATE,
+    DELIVERY_NOT_BLOCKED,
+    EVENT_NOT_BLOCKED,
+    NotificationPlan,
+    copied_columns,
+    plan_notification,
+    read_notification,
+    split_copies,
+)
+from bot.store.core import alert_from_row as _alert_from_row
+from bot.store.migrations import SQLITE_SCHEMA_VERSION, refuse_newer
 
 log = logging.getLogger(__name__)
 
@@ -248,9 +250,7 @@ CREATE TABLE IF NOT EXISTS write_probe (
 """
 
 
-# A delivery waits while an earlier one for the same alert is pending: an update never overtakes a post.
-_NOT_BLOCKED = """NOT EXISTS (SELECT 1 FROM deliveries p WHERE p.receiver = d.receiver AND p.state = 'pending'
-                               AND p.alert_key = d.alert_key AND p.id < d.id)"""
+_NOT_BLOCKED = DELIVERY_NOT_BLOCKED
 _NEXT_DUE = (
     "SELECT MIN(d.next_attempt_at) AS due FROM deliveries d WHERE d.receiver = ? AND d.state = 'pending' AND "  # noqa: S608
     + _NOT_BLOCKED
@@ -476,7 +476,11 @@ class SqliteStore(Store):
         conn.execute("PRAGMA cache_size=-8000")
         conn.execute(f"PRAGMA wal_autocheckpoint={_AUTOCHECKPOINT_PAGES}")
         conn.execute(f"PRAGMA journal_size_limit={_WAL_LIMIT_BYTES}")
+        refuse_newer(
+            conn.execute("PRAGMA user_version").fetchone()[0], SQLITE_SCHEMA_VERSION, f"the store {self._path}"
+        )
         conn.executescript(_SCHEMA)
+        conn.execute(f"PRAGMA user_version = {SQLITE_SCHEMA_VERSION}")
         _add_missing_short_ids(conn)
         _add_missing_columns(conn, "alerts", _ALERT_SILENCE_COLUMNS)
         # The lock above guarantees this is the only process using the store: leases left by a killed one are void.
@@ -629,17 +633,8 @@ class SqliteStore(Store):
                 [*(value for pair in keys.items() for value in pair), now - self._dedup_window],
             )
         }
-        fresh: list[IncomingNotification] = []
-        position_in_fresh: list[int | None] = []
-        copies: Counter[str] = Counter()
-        for n in batch:
-            if n.idempotency_key in taken:
-                copies[n.idempotency_key] += 1
-                position_in_fresh.append(None)
-            else:
-                taken.add(n.idempotency_key)
-                position_in_fresh.append(len(fresh))
-                fresh.append(n)
+        split = split_copies(batch, taken)
+        fresh, copies = split.fresh, split.copies
         first_id = 0
         if fresh:
             conn.execute(
@@ -661,12 +656,7 @@ class SqliteStore(Store):
                 "UPDATE notification_keys SET duplicates = duplicates + ?, last_received_at = ? WHERE key = ?",
                 [(times, now, key) for key, times in copies.items()],
             )
-        return [
-            IngestResult(accepted=True, duplicate=True)
-            if position is None
-            else IngestResult(accepted=True, duplicate=False, notification_id=first_id + position)
-            for position in position_in_fresh
-        ]
+        return split.results(range(first_id, first_id + len(fresh)))
 
     # --- dedup -----------------------------------------------------------------------------------------
     async def dedup_pending(self, planner: Planner, limit: int) -> int:
@@ -702,90 +692,38 @@ class SqliteStore(Store):
         self, conn: sqlite3.Connection, *, notification_id: int, body: bytes, planner: Planner
     ) -> None:
         try:
-            payload = WebhookPayload.model_validate_json(body)
+            payload, alerts = read_notification(body)
         except ValueError as exc:
             conn.execute(
                 "UPDATE notifications SET state = 'failed', error = ? WHERE id = ?",
                 (str(exc)[:2000], notification_id),
             )
             return
-        # One decision per episode even if a sender repeated an alert inside one body: the last copy wins.
-        alerts = list({alert.key: alert for alert in payload.alerts}.values())
         known = {state.key: state for state in self._alerts_by_keys(conn, [a.key for a in alerts])}
         now = _now()
-        for decision in planner(known, alerts, payload.group_key):
-            alert = decision.alert
-            previous = known.get(alert.key)
-            if previous is None:
-                self._insert_alert(conn, payload.group_key, payload.receiver_name, payload.external_url, alert, now)
-            else:
-                self._update_alert(conn, previous, alert, now, keep_status=decision.stale)
-            if decision.event is not None:
-                conn.execute(
-                    "INSERT INTO events (alert_key, kind, created_at) VALUES (?, ?, ?)",
-                    (alert.key, decision.event.value, now),
-                )
-            if decision.event is EventKind.RESOLVED:
-                conn.execute(
-                    "INSERT OR REPLACE INTO group_resolves (group_key, resolved_at) VALUES (?, ?)",
-                    (payload.group_key, now),
-                )
+        self._write_plan(conn, plan_notification(payload, alerts, known, planner, now), now)
         conn.execute("UPDATE notifications SET state = 'done' WHERE id = ?", (notification_id,))
 
     @staticmethod
-    def _insert_alert(
-        conn: sqlite3.Connection, group_key: str, receiver: str, external_url: str, alert: AmAlert, now: float
-    ) -> None:
-        conn.execute(
-            """INSERT INTO alerts (key, fingerprint, alertname, status, labels, annotations, starts_at, ends_at,
-                   generator_url, group_key, receiver, external_url, first_seen, last_seen, times_seen, resolved_at)
-               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?)""",
-            (
-                alert.key,
-                alert.fingerprint,
-                alert.labels.get("alertname", ""),
-                alert.status,
-                json.dumps(alert.labels, sort_keys=True),
-                json.dumps(alert.annotations, sort_keys=True),
-                alert.starts_at.timestamp(),
-                _ts(alert.ends_at),
-                alert.generator_url,
-                group_key,
-                receiver,
-                external_url,
-                now,
-                now,
-                (_ts(alert.ends_at) or now) if alert.status == "resolved" else None,
-            ),
+    def _write_plan(conn: sqlite3.Connection, plan: NotificationPlan, now: float) -> None:
+        conn.executemany(
+            f"INSERT INTO alerts ({ALERT_INSERT_COLUMNS}) VALUES ({','.join('?' * 16)})",  # noqa: S608
+            [alert.row() for alert in plan.new_alerts],
         )
-        conn.execute(
+        conn.executemany(
             "INSERT OR IGNORE INTO alert_short_ids (short_id, alert_key) VALUES (?, ?)",
-            (short_id(alert.key), alert.key),
+            [(short_id(alert.key), alert.key) for alert in plan.new_alerts],
         )
-
-    @staticmethod
-    def _update_alert(
-        conn: sqlite3.Connection, previous: AlertState, alert: AmAlert, now: float, keep_status: bool
-    ) -> None:
-        status = previous.status if keep_status else alert.status
-        resolved_at = None
-        if status == "resolved":
-            resolved_at = _ts(previous.resolved_at) or _ts(alert.ends_at) or now
-        conn.execute(
-            """UPDATE alerts SET status = ?, annotations = ?, ends_at = COALESCE(?, ends_at), last_seen = ?,
-                   times_seen = times_seen + 1, resolved_at = ? WHERE key = ?""",
-            (
-                status,
-                json.dumps(alert.annotations, sort_keys=True),
-                None if keep_status else _ts(alert.ends_at),
-                now,
-                resolved_at,
-                previous.key,
-            ),
+        conn.executemany(ALERT_UPDATE.format(p="?"), [update.row() for update in plan.updates])
+        conn.executemany(
+            "INSERT INTO events (alert_key, kind, created_at) VALUES (?, ?, ?)",
+            [(key, kind.value, now) for key, kind in plan.events],
         )
-        if previous.status == "resolved" and status == "firing":
-            # Firing again is a new state: nobody has acknowledged it yet.
-            conn.execute("UPDATE alerts SET acked_by = NULL, acked_at = NULL WHERE key = ?", (previous.key,))
+        if plan.resolved_group is not None:
+            conn.execute(
+                "INSERT OR REPLACE INTO group_resolves (group_key, resolved_at) VALUES (?, ?)",
+                (plan.resolved_group, now),
+            )
 
     def _alerts_by_keys(self, conn: sqlite3.Connection, keys: Sequence[str]) -> list[AlertState]:
         states: list[AlertState] = []
@@ -806,12 +744,10 @@ class SqliteStore(Store):
         def claim(conn: sqlite3.Connection) -> list[Event]:
             now = _now()
             rows = conn.execute(
-                """SELECT e.id, e.kind, e.created_at, e.attempts AS event_attempts, n.text AS note_text, a.*
+                f"""SELECT e.id, e.kind, e.created_at, e.attempts AS event_attempts, n.text AS note_text, a.*
                    FROM events e JOIN alerts a ON a.key = e.alert_key LEFT JOIN event_notes n ON n.event_id = e.id
-                   WHERE e.state = 'pending' AND e.lease_until <= ?
-                     AND NOT EXISTS (SELECT 1 FROM events p WHERE p.alert_key = e.alert_key AND p.state = 'pending'
-                                     AND p.id < e.id)
-                   ORDER BY e.id LIMIT ?""",
+                   WHERE e.state = 'pending' AND e.lease_until <= ? AND {EVENT_NOT_BLOCKED}
+                   ORDER BY e.id LIMIT ?""",  # noqa: S608
                 (now, limit),
             ).fetchall()
             conn.executemany(
@@ -1283,6 +1219,20 @@ class SqliteStore(Store):
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
 
+    async def export_rows(self, table: str) -> list[dict[str, Any]]:
+        columns = copied_columns(table)
+        rows = await self._run(self._fetchall, f"SELECT {', '.join(columns)} FROM {table} ORDER BY 1", ())  # noqa: S608
+        return [dict(zip(columns, row, strict=True)) for row in rows]
+
+    async def import_rows(self, table: str, rows: Sequence[Mapping[str, Any]]) -> int:
+        columns = copied_columns(table)
+        insert = f"INSERT OR IGNORE INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"  # noqa: S608
+        values = [tuple(row[column] for column in columns) for row in rows]
+        cursor = await self._run(
+            functools.partial(self._transaction, lambda conn: conn.executemany(insert, values), acknowledged=True)
+        )
+        return int(cursor.rowcount)
+
     async def stats(self) -> StoreStats:
         row = await self._run(
             self._fetchone,
@@ -1395,28 +1345,3 @@ def _insert_note(conn: sqlite3.Connection, alert_key: str, text: str) -> int:
     conn.execute("INSERT INTO event_notes (event_id, text) VALUES (?, ?)", (event_id, text))
     return event_id
 
-
-def _alert_from_row(row: sqlite3.Row) -> AlertState:
-    return AlertState(
-        key=row["key"],
-        fingerprint=row["fingerprint"],
-        status=row["status"],
-        labels=json.loads(row["labels"]),
-        annotations=json.loads(row["annotations"]),
-        starts_at=datetime.fromtimestamp(row["starts_at"], UTC),
-        ends_at=_dt(row["ends_at"]),
-        generator_url=row["generator_url"],
-        group_key=row["group_key"],
-        receiver=row["receiver"],
-        external_url=row["external_url"],
-        first_seen=datetime.fromtimestamp(row["first_seen"], UTC),
-        last_seen=datetime.fromtimestamp(row["last_seen"], UTC),
-        times_seen=row["times_seen"],
-        resolved_at=_dt(row["resolved_at"]),
-        acked_by=row["acked_by"],
-        acked_at=_dt(row["acked_at"]),
-        enrichment=json.loads(row["enrichment"]) if row["enrichment"] else None,
-        silence_id=row["silence_id"],
-        silenced_by=row["silenced_by"],
-        silenced_until=_dt(row["silenced_until"]),
-    )

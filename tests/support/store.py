@@ -1,4 +1,5 @@
-"""A real SQLite store in a temporary directory, and shortcuts to feed it webhooks like ingest does."""
+"""Real stores (an SQLite file in a temporary directory, a database on the test PostgreSQL), and shortcuts to feed
+them webhooks like ingest does."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Any
 from bot.dedup import plan_events
 from bot.message import Message
 from bot.models import NewDelivery, WebhookPayload
-from bot.store.base import IncomingNotification, IngestResult
+from bot.store.base import IncomingNotification, IngestResult, Store
+from bot.store.postgresql import PostgresStore
 from bot.store.sqlite import SqliteStore
 from tests.support.payloads import STARTED, body
 
@@ -19,6 +21,17 @@ from tests.support.payloads import STARTED, body
 @asynccontextmanager
 async def sqlite_store(path: Path, **options: Any) -> AsyncIterator[SqliteStore]:
     store = SqliteStore(path if path.suffix == ".db" else path / "bot.db", **options)
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+@asynccontextmanager
+async def postgres_store(dsn: str, **options: Any) -> AsyncIterator[PostgresStore]:
+    options.setdefault("replica", "test")
+    store = PostgresStore(dsn, **options)
     await store.open()
     try:
         yield store
@@ -38,11 +51,11 @@ def incoming(payload: dict[str, Any]) -> IncomingNotification:
     )
 
 
-async def ingest(store: SqliteStore, payload: dict[str, Any]) -> IngestResult:
+async def ingest(store: Store, payload: dict[str, Any]) -> IngestResult:
     return await store.ingest(incoming(payload))
 
 
-async def ingest_and_dedup(store: SqliteStore, payload: dict[str, Any]) -> IngestResult:
+async def ingest_and_dedup(store: Store, payload: dict[str, Any]) -> IngestResult:
     result = await ingest(store, payload)
     await store.dedup_pending(plan_events, 100)
     return result
@@ -71,7 +84,7 @@ def message(alert_key: str, event: str = "firing") -> Message:
     )
 
 
-async def route_all(store: SqliteStore, receivers: list[str]) -> list[int]:
+async def route_all(store: Store, receivers: list[str]) -> list[int]:
     events = await store.claim_events(1000, 60)
     for event in events:
         deliveries = [NewDelivery(receiver=r, message=message(event.alert.key, event.kind.value)) for r in receivers]

@@ -1,0 +1,183 @@
+"""Schema versions of both backends, applied at start (or by `gpu-alert-bot migrate`).
+
+Each backend keeps the version its schema is at; a store at a newer version than this code knows was written
+by a newer bot, and this one refuses to run against it rather than misread it. To change the schema, append a
+migration to POSTGRESQL_MIGRATIONS (and bump SQLITE_SCHEMA_VERSION with the SQLite change): never edit one that
+has shipped.
+"""
+
+from __future__ import annotations
+
+from bot.store.base import StoreUnavailable
+
+SQLITE_SCHEMA_VERSION = 1
+
+
+class SchemaTooNew(StoreUnavailable):
+    """The store was migrated by a newer version of the bot."""
+
+
+def refuse_newer(found: int, known: int, where: str) -> None:
+    if found > known:
+        raise SchemaTooNew(
+            f"{where} has schema version {found}, newer than this gpu-alert-bot knows ({known}): "
+            "run the newer version, or restore a backup taken before it migrated"
+        )
+
+
+# (version, statements). Columns mirror the SQLite schema (timestamps as epoch seconds, JSON as text), so
+# the shared core reads rows of both alike and `store copy` copies rows as they are.
+POSTGRESQL_MIGRATIONS: list[tuple[int, str]] = [
+    (
+        1,
+        """
+CREATE TABLE notification_keys (
+    key TEXT PRIMARY KEY,
+    group_key TEXT NOT NULL,
+    accepted_at DOUBLE PRECISION NOT NULL,
+    last_received_at DOUBLE PRECISION NOT NULL,
+    duplicates INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX notification_keys_accepted ON notification_keys(accepted_at);
+
+CREATE TABLE group_resolves (
+    group_key TEXT PRIMARY KEY,
+    resolved_at DOUBLE PRECISION NOT NULL
+);
+
+CREATE TABLE notifications (
+    id BIGSERIAL PRIMARY KEY,
+    received_at DOUBLE PRECISION NOT NULL,
+    group_key TEXT NOT NULL,
+    receiver TEXT NOT NULL,
+    body BYTEA NOT NULL,
+    state TEXT NOT NULL DEFAULT 'pending',
+    error TEXT
+);
+CREATE INDEX notifications_pending ON notifications(id) WHERE state = 'pending';
+CREATE INDEX notifications_failed ON notifications(id) WHERE state = 'failed';
+
+CREATE TABLE alerts (
+    key TEXT PRIMARY KEY,
+    fingerprint TEXT NOT NULL,
+    alertname TEXT NOT NULL,
+    status TEXT NOT NULL,
+    labels TEXT NOT NULL,
+    annotations TEXT NOT NULL,
+    starts_at DOUBLE PRECISION NOT NULL,
+    ends_at DOUBLE PRECISION,
+    generator_url TEXT NOT NULL,
+    group_key TEXT NOT NULL,
+    receiver TEXT NOT NULL,
+    external_url TEXT NOT NULL,
+    first_seen DOUBLE PRECISION NOT NULL,
+    last_seen DOUBLE PRECISION NOT NULL,
+    times_seen INTEGER NOT NULL,
+    resolved_at DOUBLE PRECISION,
+    acked_by TEXT,
+    acked_at DOUBLE PRECISION,
+    enrichment TEXT
+);
+CREATE INDEX alerts_status ON alerts(status, last_seen);
+CREATE INDEX alerts_name ON alerts(alertname, last_seen);
+
+CREATE TABLE events (
+    id BIGSERIAL PRIMARY KEY,
+    alert_key TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    state TEXT NOT NULL DEFAULT 'pending',
+    lease_until DOUBLE PRECISION NOT NULL DEFAULT 0,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    error TEXT
+);
+CREATE INDEX events_pending ON events(id) WHERE state = 'pending';
+CREATE INDEX events_failed ON events(id) WHERE state = 'failed';
+CREATE INDEX events_alert ON events(alert_key);
+CREATE INDEX events_alert_pending ON events(alert_key, id) WHERE state = 'pending';
+
+CREATE TABLE deliveries (
+    id BIGSERIAL PRIMARY KEY,
+    event_id BIGINT NOT NULL,
+    alert_key TEXT NOT NULL,
+    receiver TEXT NOT NULL,
+    message TEXT NOT NULL,
+    state TEXT NOT NULL DEFAULT 'pending',
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at DOUBLE PRECISION NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    finished_at DOUBLE PRECISION,
+    error TEXT,
+    UNIQUE (event_id, receiver)
+);
+CREATE INDEX deliveries_pending ON deliveries(receiver, alert_key, id) WHERE state = 'pending';
+CREATE INDEX deliveries_due ON deliveries(receiver, id) WHERE state = 'pending';
+CREATE INDEX deliveries_failed ON deliveries(id) WHERE state = 'failed';
+
+CREATE TABLE sink_state (
+    receiver TEXT NOT NULL,
+    key TEXT NOT NULL,
+    value TEXT NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (receiver, key)
+);
+
+CREATE TABLE gpu_events (
+    id BIGSERIAL PRIMARY KEY,
+    gpu_key TEXT NOT NULL,
+    host TEXT NOT NULL,
+    pci_bus_id TEXT NOT NULL,
+    uuid TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    code TEXT NOT NULL,
+    at DOUBLE PRECISION NOT NULL,
+    alert_key TEXT NOT NULL,
+    UNIQUE (gpu_key, kind, code, at, alert_key)
+);
+CREATE INDEX gpu_events_at ON gpu_events(at);
+
+CREATE TABLE audit_log (
+    id BIGSERIAL PRIMARY KEY,
+    at DOUBLE PRECISION NOT NULL,
+    actor TEXT NOT NULL,
+    action TEXT NOT NULL,
+    target TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    detail TEXT NOT NULL
+);
+CREATE INDEX audit_log_at ON audit_log(at);
+
+-- One replica at a time dispatches each receiver: Slack pacing, storm summaries and threads stay single-writer.
+CREATE TABLE receiver_leases (
+    receiver TEXT PRIMARY KEY,
+    holder TEXT NOT NULL,
+    until DOUBLE PRECISION NOT NULL
+);
+
+CREATE TABLE heartbeat (
+    replica TEXT PRIMARY KEY,
+    at DOUBLE PRECISION NOT NULL
+);
+""",
+    ),
+]
+POSTGRESQL_MIGRATIONS.append(
+    (
+        2,
+        """
+-- The text of NOTE events, one row per note.
+CREATE TABLE event_notes (
+    event_id BIGINT PRIMARY KEY,
+    text TEXT NOT NULL
+);
+
+-- The short id people type for an alert episode (bot.models.short_id); the first episode keeps a rare clash.
+CREATE TABLE alert_short_ids (
+    short_id TEXT PRIMARY KEY,
+    alert_key TEXT NOT NULL
+);
+CREATE INDEX alert_short_ids_key ON alert_short_ids(alert_key);
+""",
+    )
+)
+POSTGRESQL_SCHEMA_VERSION = POSTGRESQL_MIGRATIONS[-1][0]

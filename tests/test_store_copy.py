@@ -1,0 +1,114 @@
+"""`gpu-alert-bot store copy` (SQLite to PostgreSQL keeps what `gpus` shows) and `gpu-alert-bot migrate`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from bot.cli import main
+from bot.config import load_config
+from bot.models import short_id
+from bot.store import open_store
+from bot.store.base import AuditEntry
+from tests.support.payloads import am_alert, webhook
+from tests.support.postgres import PostgresServer
+from tests.support.store import ingest_and_dedup, route_all, sqlite_store
+from tests.test_cli_gpus import HISTORY
+
+
+def _config(directory: Path, store: dict[str, Any]) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "bot.yaml"
+    path.write_text(yaml.safe_dump({"store": store}))
+    return path
+
+
+@pytest.fixture
+def sqlite_config(tmp_path: Path) -> Path:
+    return _config(tmp_path / "small", {"path": str(tmp_path / "small" / "bot.db")})
+
+
+@pytest.fixture
+def postgres_config(tmp_path: Path, postgres_dsn: str) -> Path:
+    (tmp_path / "dsn").write_text(postgres_dsn)
+    return _config(tmp_path / "big", {"backend": "postgresql", "dsn_file": str(tmp_path / "dsn"), "replica": "b"})
+
+
+async def _fill(path: Path) -> str:
+    async with sqlite_store(path) as store:
+        await store.record_gpu_events(HISTORY)
+        await ingest_and_dedup(store, webhook([am_alert(gpu="3")]))
+        [alert_key] = [e.alert.key for e in await store.claim_events(10, 60)]
+        await store.put_sink_state("slack", alert_key, {"ts": "1716900000.000100", "channel": "C1"})
+        await route_all(store, ["slack"])
+        await store.record_audit(AuditEntry(datetime.now(UTC), "cli:root", "ack", "a1b2", "done"))
+        return alert_key
+
+
+def _gpus(config: Path, capsys: pytest.CaptureFixture[str]) -> list[dict[str, Any]]:
+    capsys.readouterr()
+    assert main(["gpus", "--config", str(config), "--since", "90d", "--format", "json"]) == 0
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+def test_copy_from_sqlite_to_postgresql_keeps_gpu_history_alerts_and_conversations(
+    sqlite_config: Path, postgres_config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    alert_key = asyncio.run(_fill(sqlite_config.parent / "bot.db"))
+    before = _gpus(sqlite_config, capsys)
+    assert before
+
+    assert main(["store", "copy", "--from", str(sqlite_config), "--to", str(postgres_config)]) == 0
+    assert "gpu_events: 7 rows copied" in capsys.readouterr().out
+    assert _gpus(postgres_config, capsys) == before
+
+    async def moved() -> None:
+        store = await open_store(load_config(postgres_config).store)
+        try:
+            alert = await store.get_alert(alert_key)
+            assert alert is not None and alert.labels["gpu"] == "3" and alert.status == "firing"
+            assert await store.alert_by_short_id(short_id(alert_key)) == alert  # what people type still works
+            assert await store.get_sink_state("slack", alert_key) == {"ts": "1716900000.000100", "channel": "C1"}
+            [entry] = await store.audit_log(datetime(2000, 1, 1, tzinfo=UTC))
+            assert (entry.actor, entry.action, entry.target) == ("cli:root", "ack", "a1b2")
+        finally:
+            await store.close()
+
+    asyncio.run(moved())
+    # Run again (say, after an interruption): nothing is doubled.
+    assert main(["store", "copy", "--from", str(sqlite_config), "--to", str(postgres_config)]) == 0
+    assert capsys.readouterr().out.count(": 0 rows copied") == 5
+    assert _gpus(postgres_config, capsys) == before
+
+
+def test_copy_refuses_the_same_store_and_reports_an_unreachable_one(
+    sqlite_config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], postgres_server: PostgresServer
+) -> None:
+    asyncio.run(_fill(sqlite_config.parent / "bot.db"))
+    assert main(["store", "copy", "--from", str(sqlite_config), "--to", str(sqlite_config)]) == 2
+    assert "the same store" in capsys.readouterr().err
+    (tmp_path / "gone").write_text("host=127.0.0.1 port=1 user=postgres dbname=x")
+    gone = _config(
+        tmp_path / "gone-db", {"backend": "postgresql", "dsn_file": str(tmp_path / "gone"), "connect_timeout": 1}
+    )
+    assert main(["store", "copy", "--from", str(sqlite_config), "--to", str(gone)]) == 1
+    assert "cannot open the destination store postgresql" in capsys.readouterr().err
+
+
+def test_migrate_creates_the_schema_and_refuses_a_newer_one(
+    sqlite_config: Path, postgres_config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["migrate", "--config", str(postgres_config)]) == 0
+    assert main(["migrate", "--config", str(sqlite_config)]) == 0
+    assert "at this version's schema" in capsys.readouterr().out
+    with sqlite3.connect(sqlite_config.parent / "bot.db") as conn:
+        conn.execute("PRAGMA user_version = 99")
+    assert main(["migrate", "--config", str(sqlite_config)]) == 1
+    assert "schema version 99, newer than this gpu-alert-bot knows" in capsys.readouterr().err
