@@ -1344,4 +1344,3 @@ def _insert_note(conn: sqlite3.Connection, alert_key: str, text: str) -> int:
     event_id = _insert_event(conn, alert_key, EventKind.NOTE)
     conn.execute("INSERT INTO event_notes (event_id, text) VALUES (?, ?)", (event_id, text))
     return event_id
-
