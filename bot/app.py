@@ -13,6 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from bot.actions.admin import add_admin_routes
 from bot.actions.build import RemediationService, build_remediation
+from bot.actions.engine import Authorizer
 from bot.auth import WebhookAuth
 from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import BotConfig
@@ -20,6 +21,7 @@ from bot.deadman import Deadman
 from bot.enrich import build_enrichers
 from bot.enrich.base import EnrichmentRunner
 from bot.ingest import WEBHOOK_PATH, WebhookHandler, json_error
+from bot.interact.remediation import RemediationCommands, SlackAuthorizer
 from bot.interact.service import Interactivity, slack_controls
 from bot.interact.service import add_http_routes as add_slack_routes
 from bot.interact.service import enabled as interactivity_enabled
@@ -71,7 +73,28 @@ async def start_runtime(
     clock: Clock = SYSTEM_CLOCK,
 ) -> Runtime:
     store = await open_store(config.store)
-    sinks = build_sinks(config.receivers, store, metrics, console, slack_controls(config))
+    interactivity = Interactivity(config, store) if interactivity_enabled(config.interactivity) else None
+
+    def notify_worker() -> None:  # the engine announces only once started, after the worker exists
+        worker.notify()
+
+    # Built before the sinks, which show a button only for an action the engine can run.
+    remediation = (
+        build_remediation(
+            config,
+            store,
+            notify_worker,
+            metrics,
+            playbooks,
+            authorizer=_slack_authorizer(interactivity),
+        )
+        if config.remediation.hosts
+        else None
+    )
+    executable = frozenset(remediation.engine.executable_actions()) if remediation is not None else frozenset()
+    if remediation is not None and interactivity is not None:
+        RemediationCommands(remediation.engine, interactivity.access).register(interactivity.dispatcher)
+    sinks = build_sinks(config.receivers, store, metrics, console, slack_controls(config, executable))
     metrics.init_receivers(sinks)
     outbox = Outbox(store, sinks, config.outbox, metrics, receiver_lease=config.store.receiver_lease)
     enrichers = build_enrichers(config.enrichment, store, metrics, playbooks.xid_catalog)
@@ -89,15 +112,11 @@ async def start_runtime(
     store.subscribe(worker.notify, lambda receiver: outbox.wake([receiver]))
     outbox.start()
     worker.start()
-    interactivity = Interactivity(config, store) if interactivity_enabled(config.interactivity) else None
     if interactivity is not None:
         await interactivity.start()
     deadman = Deadman(store, config.deadman, metrics, clock, worker.notify) if config.deadman.enabled else None
     if deadman is not None:
         deadman.start()
-    remediation = (
-        build_remediation(config, store, worker.notify, metrics, playbooks) if config.remediation.hosts else None
-    )
     if remediation is not None:
         await remediation.start()
     return Runtime(
@@ -109,6 +128,14 @@ async def start_runtime(
         deadman=deadman,
         remediation=remediation,
     )
+
+
+def _slack_authorizer(interactivity: Interactivity | None) -> Callable[[Authorizer], Authorizer] | None:
+    """Approvals by Slack users are judged by their Slack role; the CLI's by `remediation.approvers`."""
+    if interactivity is None:
+        return None
+    access = interactivity.access
+    return lambda configured: SlackAuthorizer(access, configured)
 
 
 RUNTIME_KEY = web.AppKey("runtime", Runtime)

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bot.actions.engine import AlertFinder, ConfigAuthorizer, Remediation, Verification
+from bot.actions.engine import AlertFinder, Authorizer, ConfigAuthorizer, Remediation, Verification
 from bot.actions.executor import Executor
 from bot.actions.policy import AutomaticPolicy
 from bot.actions.verify import ExporterRestartCheck
@@ -118,7 +118,9 @@ def build_remediation(
     metrics: Metrics,
     playbooks: PlaybookSet,
     clock: Clock = SYSTEM_CLOCK,
+    authorizer: Callable[[Authorizer], Authorizer] | None = None,
 ) -> RemediationService:
+    """`authorizer` wraps the configured approvers (`remediation.approvers`, `admins`): Slack's roles."""
     remediation = config.remediation
     prometheus = remediation.prometheus or config.enrichment.prometheus
     verifiers: dict[str, Verification] = {}
@@ -129,7 +131,7 @@ def build_remediation(
         remediation,
         build_executors(remediation),
         NoteAnnouncer(store, notify),
-        ConfigAuthorizer(remediation),
+        authorizer(ConfigAuthorizer(remediation)) if authorizer else ConfigAuthorizer(remediation),
         alert_finder(store),
         verifiers,
         clock,

@@ -46,9 +46,11 @@ class Announcer(Protocol):
 
 
 class Authorizer(Protocol):
-    def may_approve(self, actor: str, action: str) -> bool: ...
+    """Asynchronous: Slack roles may need the members of a user group, read from Slack."""
 
-    def is_admin(self, actor: str) -> bool: ...
+    async def may_approve(self, actor: str, action: str) -> bool: ...
+
+    async def is_admin(self, actor: str) -> bool: ...
 
 
 class ConfigAuthorizer:
@@ -59,12 +61,12 @@ class ConfigAuthorizer:
         self._approvers = frozenset(config.approvers)
         self._admins = frozenset(config.admins)
 
-    def may_approve(self, actor: str, action: str) -> bool:
+    async def may_approve(self, actor: str, action: str) -> bool:
         if ACTIONS[action].safety == "dangerous":
             return actor in self._admins
         return actor in self._approvers or actor in self._admins
 
-    def is_admin(self, actor: str) -> bool:
+    async def is_admin(self, actor: str) -> bool:
         return actor in self._admins
 
 
@@ -256,7 +258,7 @@ class Remediation:
         return await self._store.get_breaker()
 
     async def reset_breaker(self, actor: str) -> None:
-        if not self._authorizer.is_admin(actor):
+        if not await self._authorizer.is_admin(actor):
             await self._audit.record(actor, "circuit-breaker", "remediation", "refused", "not an admin")
             raise ActionRefused(f"{actor} is not a remediation admin")
         await self._store.set_breaker(None)
@@ -270,7 +272,7 @@ class Remediation:
     # --- approval -----------------------------------------------------------------------------------
     async def approve(self, run_id: int, actor: str) -> ActionRun:
         run = await self._pending(run_id, actor, "approve")
-        if not self._authorizer.may_approve(actor, run.action):
+        if not await self._authorizer.may_approve(actor, run.action):
             await self._refuse_decision(run, actor, "approve", f"{actor} may not approve {run.action}")
         if actor in run.approvals:
             await self._refuse_decision(run, actor, "approve", f"{actor} already approved run #{run.id}")
@@ -298,7 +300,7 @@ class Remediation:
 
     async def refuse(self, run_id: int, actor: str) -> ActionRun:
         run = await self._pending(run_id, actor, "refuse")
-        if not self._authorizer.may_approve(actor, run.action):
+        if not await self._authorizer.may_approve(actor, run.action):
             await self._refuse_decision(run, actor, "refuse", f"{actor} may not decide on {run.action}")
         moved = await self._store.transition_action_run(
             run.id, REQUESTED, REFUSED, self._clock.now(), detail=f"refused by {actor}"
