@@ -377,8 +377,9 @@ def action_run_transition_row(
 
 
 # --- store copy: what moves from one store to another ----------------------------------------------------
-# What a site keeps when it moves (SQLite to PostgreSQL): the alert records with their enrichment and acks,
-# the conversations (Slack threads, email Message-IDs), the GPU history that recurrence counts, the audit log.
+# What a site keeps when it moves (SQLite to PostgreSQL): the alert records with their enrichment, acks and
+# silences, the conversations (Slack threads, email Message-IDs), the GPU history that recurrence counts, the
+# audit log, the dead man's switch timers, the remediation runs and breaker.
 # Work in progress (notifications, events, deliveries) is not moved: stop the old bot once its queues drained.
 COPIED_TABLES: dict[str, tuple[str, ...]] = {
     "alerts": (
