@@ -19,6 +19,7 @@ import yaml
 from bot.cli import main
 from bot.config import ConfigError, load_config
 from bot.dedup import plan_events
+from bot.models import EventKind
 from bot.store import open_store
 from bot.store.base import ActionRun, StoreUnavailable
 from bot.store.migrations import POSTGRESQL_MIGRATIONS, POSTGRESQL_SCHEMA_VERSION, SchemaTooNew
@@ -236,3 +237,14 @@ async def test_a_database_of_the_first_schemas_gets_silences_timers_and_runs_on_
         assert (alert.silence_id, alert.silenced_by, alert.silenced_until) == (None, None, None)
         assert await old.watchdog_records() == []
         assert await old.get_breaker() is None
+
+
+async def test_replicas_taking_the_same_ack_at_once_record_it_once(postgres_dsn: str) -> None:
+    at = datetime(2026, 11, 30, 12, tzinfo=UTC)
+    async with replicas(postgres_dsn, 3) as stores:
+        await ingest_and_dedup(stores[0], webhook(gpu_alerts(1)))
+        [alert] = await stores[0].list_alerts()
+        acked = await asyncio.gather(*(store.ack(alert.key, store.replica, at) for _ in range(4) for store in stores))
+        assert sum(acked) == 1
+        kinds = [e.kind for e in await stores[1].alert_events(alert.key)]
+        assert kinds == [EventKind.FIRING, EventKind.ACK]
