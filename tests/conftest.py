@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,7 @@ from hypothesis import settings
 
 from tests.support.postgres import PostgresServer
 from tests.support.processes import Alertmanager, webhook_alertmanager_config
+from tests.support.store import Opener, postgres_store, sqlite_store
 
 # CI must not fail on an example nobody has seen before: property tests replay the same examples
 # unless HYPOTHESIS_PROFILE=explore asks for fresh ones (run it locally to hunt for new failures).
@@ -45,3 +47,13 @@ def postgres_server() -> Iterator[PostgresServer]:
 @pytest.fixture
 def postgres_dsn(postgres_server: PostgresServer) -> str:
     return postgres_server.create_database()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def opened(request: pytest.FixtureRequest, tmp_path: Path) -> Opener:
+    """The store contract runs on both backends: opens the store under test (again and again, on the same
+    data) with `async with opened(**options) as store`."""
+    if request.param == "sqlite":
+        return functools.partial(sqlite_store, tmp_path)
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    return functools.partial(postgres_store, server.create_database())

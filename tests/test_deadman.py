@@ -20,6 +20,16 @@ AM_A = "http://am-a:9093"
 AM_B = "http://am-b:9093"
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def kept(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
+    """CONFIG on each backend: what the timers keep across a restart is the store's to keep."""
+    if request.param == "sqlite":
+        return CONFIG
+    dsn_file = tmp_path / "postgres_dsn"
+    dsn_file.write_text(request.getfixturevalue("postgres_dsn"))
+    return {**CONFIG, "store": {"backend": "postgresql", "dsn_file": str(dsn_file), "replica": "bot-a"}}
+
+
 async def checked(clock: FakeClock, seconds: float = 0.0) -> None:
     """Move time on by whole check intervals, each check done before the next."""
     steps = max(1, round(seconds / CHECK)) if seconds else 0
@@ -118,15 +128,15 @@ async def test_with_an_ha_pair_the_alert_names_the_replica_that_went_quiet(tmp_p
         assert bot.metric("gpu_alert_bot_deadman_alerting", {"replica": "any"}) == 0
 
 
-async def test_a_restart_in_between_neither_loses_nor_repeats_the_alert(tmp_path: Path) -> None:
+async def test_a_restart_in_between_neither_loses_nor_repeats_the_alert(tmp_path: Path, kept: dict[str, Any]) -> None:
     clock = FakeClock()
-    async with running_bot(tmp_path, CONFIG, clock) as before:
+    async with running_bot(tmp_path, kept, clock) as before:
         await checked(clock)
         await watchdog(before)
         await checked(clock, 195)
         await settled(before)
         [fired] = missing(before)
-    async with running_bot(tmp_path, CONFIG, clock) as after:
+    async with running_bot(tmp_path, kept, clock) as after:
         await checked(clock)
         await checked(clock, 300)
         await settled(after)
@@ -157,14 +167,16 @@ async def test_the_switch_can_be_turned_off(tmp_path: Path) -> None:
         assert bot.runtime.deadman is None
 
 
-async def test_the_time_the_bot_itself_was_down_is_not_blamed_on_alertmanager(tmp_path: Path) -> None:
+async def test_the_time_the_bot_itself_was_down_is_not_blamed_on_alertmanager(
+    tmp_path: Path, kept: dict[str, Any]
+) -> None:
     clock = FakeClock()
-    async with running_bot(tmp_path, CONFIG, clock) as before:
+    async with running_bot(tmp_path, kept, clock) as before:
         await checked(clock)
         await watchdog(before)
         await checked(clock, 60)
     await clock.advance(3600)  # an hour without a bot: Alertmanager could not deliver anything
-    async with running_bot(tmp_path, CONFIG, clock) as after:
+    async with running_bot(tmp_path, kept, clock) as after:
         await checked(clock)
         await checked(clock, 120)
         await settled(after)

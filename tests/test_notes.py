@@ -24,7 +24,7 @@ from bot.store.base import UnknownAlert
 from tests.fakes.slack import FakeSlack
 from tests.support.bot import eventually, running_bot
 from tests.support.payloads import am_alert, gpu_alerts, webhook
-from tests.support.store import ingest_and_dedup, message, query, sqlite_store
+from tests.support.store import Opener, ingest_and_dedup, message, query, sqlite_store
 from tests.test_slack_e2e import bot_config
 
 KEY = "ea7d2357f640d0c0@2026-11-29T13:31:59+00:00"
@@ -47,8 +47,8 @@ def test_every_key_gets_a_short_id_of_typable_characters(key: str) -> None:
     assert len(made) == SHORT_ID_LENGTH and set(made) <= set(SHORT_ID_ALPHABET)
 
 
-async def test_an_alert_is_found_by_its_short_id_however_it_is_typed(tmp_path: Path) -> None:
-    async with sqlite_store(tmp_path) as store:
+async def test_an_alert_is_found_by_its_short_id_however_it_is_typed(opened: Opener) -> None:
+    async with opened() as store:
         await ingest_and_dedup(store, webhook(gpu_alerts(3)))
         [first, *_] = await store.list_alerts()
         found = await store.alert_by_short_id(f"  {short_id(first.key).upper()} ")
@@ -68,8 +68,8 @@ async def test_alerts_stored_before_short_ids_existed_get_one_on_open(tmp_path: 
         assert found is not None and found.key == alert.key
 
 
-async def test_a_note_is_an_event_of_the_alert_carrying_its_text(tmp_path: Path) -> None:
-    async with sqlite_store(tmp_path) as store:
+async def test_a_note_is_an_event_of_the_alert_carrying_its_text(opened: Opener) -> None:
+    async with opened() as store:
         await ingest_and_dedup(store, webhook(gpu_alerts(1)))
         [firing] = await store.claim_events(10, 60)
         await store.route_event(firing.id, None, [])

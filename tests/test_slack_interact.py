@@ -38,7 +38,7 @@ from tests.support.slack_requests import (
     post_command,
     signed_headers,
 )
-from tests.support.store import ingest, ingest_and_dedup, sqlite_store
+from tests.support.store import Opener, ingest, ingest_and_dedup, sqlite_store
 
 # Slack's documented example (docs.slack.dev authentication/verifying-requests-from-slack).
 DOC_TIMESTAMP = "1531420618"
@@ -241,8 +241,8 @@ def test_an_acknowledged_alert_is_not_repeated() -> None:
     assert [d.event for d in plan_events({alert.key: _acked(alert)}, [alert])] == [None]
 
 
-async def test_ack_is_stored_with_its_event_once_and_firing_again_clears_it(tmp_path: Path) -> None:
-    async with sqlite_store(tmp_path, dedup_window=0) as store:
+async def test_ack_is_stored_with_its_event_once_and_firing_again_clears_it(opened: Opener) -> None:
+    async with opened(dedup_window=0) as store:
         await ingest_and_dedup(store, webhook(gpu_alerts(1)))
         [alert] = await store.list_alerts()
         at = datetime(2026, 11, 30, 12, tzinfo=UTC)

@@ -5,9 +5,6 @@ SQLite does: its pragmas, its health probe, its single-process lock and fsync.""
 from __future__ import annotations
 
 import asyncio
-import functools
-from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -16,31 +13,19 @@ import pytest
 
 from bot.dedup import plan_events
 from bot.models import EventKind, GpuEvent, NewDelivery, short_id
-from bot.store.base import Store, StoreUnavailable, UnknownAlert
+from bot.store.base import StoreUnavailable, UnknownAlert, WatchdogRecord
 from bot.store.sqlite import SqliteStore, StoreInUse
 from tests.support.payloads import STARTED, am_alert, distinct_webhooks, gpu_alerts, webhook
-from tests.support.postgres import PostgresServer
 from tests.support.store import (
+    Opener,
     count,
     incoming,
     ingest,
     ingest_and_dedup,
     message,
-    postgres_store,
     route_all,
     sqlite_store,
 )
-
-Opener = Callable[..., AbstractAsyncContextManager[Store]]
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def opened(request: pytest.FixtureRequest, tmp_path: Path) -> Opener:
-    """Opens the store under test (again and again, on the same data): `async with opened(**options) as store`."""
-    if request.param == "sqlite":
-        return functools.partial(sqlite_store, tmp_path)
-    server: PostgresServer = request.getfixturevalue("postgres_server")
-    return functools.partial(postgres_store, server.create_database())
 
 
 async def test_an_acknowledged_notification_survives_a_reopen(opened: Opener) -> None:
@@ -183,6 +168,65 @@ async def test_alert_queries(opened: Opener) -> None:
         assert await store.recent_alerts([], datetime.now(UTC)) == []
         stats = await store.stats()
         assert (stats.alerts_firing, stats.alerts_resolved) == (1, 1)
+
+
+async def test_a_silence_is_kept_on_its_alert_with_a_note_until_forgotten(opened: Opener) -> None:
+    until = datetime(2026, 11, 30, 14, tzinfo=UTC)
+    async with opened() as store:
+        await ingest_and_dedup(store, webhook(gpu_alerts(2)))
+        [alert, other] = sorted(await store.list_alerts(), key=lambda a: a.key)
+        note = await store.set_silence(alert.key, "9f2c-silence", "slack:U1 alice", until, "silenced for 2h")
+        assert [e.id for e in await store.alert_events(alert.key)][-1] == note
+        [silenced] = await store.silenced_alerts()
+        assert (silenced.key, silenced.silence_id, silenced.silenced_by) == (
+            alert.key,
+            "9f2c-silence",
+            "slack:U1 alice",
+        )
+        assert silenced.silenced_until == until
+        with pytest.raises(UnknownAlert):
+            await store.set_silence("nope@2026-11-29T13:31:59+00:00", "x", "y", until, "z")
+    async with opened() as store:
+        assert [a.key for a in await store.silenced_alerts()] == [alert.key]
+        await store.set_silence(alert.key, None, None, None, "the silence expired")
+        assert await store.silenced_alerts() == []
+        kinds = [e.kind for e in await store.alert_events(alert.key)]
+        assert kinds == [EventKind.FIRING, EventKind.NOTE, EventKind.NOTE]
+        assert [e.kind for e in await store.alert_events(other.key)] == [EventKind.FIRING]
+
+
+async def test_an_alerts_deliveries_are_listed_with_their_event_oldest_first(opened: Opener) -> None:
+    async with opened() as store:
+        await ingest_and_dedup(store, webhook(gpu_alerts(1)))
+        await route_all(store, ["console", "slack"])
+        [alert] = await store.list_alerts()
+        first, second = await store.due_deliveries("console", 10) + await store.due_deliveries("slack", 10)
+        await store.delivery_succeeded(first.id)
+        await store.delivery_failed(second.id, "channel_not_found")
+        records = await store.alert_deliveries(alert.key)
+        assert [(r.event_kind, r.receiver, r.state, r.attempts, r.error) for r in records] == [
+            (EventKind.FIRING, "console", "delivered", 1, None),
+            (EventKind.FIRING, "slack", "failed", 1, "channel_not_found"),
+        ]
+        assert await store.alert_deliveries("nope@2026-11-29T13:31:59+00:00") == []
+
+
+async def test_the_watchdog_timers_move_forward_shift_and_alert(opened: Opener) -> None:
+    start = datetime(2026, 11, 30, 12, tzinfo=UTC)
+    async with opened() as store:
+        await store.watchdog_start("any", start)
+        await store.watchdog_start("any", start + timedelta(hours=1))  # a restart keeps the running timer
+        await store.watchdog_seen(["any", "http://am-0:9093"], start + timedelta(minutes=2))
+        await store.watchdog_seen(["any"], start + timedelta(minutes=1))  # late: the timer never goes back
+        await store.watchdog_alerting("http://am-0:9093", start + timedelta(minutes=2))
+        await store.watchdog_shift(30)  # an alerting timer stays where it was
+    async with opened() as store:
+        assert await store.watchdog_records() == [
+            WatchdogRecord("any", start + timedelta(minutes=2, seconds=30)),
+            WatchdogRecord("http://am-0:9093", start + timedelta(minutes=2), start + timedelta(minutes=2)),
+        ]
+        await store.watchdog_alerting("http://am-0:9093", None)
+        assert [r.alerted_since for r in await store.watchdog_records()] == [None, None]
 
 
 async def test_gpu_events_are_recorded_once(opened: Opener) -> None:

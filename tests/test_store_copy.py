@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sqlite3
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,8 @@ from bot.cli import main
 from bot.config import load_config
 from bot.models import short_id
 from bot.store import open_store
-from bot.store.base import AuditEntry
+from bot.store.base import ActionRun, AuditEntry, BreakerState, WatchdogRecord
+from bot.store.core import COPIED_TABLES
 from tests.support.payloads import am_alert, webhook
 from tests.support.postgres import PostgresServer
 from tests.support.store import ingest_and_dedup, route_all, sqlite_store
@@ -49,7 +51,26 @@ async def _fill(path: Path) -> str:
         await store.put_sink_state("slack", alert_key, {"ts": "1716900000.000100", "channel": "C1"})
         await route_all(store, ["slack"])
         await store.record_audit(AuditEntry(datetime.now(UTC), "cli:root", "ack", "a1b2", "done"))
+        await store.ack(alert_key, "slack:U1 alice", MOVED_AT)
+        await store.set_silence(alert_key, "9f2c-silence", "slack:U1 alice", MOVED_AT + timedelta(hours=2), "silenced")
+        await store.watchdog_seen(["any", "http://am-0:9093"], MOVED_AT)
+        await store.watchdog_alerting("http://am-0:9093", MOVED_AT)
+        run = await store.add_action_run(
+            ActionRun(
+                0, "restart-dcgm-exporter", alert_key, "gpu01", "3", "bot", True, False, "requested", MOVED_AT, MOVED_AT
+            )
+        )
+        await store.transition_action_run(run.id, "requested", "done", MOVED_AT, detail="restarted", approvals=["a"])
+        await store.set_breaker(BreakerState(MOVED_AT, "3 failures in 1h"))
         return alert_key
+
+
+async def _history(path: Path) -> tuple[list[WatchdogRecord], list[ActionRun], BreakerState | None]:
+    async with sqlite_store(path) as store:
+        return await store.watchdog_records(), await store.action_runs(MOVED_AT), await store.get_breaker()
+
+
+MOVED_AT = datetime(2026, 11, 30, 12, tzinfo=UTC)
 
 
 def _gpus(config: Path, capsys: pytest.CaptureFixture[str]) -> list[dict[str, Any]]:
@@ -62,6 +83,7 @@ def test_copy_from_sqlite_to_postgresql_keeps_gpu_history_alerts_and_conversatio
     sqlite_config: Path, postgres_config: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     alert_key = asyncio.run(_fill(sqlite_config.parent / "bot.db"))
+    timers, runs, breaker = asyncio.run(_history(sqlite_config.parent / "bot.db"))
     before = _gpus(sqlite_config, capsys)
     assert before
 
@@ -78,13 +100,24 @@ def test_copy_from_sqlite_to_postgresql_keeps_gpu_history_alerts_and_conversatio
             assert await store.get_sink_state("slack", alert_key) == {"ts": "1716900000.000100", "channel": "C1"}
             [entry] = await store.audit_log(datetime(2000, 1, 1, tzinfo=UTC))
             assert (entry.actor, entry.action, entry.target) == ("cli:root", "ack", "a1b2")
+            assert (alert.acked_by, alert.silence_id, alert.silenced_until) == (
+                "slack:U1 alice",
+                "9f2c-silence",
+                MOVED_AT + timedelta(hours=2),
+            )
+            assert await store.silenced_alerts() == [alert]
+            assert await store.watchdog_records() == timers  # the switch goes on: its alert is not raised again
+            assert await store.action_runs(MOVED_AT) == runs
+            assert await store.get_breaker() == breaker
+            later = await store.add_action_run(dataclasses.replace(runs[0], state="requested"))
+            assert later.id == runs[0].id + 1  # numbered after the copied runs
         finally:
             await store.close()
 
     asyncio.run(moved())
     # Run again (say, after an interruption): nothing is doubled.
     assert main(["store", "copy", "--from", str(sqlite_config), "--to", str(postgres_config)]) == 0
-    assert capsys.readouterr().out.count(": 0 rows copied") == 5
+    assert capsys.readouterr().out.count(": 0 rows copied") == len(COPIED_TABLES)
     assert _gpus(postgres_config, capsys) == before
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
@@ -18,8 +19,9 @@ import yaml
 from bot.cli import main
 from bot.config import ConfigError, load_config
 from bot.dedup import plan_events
+from bot.models import EventKind
 from bot.store import open_store
-from bot.store.base import StoreUnavailable
+from bot.store.base import ActionRun, StoreUnavailable
 from bot.store.migrations import POSTGRESQL_MIGRATIONS, POSTGRESQL_SCHEMA_VERSION, SchemaTooNew
 from bot.store.postgresql import PostgresStore
 from tests.support.payloads import distinct_webhooks, gpu_alerts, webhook
@@ -181,3 +183,68 @@ async def test_a_reader_never_migrates_and_refuses_a_schema_it_does_not_know(pos
         await ingest_and_dedup(store, webhook(gpu_alerts(2)))
     async with postgres_store(postgres_dsn, read_only=True) as reader:
         assert len(await reader.list_alerts()) == 2
+
+
+async def test_replicas_racing_on_one_action_run_move_it_once(postgres_dsn: str) -> None:
+    at = datetime(2026, 11, 30, 12, tzinfo=UTC)
+    requested = ActionRun(
+        0, "restart-dcgm-exporter", "a@1", "gpu01", None, "cli:alice", False, False, "requested", at, at
+    )
+    async with replicas(postgres_dsn, 3) as stores:
+        run = await stores[0].add_action_run(requested)
+        moves = await asyncio.gather(
+            *(
+                store.transition_action_run(run.id, "requested", "running", at, detail=store.replica)
+                for _ in range(5)
+                for store in stores
+            )
+        )
+        [winner] = [moved for moved in moves if moved is not None]
+        assert await stores[1].get_action_run(run.id) == winner
+
+
+async def test_replicas_writing_the_watchdog_timers_at_once_keep_the_latest(postgres_dsn: str) -> None:
+    start = datetime(2026, 11, 30, 12, tzinfo=UTC)
+    async with replicas(postgres_dsn, 3) as stores:
+        await asyncio.gather(
+            *(
+                store.watchdog_seen(["any", f"http://am-{n % 2}:9093"], start + timedelta(seconds=n))
+                for n in range(30)
+                for store in stores
+            )
+        )
+        await stores[0].watchdog_start("any", start - timedelta(hours=1))  # a starting replica keeps the timer
+        records = {r.replica: r.last_seen for r in await stores[2].watchdog_records()}
+        assert records == {
+            "any": start + timedelta(seconds=29),
+            "http://am-0:9093": start + timedelta(seconds=28),
+            "http://am-1:9093": start + timedelta(seconds=29),
+        }
+
+
+async def test_a_database_of_the_first_schemas_gets_silences_timers_and_runs_on_open(postgres_dsn: str) -> None:
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        for version, statements in POSTGRESQL_MIGRATIONS[:2]:
+            conn.execute(statements.encode())
+            conn.execute("INSERT INTO schema_version (version) VALUES (%s)", (version,))
+    async with replicas(postgres_dsn, 1) as [old]:
+        # Opening migrated it; an alert stored by the older version reads with no silence.
+        with psycopg.connect(postgres_dsn) as conn:
+            assert conn.execute("SELECT max(version) FROM schema_version").fetchone() == (POSTGRESQL_SCHEMA_VERSION,)
+        await ingest_and_dedup(old, webhook(gpu_alerts(1)))
+        [alert] = await old.list_alerts()
+        assert (alert.silence_id, alert.silenced_by, alert.silenced_until) == (None, None, None)
+        assert await old.watchdog_records() == []
+        assert await old.get_breaker() is None
+
+
+async def test_replicas_taking_the_same_ack_at_once_record_it_once(postgres_dsn: str) -> None:
+    at = datetime(2026, 11, 30, 12, tzinfo=UTC)
+    async with replicas(postgres_dsn, 3) as stores:
+        await ingest_and_dedup(stores[0], webhook(gpu_alerts(1)))
+        [alert] = await stores[0].list_alerts()
+        acked = await asyncio.gather(*(store.ack(alert.key, store.replica, at) for _ in range(4) for store in stores))
+        assert sum(acked) == 1
+        kinds = [e.kind for e in await stores[1].alert_events(alert.key)]
+        assert kinds == [EventKind.FIRING, EventKind.ACK]

@@ -1,8 +1,9 @@
 """`gpu-alert-bot store copy` and `gpu-alert-bot migrate`: moving up from SQLite, and schema upgrades.
 
-A site that outgrows one machine keeps its recurrence ledger: the alert records, the conversations (so a resolve
-still updates the Slack message posted before the move), the GPU history and the audit log move to the new store
-through the Store interface, from any backend to any other.
+A site that outgrows one machine keeps its recurrence ledger: the alert records (with acks and silences), the
+conversations (so a resolve still updates the Slack message posted before the move), the GPU history, the audit
+log, the dead man's switch timers and the remediation runs and breaker move to the new store through the Store
+interface, from any backend to any other (core.COPIED_TABLES).
 """
 
 from __future__ import annotations

@@ -17,7 +17,16 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from bot.models import AlertState, AmAlert, EventKind, GpuEvent, WebhookPayload
-from bot.store.base import AuditEntry, EventRecord, IncomingNotification, IngestResult, Planner
+from bot.store.base import (
+    ActionRun,
+    AuditEntry,
+    BreakerState,
+    EventRecord,
+    IncomingNotification,
+    IngestResult,
+    Planner,
+    WatchdogRecord,
+)
 
 # An event waits while an earlier one of the same alert is pending (a retried firing, say): a resolve routed
 # first would reach PagerDuty before the trigger and leave an incident open for good. (`e` is the event.)
@@ -292,9 +301,85 @@ def audit_from_row(row: Row) -> AuditEntry:
     )
 
 
+def watchdog_from_row(row: Row) -> WatchdogRecord:
+    return WatchdogRecord(
+        replica=row["replica"],
+        last_seen=datetime.fromtimestamp(row["last_seen"], UTC),
+        alerted_since=dt(row["alerted_since"]),
+    )
+
+
+def action_run_from_row(row: Row) -> ActionRun:
+    return ActionRun(
+        id=row["id"],
+        action=row["action"],
+        alert_key=row["alert_key"],
+        target=row["target"],
+        gpu=row["gpu"],
+        requested_by=row["requested_by"],
+        automatic=bool(row["automatic"]),
+        dry_run=bool(row["dry_run"]),
+        state=row["state"],
+        requested_at=datetime.fromtimestamp(row["requested_at"], UTC),
+        updated_at=datetime.fromtimestamp(row["updated_at"], UTC),
+        approvals=tuple(json.loads(row["approvals"])),
+        detail=row["detail"],
+    )
+
+
+def breaker_from_row(row: Row) -> BreakerState:
+    return BreakerState(datetime.fromtimestamp(row["opened_at"], UTC), row["reason"])
+
+
+# --- acks, silences, action runs: the conditions both backends write under ------------------------------
+# Only a firing episode nobody acknowledged yet can be acknowledged (a second click changes nothing).
+ALERT_ACK = """UPDATE alerts SET acked_by = {p}, acked_at = {p}
+               WHERE key = {p} AND status = 'firing' AND acked_by IS NULL"""
+ALERT_UNACK = "UPDATE alerts SET acked_by = NULL, acked_at = NULL WHERE key = {p} AND acked_by IS NOT NULL"
+ALERT_SET_SILENCE = "UPDATE alerts SET silence_id = {p}, silenced_by = {p}, silenced_until = {p} WHERE key = {p}"
+SILENCED_ALERTS = "SELECT * FROM alerts WHERE silence_id IS NOT NULL ORDER BY key"
+
+ACTION_RUN_COLUMNS = (
+    "action, alert_key, target, gpu, requested_by, automatic, dry_run, state, requested_at, updated_at, "
+    "approvals, detail"
+)
+
+
+def action_run_row(run: ActionRun) -> tuple[Any, ...]:
+    """Values in the order of ACTION_RUN_COLUMNS (flags as 0/1 and approvals as JSON text, in both backends)."""
+    return (
+        run.action,
+        run.alert_key,
+        run.target,
+        run.gpu,
+        run.requested_by,
+        int(run.automatic),
+        int(run.dry_run),
+        run.state,
+        run.requested_at.timestamp(),
+        run.updated_at.timestamp(),
+        json.dumps(list(run.approvals)),
+        run.detail,
+    )
+
+
+# Compare-and-set: the run moves only from the state the caller saw; a replica that lost the race gets no row.
+ACTION_RUN_TRANSITION = """UPDATE action_runs SET state = {p}, updated_at = {p}, detail = COALESCE({p}, detail),
+                           approvals = COALESCE({p}, approvals) WHERE id = {p} AND state = {p} RETURNING *"""
+
+
+def action_run_transition_row(
+    run_id: int, expected: str, state: str, at: datetime, detail: str | None, approvals: Sequence[str] | None
+) -> tuple[Any, ...]:
+    """Values in the order of the placeholders of ACTION_RUN_TRANSITION."""
+    encoded = None if approvals is None else json.dumps(list(approvals))
+    return (state, at.timestamp(), detail, encoded, run_id, expected)
+
+
 # --- store copy: what moves from one store to another ----------------------------------------------------
-# What a site keeps when it moves (SQLite to PostgreSQL): the alert records with their enrichment and acks,
-# the conversations (Slack threads, email Message-IDs), the GPU history that recurrence counts, the audit log.
+# What a site keeps when it moves (SQLite to PostgreSQL): the alert records with their enrichment, acks and
+# silences, the conversations (Slack threads, email Message-IDs), the GPU history that recurrence counts, the
+# audit log, the dead man's switch timers, the remediation runs and breaker.
 # Work in progress (notifications, events, deliveries) is not moved: stop the old bot once its queues drained.
 COPIED_TABLES: dict[str, tuple[str, ...]] = {
     "alerts": (
@@ -302,12 +387,22 @@ COPIED_TABLES: dict[str, tuple[str, ...]] = {
         "acked_by",
         "acked_at",
         "enrichment",
+        "silence_id",
+        "silenced_by",
+        "silenced_until",
     ),
     "sink_state": ("receiver", "key", "value", "updated_at"),
     "gpu_events": ("gpu_key", "host", "pci_bus_id", "uuid", "kind", "code", "at", "alert_key"),
     "audit_log": ("at", "actor", "action", "target", "outcome", "detail"),
     "alert_short_ids": ("short_id", "alert_key"),
+    # The dead man's switch goes on where it was (an alert it raised is cleared, not raised again), remediation
+    # keeps its history (the rails count past runs) and an open circuit breaker stays open.
+    "watchdog": ("replica", "last_seen", "alerted_since"),
+    "action_runs": ("id", *ACTION_RUN_COLUMNS.split(", ")),
+    "remediation_breaker": ("id", "opened_at", "reason"),
 }
+# Tables whose ids are copied as they are: the destination's id sequence must then go on after them.
+COPIED_WITH_SERIAL_ID = frozenset({"action_runs"})
 
 
 def copied_columns(table: str) -> tuple[str, ...]:

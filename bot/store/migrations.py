@@ -180,4 +180,47 @@ CREATE INDEX alert_short_ids_key ON alert_short_ids(alert_key);
 """,
     )
 )
+POSTGRESQL_MIGRATIONS.append(
+    (
+        3,
+        """
+-- The Alertmanager silence the bot set on an episode from Slack, and until when it believes it active.
+ALTER TABLE alerts ADD COLUMN silence_id TEXT;
+ALTER TABLE alerts ADD COLUMN silenced_by TEXT;
+ALTER TABLE alerts ADD COLUMN silenced_until DOUBLE PRECISION;
+CREATE INDEX alerts_silenced ON alerts(key) WHERE silence_id IS NOT NULL;
+
+-- The dead man's switch: when each Alertmanager replica's Watchdog last arrived, and whether the bot alerts.
+CREATE TABLE watchdog (
+    replica TEXT PRIMARY KEY,
+    last_seen DOUBLE PRECISION NOT NULL,
+    alerted_since DOUBLE PRECISION
+);
+
+-- Remediation: each action run, moved from state to state by compare-and-set.
+CREATE TABLE action_runs (
+    id BIGSERIAL PRIMARY KEY,
+    action TEXT NOT NULL,
+    alert_key TEXT NOT NULL,
+    target TEXT NOT NULL,
+    gpu TEXT,
+    requested_by TEXT NOT NULL,
+    automatic INTEGER NOT NULL,
+    dry_run INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    requested_at DOUBLE PRECISION NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL,
+    approvals TEXT NOT NULL DEFAULT '[]',
+    detail TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX action_runs_updated_at ON action_runs(updated_at);
+
+CREATE TABLE remediation_breaker (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    opened_at DOUBLE PRECISION NOT NULL,
+    reason TEXT NOT NULL
+);
+""",
+    )
+)
 POSTGRESQL_SCHEMA_VERSION = POSTGRESQL_MIGRATIONS[-1][0]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -32,7 +33,10 @@ from bot.message import Message
 from bot.models import AlertState, Delivery, Event, EventKind, GpuEvent, NewDelivery, short_id
 from bot.store import core
 from bot.store.base import (
+    ActionRun,
     AuditEntry,
+    BreakerState,
+    DeliveryRecord,
     EventRecord,
     IncomingNotification,
     IngestResult,
@@ -41,6 +45,7 @@ from bot.store.base import (
     StoreStats,
     StoreUnavailable,
     UnknownAlert,
+    WatchdogRecord,
 )
 from bot.store.migrations import POSTGRESQL_MIGRATIONS, POSTGRESQL_SCHEMA_VERSION, refuse_newer
 
@@ -589,18 +594,40 @@ class PostgresStore(Store):
 
     async def add_note(self, alert_key: str, text: str) -> int:
         async with self._transaction() as conn:
-            if await (await conn.execute("SELECT 1 FROM alerts WHERE key = %s", (alert_key,))).fetchone() is None:
-                raise UnknownAlert(alert_key)
-            row = await (
-                await conn.execute(
-                    "INSERT INTO events (alert_key, kind, created_at) VALUES (%s, %s, %s) RETURNING id",
-                    (alert_key, EventKind.NOTE.value, _now()),
-                )
-            ).fetchone()
-            assert row is not None
-            await conn.execute("INSERT INTO event_notes (event_id, text) VALUES (%s, %s)", (row["id"], text))
-            await conn.execute(f"NOTIFY {_WORK_CHANNEL}".encode())
-        return int(row["id"])
+            await _require_alert(conn, alert_key)
+            return await _insert_note(conn, alert_key, text)
+
+    async def ack(self, alert_key: str, by: str, at: datetime) -> bool:
+        async with self._transaction() as conn:
+            await _require_alert(conn, alert_key)
+            # Two replicas taking the same click: the row lock makes the second see acked_by set, and change nothing.
+            changed = (
+                await conn.execute(core.ALERT_ACK.format(p="%s").encode(), (by, at.timestamp(), alert_key))
+            ).rowcount
+            if changed:
+                await _insert_event(conn, alert_key, EventKind.ACK)
+        return bool(changed)
+
+    async def unack(self, alert_key: str, note: str) -> bool:
+        async with self._transaction() as conn:
+            await _require_alert(conn, alert_key)
+            changed = (await conn.execute(core.ALERT_UNACK.format(p="%s").encode(), (alert_key,))).rowcount
+            if changed:
+                await _insert_note(conn, alert_key, note)
+        return bool(changed)
+
+    async def set_silence(
+        self, alert_key: str, silence_id: str | None, by: str | None, until: datetime | None, note: str
+    ) -> int:
+        async with self._transaction() as conn:
+            await _require_alert(conn, alert_key)
+            await conn.execute(
+                core.ALERT_SET_SILENCE.format(p="%s").encode(), (silence_id, by, core.ts(until), alert_key)
+            )
+            return await _insert_note(conn, alert_key, note)
+
+    async def silenced_alerts(self) -> list[AlertState]:
+        return [core.alert_from_row(row) for row in await self._fetchall(core.SILENCED_ALERTS)]
 
     async def recent_alerts(self, alertnames: Sequence[str], since: datetime) -> list[AlertState]:
         if not alertnames:
@@ -618,6 +645,23 @@ class PostgresStore(Store):
             (key,),
         )
         return [core.event_record_from_row(row) for row in rows]
+
+    async def alert_deliveries(self, key: str) -> list[DeliveryRecord]:
+        rows = await self._fetchall(
+            "SELECT e.kind, d.receiver, d.state, d.attempts, d.error FROM deliveries d "
+            "JOIN events e ON e.id = d.event_id WHERE d.alert_key = %s ORDER BY d.id",
+            (key,),
+        )
+        return [
+            DeliveryRecord(
+                event_kind=EventKind(row["kind"]),
+                receiver=row["receiver"],
+                state=row["state"],
+                attempts=row["attempts"],
+                error=row["error"],
+            )
+            for row in rows
+        ]
 
     # --- GPU history -----------------------------------------------------------------------------------
     async def record_gpu_events(self, events: Sequence[GpuEvent]) -> None:
@@ -659,6 +703,85 @@ class PostgresStore(Store):
         )
         return [core.audit_from_row(row) for row in rows]
 
+    # --- dead man's switch (several replicas write the same timers) ----------------------------------------
+    async def watchdog_seen(self, replicas: Sequence[str], at: datetime) -> None:
+        async with self._transaction() as conn:
+            # A timer only moves forward, whichever replica writes last; rows in one order, so no deadlock.
+            await conn.cursor().executemany(
+                """INSERT INTO watchdog AS w (replica, last_seen) VALUES (%s, %s)
+                   ON CONFLICT (replica) DO UPDATE SET last_seen = GREATEST(w.last_seen, excluded.last_seen)""",
+                [(replica, at.timestamp()) for replica in sorted(set(replicas))],
+            )
+
+    async def watchdog_start(self, replica: str, at: datetime) -> None:
+        await self._execute(
+            "INSERT INTO watchdog (replica, last_seen) VALUES (%s, %s) ON CONFLICT (replica) DO NOTHING",
+            (replica, at.timestamp()),
+        )
+
+    async def watchdog_records(self) -> list[WatchdogRecord]:
+        return [core.watchdog_from_row(row) for row in await self._fetchall("SELECT * FROM watchdog ORDER BY replica")]
+
+    async def watchdog_shift(self, seconds: float) -> None:
+        await self._execute("UPDATE watchdog SET last_seen = last_seen + %s WHERE alerted_since IS NULL", (seconds,))
+
+    async def watchdog_alerting(self, replica: str, since: datetime | None) -> None:
+        await self._execute("UPDATE watchdog SET alerted_since = %s WHERE replica = %s", (core.ts(since), replica))
+
+    # --- remediation -------------------------------------------------------------------------------------
+    async def add_action_run(self, run: ActionRun) -> ActionRun:
+        row = core.action_run_row(run)
+        inserted = await self._fetchone_in_transaction(
+            f"INSERT INTO action_runs ({core.ACTION_RUN_COLUMNS}) VALUES ({', '.join(['%s'] * len(row))}) "  # noqa: S608
+            "RETURNING id",
+            row,
+        )
+        assert inserted is not None
+        return dataclasses.replace(run, id=int(inserted["id"]))
+
+    async def get_action_run(self, run_id: int) -> ActionRun | None:
+        row = await self._fetchone("SELECT * FROM action_runs WHERE id = %s", (run_id,))
+        return None if row is None else core.action_run_from_row(row)
+
+    async def transition_action_run(
+        self,
+        run_id: int,
+        expected: str,
+        state: str,
+        at: datetime,
+        detail: str | None = None,
+        approvals: Sequence[str] | None = None,
+    ) -> ActionRun | None:
+        # Under READ COMMITTED a concurrent UPDATE of the row waits for the first one's commit, then re-checks
+        # `state = expected` on the new row: exactly one replica moves the run, the other gets no row.
+        row = await self._fetchone_in_transaction(
+            core.ACTION_RUN_TRANSITION.format(p="%s"),
+            core.action_run_transition_row(run_id, expected, state, at, detail, approvals),
+        )
+        return None if row is None else core.action_run_from_row(row)
+
+    async def action_runs(self, since: datetime, states: Sequence[str] | None = None) -> list[ActionRun]:
+        rows = await self._fetchall(
+            "SELECT * FROM action_runs WHERE updated_at >= %(since)s "
+            "AND (%(states)s::text[] IS NULL OR state = ANY(%(states)s)) ORDER BY id",
+            {"since": since.timestamp(), "states": None if states is None else list(states)},
+        )
+        return [core.action_run_from_row(row) for row in rows]
+
+    async def get_breaker(self) -> BreakerState | None:
+        row = await self._fetchone("SELECT * FROM remediation_breaker WHERE id = 1")
+        return None if row is None else core.breaker_from_row(row)
+
+    async def set_breaker(self, state: BreakerState | None) -> None:
+        if state is None:
+            await self._execute("DELETE FROM remediation_breaker")
+            return
+        await self._execute(
+            """INSERT INTO remediation_breaker (id, opened_at, reason) VALUES (1, %s, %s)
+               ON CONFLICT (id) DO UPDATE SET opened_at = excluded.opened_at, reason = excluded.reason""",
+            (state.opened_at.timestamp(), state.reason),
+        )
+
     # --- health and housekeeping -----------------------------------------------------------------------
     async def check_writable(self) -> None:
         if self._batcher is not None and self._batcher.done():
@@ -685,6 +808,13 @@ class PostgresStore(Store):
         async with self._transaction() as conn:
             cursor = conn.cursor()
             await cursor.executemany(query, [[row[name] for name in names] for row in rows])
+            if table in core.COPIED_WITH_SERIAL_ID:
+                # Copied ids were not drawn from the sequence: new rows must be numbered after them.
+                await conn.execute(
+                    sql.SQL("SELECT setval(pg_get_serial_sequence({}, 'id'), max(id)) FROM {}").format(
+                        sql.Literal(table), sql.Identifier(table)
+                    )
+                )
             return max(0, cursor.rowcount)
 
     async def stats(self) -> StoreStats:
@@ -715,6 +845,7 @@ class PostgresStore(Store):
                 " AND NOT EXISTS (SELECT 1 FROM events e WHERE e.alert_key = alerts.key AND e.state = 'pending')",
                 "DELETE FROM gpu_events WHERE at < %(cutoff)s",
                 "DELETE FROM audit_log WHERE at < %(cutoff)s",
+                "DELETE FROM action_runs WHERE updated_at < %(cutoff)s",
             ):
                 removed += (await conn.execute(statement.encode(), cutoff)).rowcount
             # Parts of rows removed above, not counted on their own.
@@ -731,3 +862,27 @@ class PostgresStore(Store):
             ):
                 removed += (await conn.execute(statement.encode(), expired)).rowcount
         return removed
+
+
+async def _require_alert(conn: Conn, alert_key: str) -> None:
+    if await (await conn.execute("SELECT 1 FROM alerts WHERE key = %s", (alert_key,))).fetchone() is None:
+        raise UnknownAlert(alert_key)
+
+
+async def _insert_event(conn: Conn, alert_key: str, kind: EventKind) -> int:
+    """Queue an event and wake the replicas' workers (the NOTIFY goes out at commit)."""
+    row = await (
+        await conn.execute(
+            "INSERT INTO events (alert_key, kind, created_at) VALUES (%s, %s, %s) RETURNING id",
+            (alert_key, kind.value, _now()),
+        )
+    ).fetchone()
+    assert row is not None
+    await conn.execute(f"NOTIFY {_WORK_CHANNEL}".encode())
+    return int(row["id"])
+
+
+async def _insert_note(conn: Conn, alert_key: str, text: str) -> int:
+    event_id = await _insert_event(conn, alert_key, EventKind.NOTE)
+    await conn.execute("INSERT INTO event_notes (event_id, text) VALUES (%s, %s)", (event_id, text))
+    return event_id

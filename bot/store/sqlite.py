@@ -30,6 +30,7 @@ from typing import Any, Literal, TypeVar
 
 from bot.message import Message
 from bot.models import AlertState, Delivery, Event, EventKind, GpuEvent, NewDelivery, short_id
+from bot.store import core
 from bot.store.base import (
     ActionRun,
     AuditEntry,
@@ -946,10 +947,7 @@ class SqliteStore(Store):
     async def ack(self, alert_key: str, by: str, at: datetime) -> bool:
         def acknowledge(conn: sqlite3.Connection) -> bool:
             _require_alert(conn, alert_key)
-            changed = conn.execute(
-                "UPDATE alerts SET acked_by = ?, acked_at = ? WHERE key = ? AND status = 'firing' AND acked_by IS NULL",
-                (by, at.timestamp(), alert_key),
-            ).rowcount
+            changed = conn.execute(core.ALERT_ACK.format(p="?"), (by, at.timestamp(), alert_key)).rowcount
             if changed:
                 _insert_event(conn, alert_key, EventKind.ACK)
             return bool(changed)
@@ -959,10 +957,7 @@ class SqliteStore(Store):
     async def unack(self, alert_key: str, note: str) -> bool:
         def withdraw(conn: sqlite3.Connection) -> bool:
             _require_alert(conn, alert_key)
-            changed = conn.execute(
-                "UPDATE alerts SET acked_by = NULL, acked_at = NULL WHERE key = ? AND acked_by IS NOT NULL",
-                (alert_key,),
-            ).rowcount
+            changed = conn.execute(core.ALERT_UNACK.format(p="?"), (alert_key,)).rowcount
             if changed:
                 _insert_note(conn, alert_key, note)
             return bool(changed)
@@ -974,16 +969,13 @@ class SqliteStore(Store):
     ) -> int:
         def remember(conn: sqlite3.Connection) -> int:
             _require_alert(conn, alert_key)
-            conn.execute(
-                "UPDATE alerts SET silence_id = ?, silenced_by = ?, silenced_until = ? WHERE key = ?",
-                (silence_id, by, _ts(until), alert_key),
-            )
+            conn.execute(core.ALERT_SET_SILENCE.format(p="?"), (silence_id, by, _ts(until), alert_key))
             return _insert_note(conn, alert_key, note)
 
         return await self._run(functools.partial(self._transaction, remember, acknowledged=True))
 
     async def silenced_alerts(self) -> list[AlertState]:
-        rows = await self._run(self._fetchall, "SELECT * FROM alerts WHERE silence_id IS NOT NULL ORDER BY key", ())
+        rows = await self._run(self._fetchall, core.SILENCED_ALERTS, ())
         return [_alert_from_row(row) for row in rows]
 
     async def alert_events(self, key: str) -> list[EventRecord]:
@@ -1109,14 +1101,7 @@ class SqliteStore(Store):
 
     async def watchdog_records(self) -> list[WatchdogRecord]:
         rows = await self._run(self._fetchall, "SELECT * FROM watchdog ORDER BY replica", ())
-        return [
-            WatchdogRecord(
-                replica=row["replica"],
-                last_seen=datetime.fromtimestamp(row["last_seen"], UTC),
-                alerted_since=_dt(row["alerted_since"]),
-            )
-            for row in rows
-        ]
+        return [core.watchdog_from_row(row) for row in rows]
 
     async def watchdog_shift(self, seconds: float) -> None:
         await self._run(
@@ -1131,22 +1116,8 @@ class SqliteStore(Store):
 
     # --- remediation ------------------------------------------------------------------------------------
     async def add_action_run(self, run: ActionRun) -> ActionRun:
-        row = (
-            run.action,
-            run.alert_key,
-            run.target,
-            run.gpu,
-            run.requested_by,
-            int(run.automatic),
-            int(run.dry_run),
-            run.state,
-            run.requested_at.timestamp(),
-            run.updated_at.timestamp(),
-            json.dumps(list(run.approvals)),
-            run.detail,
-        )
-        insert = """INSERT INTO action_runs (action, alert_key, target, gpu, requested_by, automatic, dry_run, state,
-                    requested_at, updated_at, approvals, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
+        row = core.action_run_row(run)
+        insert = f"INSERT INTO action_runs ({core.ACTION_RUN_COLUMNS}) VALUES ({', '.join('?' * len(row))})"  # noqa: S608
 
         def add(conn: sqlite3.Connection) -> int:
             run_id = conn.execute(insert, row).lastrowid
@@ -1158,7 +1129,7 @@ class SqliteStore(Store):
 
     async def get_action_run(self, run_id: int) -> ActionRun | None:
         row = await self._run(self._fetchone, "SELECT * FROM action_runs WHERE id = ?", (run_id,))
-        return None if row is None else _action_run_from_row(row)
+        return None if row is None else core.action_run_from_row(row)
 
     async def transition_action_run(
         self,
@@ -1169,28 +1140,26 @@ class SqliteStore(Store):
         detail: str | None = None,
         approvals: Sequence[str] | None = None,
     ) -> ActionRun | None:
-        update = """UPDATE action_runs SET state = ?, updated_at = ?, detail = COALESCE(?, detail),
-                    approvals = COALESCE(?, approvals) WHERE id = ? AND state = ? RETURNING *"""
-        encoded = None if approvals is None else json.dumps(list(approvals))
-        args = (state, at.timestamp(), detail, encoded, run_id, expected)
+        update = core.ACTION_RUN_TRANSITION.format(p="?")
+        args = core.action_run_transition_row(run_id, expected, state, at, detail, approvals)
 
         def transition(conn: sqlite3.Connection) -> sqlite3.Row | None:
             found: sqlite3.Row | None = conn.execute(update, args).fetchone()
             return found
 
         row = await self._run(functools.partial(self._transaction, transition, acknowledged=True))
-        return None if row is None else _action_run_from_row(row)
+        return None if row is None else core.action_run_from_row(row)
 
     async def action_runs(self, since: datetime, states: Sequence[str] | None = None) -> list[ActionRun]:
         rows = await self._run(
             self._fetchall, "SELECT * FROM action_runs WHERE updated_at >= ? ORDER BY id", (since.timestamp(),)
         )
-        runs = [_action_run_from_row(row) for row in rows]
+        runs = [core.action_run_from_row(row) for row in rows]
         return runs if states is None else [run for run in runs if run.state in states]
 
     async def get_breaker(self) -> BreakerState | None:
         row = await self._run(self._fetchone, "SELECT * FROM remediation_breaker WHERE id = 1", ())
-        return None if row is None else BreakerState(datetime.fromtimestamp(row["opened_at"], UTC), row["reason"])
+        return None if row is None else core.breaker_from_row(row)
 
     async def set_breaker(self, state: BreakerState | None) -> None:
         args: tuple[float, str] | tuple[()] = ()
@@ -1293,24 +1262,6 @@ def _add_missing_columns(conn: sqlite3.Connection, table: str, columns: dict[str
     for name, sql_type in columns.items():
         if name not in present:
             conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {sql_type}")
-
-
-def _action_run_from_row(row: sqlite3.Row) -> ActionRun:
-    return ActionRun(
-        id=row["id"],
-        action=row["action"],
-        alert_key=row["alert_key"],
-        target=row["target"],
-        gpu=row["gpu"],
-        requested_by=row["requested_by"],
-        automatic=bool(row["automatic"]),
-        dry_run=bool(row["dry_run"]),
-        state=row["state"],
-        requested_at=datetime.fromtimestamp(row["requested_at"], UTC),
-        updated_at=datetime.fromtimestamp(row["updated_at"], UTC),
-        approvals=tuple(json.loads(row["approvals"])),
-        detail=row["detail"],
-    )
 
 
 def _add_missing_short_ids(conn: sqlite3.Connection) -> None:

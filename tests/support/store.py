@@ -4,8 +4,8 @@ them webhooks like ingest does."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, closing
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, closing
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,9 @@ from bot.store.base import IncomingNotification, IngestResult, Store
 from bot.store.postgresql import PostgresStore
 from bot.store.sqlite import SqliteStore
 from tests.support.payloads import STARTED, body
+
+# Opens the store under test, again and again on the same data: `async with opened(**options) as store`.
+Opener = Callable[..., AbstractAsyncContextManager[Store]]
 
 
 @asynccontextmanager
