@@ -53,6 +53,7 @@ from bot.store.core import (
     EVENT_NOT_BLOCKED,
     NotificationPlan,
     copied_columns,
+    gpu_event_from_row,
     plan_notification,
     read_notification,
     split_copies,
@@ -1045,19 +1046,7 @@ class SqliteStore(Store):
             f"SELECT * FROM gpu_events WHERE {' AND '.join(clauses)} ORDER BY at",  # noqa: S608
             args,
         )
-        return [
-            GpuEvent(
-                gpu_key=row["gpu_key"],
-                host=row["host"],
-                pci_bus_id=row["pci_bus_id"],
-                uuid=row["uuid"],
-                kind=row["kind"],
-                code=row["code"],
-                at=datetime.fromtimestamp(row["at"], UTC),
-                alert_key=row["alert_key"],
-            )
-            for row in rows
-        ]
+        return [gpu_event_from_row(row) for row in rows]
 
     # --- audit log ------------------------------------------------------------------------------------
     async def record_audit(self, entry: AuditEntry) -> None:
