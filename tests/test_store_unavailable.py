@@ -67,9 +67,9 @@ async def test_webhook_answers_503_and_readyz_fails_until_the_store_is_writable_
 
 async def test_readyz_fails_when_the_ingest_committer_stopped(tmp_path: Path) -> None:
     async with running_bot(tmp_path) as bot, httpx.AsyncClient(timeout=10) as client:
-        batcher = bot.runtime.store._batcher  # type: ignore[attr-defined]
-        batcher.cancel()
-        await eventually(batcher.done)
+        committer = bot.runtime.store._group_commit._task  # type: ignore[attr-defined]
+        committer.cancel()
+        await eventually(committer.done)
         not_ready = await _ready(client, bot)
         assert not_ready.status_code == 503
         assert not_ready.json()["checks"]["store"] == "not writable: the ingest committer stopped"

@@ -47,13 +47,13 @@ from bot.store.base import (
     UnknownAlert,
     WatchdogRecord,
 )
+from bot.store.groupcommit import GroupCommit
 from bot.store.migrations import POSTGRESQL_MIGRATIONS, POSTGRESQL_SCHEMA_VERSION, refuse_newer
 
 log = logging.getLogger(__name__)
 
 Conn = psycopg.AsyncConnection[DictRow]
 
-_MAX_GROUP_COMMIT = 256
 _WORK_CHANNEL = "gpu_alert_bot_work"
 _OUTBOX_CHANNEL = "gpu_alert_bot_outbox"
 # Constants for pg_advisory_xact_lock: "migrate" and "dedup" in ASCII.
@@ -97,8 +97,7 @@ class PostgresStore(Store):
             kwargs=self._connect_kwargs(),
             name=f"gpu-alert-bot-{replica}",
         )
-        self._ingest_queue: asyncio.Queue[tuple[IncomingNotification, asyncio.Future[IngestResult]]] = asyncio.Queue()
-        self._batcher: asyncio.Task[None] | None = None
+        self._group_commit = GroupCommit(self._ingest_batch, name="postgresql-group-commit")
         self._ingest_conn: Conn | None = None
         self._listener: asyncio.Task[None] | None = None
         self._on_work: Callable[[], None] = lambda: None
@@ -122,7 +121,7 @@ class PostgresStore(Store):
             raise
         if self._read_only:
             return
-        self._batcher = asyncio.create_task(self._group_commit_loop(), name="postgresql-group-commit")
+        self._group_commit.start()
         self._listener = asyncio.create_task(self._listen_loop(), name="postgresql-listen")
 
     async def migrate(self) -> int:
@@ -159,15 +158,11 @@ class PostgresStore(Store):
         self._on_deliveries = on_deliveries
 
     async def close(self) -> None:
-        for task in (self._batcher, self._listener):
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-        self._batcher = self._listener = None
-        while not self._ingest_queue.empty():
-            _, future = self._ingest_queue.get_nowait()
-            if not future.done():
-                future.set_exception(StoreUnavailable("store is closing"))
+        await self._group_commit.stop()
+        if self._listener is not None:
+            self._listener.cancel()
+            await asyncio.gather(self._listener, return_exceptions=True)
+            self._listener = None
         if self._ingest_conn is not None:
             await self._ingest_conn.close()
             self._ingest_conn = None
@@ -248,34 +243,7 @@ class PostgresStore(Store):
 
     # --- ingest ----------------------------------------------------------------------------------------
     async def ingest(self, notification: IncomingNotification) -> IngestResult:
-        if self._batcher is None or self._batcher.done():
-            raise StoreUnavailable("store is not open")
-        future: asyncio.Future[IngestResult] = asyncio.get_running_loop().create_future()
-        self._ingest_queue.put_nowait((notification, future))
-        return await future
-
-    async def _group_commit_loop(self) -> None:
-        while True:
-            batch = [await self._ingest_queue.get()]
-            while len(batch) < _MAX_GROUP_COMMIT and not self._ingest_queue.empty():
-                batch.append(self._ingest_queue.get_nowait())
-            waiting = [(n, f) for n, f in batch if not f.done()]
-            if waiting:
-                await self._commit_group(waiting)
-
-    async def _commit_group(self, waiting: list[tuple[IncomingNotification, asyncio.Future[IngestResult]]]) -> None:
-        try:
-            results = await self._ingest_batch([n for n, _ in waiting])
-        except Exception as exc:
-            if not isinstance(exc, StoreUnavailable):
-                log.exception("unexpected error while storing notifications")
-            for _, future in waiting:
-                if not future.done():
-                    future.set_exception(StoreUnavailable(str(exc)))
-            return
-        for (_, future), result in zip(waiting, results, strict=True):
-            if not future.done():
-                future.set_result(result)
+        return await self._group_commit.submit(notification)
 
     async def _ingest_batch(self, batch: list[IncomingNotification]) -> list[IngestResult]:
         candidates = core.split_copies(batch, set()).fresh
@@ -784,7 +752,7 @@ class PostgresStore(Store):
 
     # --- health and housekeeping -----------------------------------------------------------------------
     async def check_writable(self) -> None:
-        if self._batcher is not None and self._batcher.done():
+        if self._group_commit.stopped:
             raise StoreUnavailable("the ingest committer stopped")
         await self._execute(
             f"""INSERT INTO heartbeat (replica, at) VALUES (%s, {_DB_NOW})

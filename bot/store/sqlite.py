@@ -59,6 +59,7 @@ from bot.store.core import (
     split_copies,
 )
 from bot.store.core import alert_from_row as _alert_from_row
+from bot.store.groupcommit import GroupCommit
 from bot.store.migrations import SQLITE_SCHEMA_VERSION, refuse_newer
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Synchronous = Literal["full", "normal"]
 
-_MAX_GROUP_COMMIT = 256
 # Order in which work waiting for the store thread runs: an acknowledge waits for nothing else.
 _URGENT, _HEALTH, _BACKGROUND, _LAST = 0, 1, 2, 3
 _CHECKPOINT_EVERY = 1.0
@@ -441,8 +441,7 @@ class SqliteStore(Store):
         self._conn: sqlite3.Connection | None = None
         self._shm_guard: _ShmGuard | None = None
         self._lock_fd: int | None = None
-        self._ingest_queue: asyncio.Queue[tuple[IncomingNotification, asyncio.Future[IngestResult]]] = asyncio.Queue()
-        self._batcher: asyncio.Task[None] | None = None
+        self._group_commit = GroupCommit(self._commit_batch, name="sqlite-group-commit")
 
     # --- lifecycle -----------------------------------------------------------------------------------
     async def open(self) -> None:
@@ -450,7 +449,7 @@ class SqliteStore(Store):
         if not self._read_only:
             self._checkpointer.shm_guard = self._shm_guard
             self._checkpointer.start()
-            self._batcher = asyncio.create_task(self._group_commit_loop(), name="sqlite-group-commit")
+            self._group_commit.start()
 
     def _open_read_only(self) -> None:
         if not self._path.exists():
@@ -505,14 +504,7 @@ class SqliteStore(Store):
         return conn
 
     async def close(self) -> None:
-        if self._batcher is not None:
-            self._batcher.cancel()
-            await asyncio.gather(self._batcher, return_exceptions=True)
-            self._batcher = None
-        while not self._ingest_queue.empty():
-            _, future = self._ingest_queue.get_nowait()
-            if not future.done():
-                future.set_exception(StoreUnavailable("store is closing"))
+        await self._group_commit.stop()
         await asyncio.to_thread(self._checkpointer.stop)
         with contextlib.suppress(StoreUnavailable):
             await self._run(self._close_sync)
@@ -587,35 +579,10 @@ class SqliteStore(Store):
 
     # --- ingest ----------------------------------------------------------------------------------------
     async def ingest(self, notification: IncomingNotification) -> IngestResult:
-        if self._batcher is None or self._batcher.done():
-            raise StoreUnavailable("store is not open")
-        future: asyncio.Future[IngestResult] = asyncio.get_running_loop().create_future()
-        self._ingest_queue.put_nowait((notification, future))
-        return await future
+        return await self._group_commit.submit(notification)
 
-    async def _group_commit_loop(self) -> None:
-        while True:
-            batch = [await self._ingest_queue.get()]
-            while len(batch) < _MAX_GROUP_COMMIT and not self._ingest_queue.empty():
-                batch.append(self._ingest_queue.get_nowait())
-            # A caller that gave up (ingest timeout) was answered 503; leave its notification to the retry.
-            waiting = [(n, f) for n, f in batch if not f.done()]
-            if waiting:
-                await self._commit_group(waiting)
-
-    async def _commit_group(self, waiting: list[tuple[IncomingNotification, asyncio.Future[IngestResult]]]) -> None:
-        try:
-            results = await self._run(self._ingest_batch_sync, [n for n, _ in waiting], priority=_URGENT)
-        except Exception as exc:
-            if not isinstance(exc, StoreUnavailable):
-                log.exception("unexpected error while storing notifications")
-            for _, future in waiting:
-                if not future.done():
-                    future.set_exception(StoreUnavailable(str(exc)))
-            return
-        for (_, future), result in zip(waiting, results, strict=True):
-            if not future.done():
-                future.set_result(result)
+    async def _commit_batch(self, batch: list[IncomingNotification]) -> list[IngestResult]:
+        return await self._run(self._ingest_batch_sync, batch, priority=_URGENT)
 
     def _ingest_batch_sync(self, batch: list[IncomingNotification]) -> list[IngestResult]:
         return self._transaction(functools.partial(self._ingest_batch, batch=batch), acknowledged=True)
@@ -1161,7 +1128,7 @@ class SqliteStore(Store):
 
     # --- health and housekeeping -----------------------------------------------------------------------
     async def check_writable(self) -> None:
-        if self._batcher is not None and self._batcher.done():
+        if self._group_commit.stopped:
             raise StoreUnavailable("the ingest committer stopped")  # every webhook would wait for nothing
         await self._run(self._check_writable_sync, priority=_HEALTH)
 
