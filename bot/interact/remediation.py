@@ -10,12 +10,13 @@ actions and the breaker reset cannot be done from Slack.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from bot.actions.engine import ActionRefused, Authorizer, Remediation
 from bot.interact.access import Access
 from bot.interact.dispatch import ButtonSpec, CommandSpec, Dispatcher, Invocation, Outcome, UsageError
 from bot.playbooks import ACTIONS
-from bot.render.slack import escape
+from bot.render.slack import APPROVE_RUN, REFUSE_RUN, escape
 from bot.store.base import ActionRun
 
 RESPONDER, ADMIN = "responder", "admin"
@@ -100,6 +101,9 @@ class RemediationCommands:
         for action in sorted(self._engine.executable_actions()):
             permission, role = (RUN_DANGEROUS, ADMIN) if _dangerous(action) else (RUN, RESPONDER)
             dispatcher.add_button(ButtonSpec(action, self._button, permission, role))
+        # The approval message's buttons: their value is only a run number, decided like `approve RUN`.
+        dispatcher.add_button(ButtonSpec(APPROVE_RUN, self._approve_button, APPROVE, RESPONDER))
+        dispatcher.add_button(ButtonSpec(REFUSE_RUN, self._refuse_button, APPROVE, RESPONDER))
 
     async def _button(self, invocation: Invocation) -> Outcome:
         return await self._request(invocation, invocation.name, invocation.value, dry_run=False)
@@ -123,6 +127,12 @@ class RemediationCommands:
         except ActionRefused as exc:
             return _refused(exc, action)
         return Outcome(_requested_text(run), run.state, _run_target(run), f"run #{run.id}")
+
+    async def _approve_button(self, invocation: Invocation) -> Outcome:
+        return await self._approve(replace(invocation, args=[invocation.value]))
+
+    async def _refuse_button(self, invocation: Invocation) -> Outcome:
+        return await self._refuse(replace(invocation, args=[invocation.value]))
 
     async def _approve(self, invocation: Invocation) -> Outcome:
         run_id = _run_id(invocation.args)
