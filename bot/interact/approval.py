@@ -8,6 +8,7 @@ logged and changes nothing else: the run keeps waiting and the commands still de
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from pydantic import BaseModel
@@ -38,8 +39,15 @@ class ApprovalMessages:
         self._store = store
         self._receiver = receiver
         self._threads = SinkState(store, receiver)
+        # One change at a time, each from the run as stored: a decision racing the first post cannot leave
+        # buttons on a decided run.
+        self._lock = asyncio.Lock()
 
     async def __call__(self, run: ActionRun) -> None:
+        async with self._lock:
+            await self._show(await self._store.get_action_run(run.id) or run)
+
+    async def _show(self, run: ActionRun) -> None:
         text = approval_text(run)
         payload = approval_payload(text, run.id, open_=run.state == REQUESTED)
         posted = await self._posted(run.id)
