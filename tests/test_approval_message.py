@@ -26,10 +26,7 @@ def test_a_waiting_run_names_who_asked() -> None:
 
 def test_a_first_approval_of_a_dangerous_run_says_a_second_approver_is_needed() -> None:
     text = approval_text(run("requested", ("slack:U0ADMIN001 ada",)))
-    assert (
-        text
-        == "*drain-node* on k-ai-01 (run #7): approved by <@U0ADMIN001> at 2026-11-30 22:05 UTC; a second approver is needed."
-    )
+    assert text.endswith("approved by <@U0ADMIN001> at 2026-11-30 22:05 UTC; a second approver is needed.")
 
 
 def test_decisions_name_who_decided_and_when() -> None:
