@@ -16,14 +16,13 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.actions.engine import APPROVED, EXPIRED, REFUSED, REQUESTED
 from bot.config import BotConfig
+from bot.interact.remediation import SLACK_ACTOR, run_target
 from bot.interact.service import Interactivity
 from bot.render.slack import approval_payload, escape
 from bot.sinks.slack.state import SinkState
 from bot.store.base import ActionRun, Store
 
 log = logging.getLogger(__name__)
-
-_SLACK_ACTOR = "slack:"
 
 
 class PostedApproval(BaseModel):
@@ -73,7 +72,7 @@ class ApprovalMessages:
 
 def approval_text(run: ActionRun) -> str:
     """What the approval message says for the run's state (mrkdwn, escaped)."""
-    what = f"*{escape(run.action)}* on {escape(_target(run))} (run #{run.id})"
+    what = f"*{escape(run.action)}* on {escape(run_target(run))} (run #{run.id})"
     at = run.updated_at.strftime("%Y-%m-%d %H:%M UTC")
     approvers = ", ".join(_person(actor) for actor in run.approvals)
     if run.state == REQUESTED and run.approvals:
@@ -92,15 +91,11 @@ def approval_text(run: ActionRun) -> str:
 
 def _person(actor: str) -> str:
     """A Slack actor (`slack:U024BE7LH alice`) as a mention; others as their name."""
-    if actor.startswith(_SLACK_ACTOR):
-        user_id = actor.removeprefix(_SLACK_ACTOR).split(" ", 1)[0]
+    if actor.startswith(SLACK_ACTOR):
+        user_id = actor.removeprefix(SLACK_ACTOR).split(" ", 1)[0]
         if user_id.isalnum():
             return f"<@{user_id}>"
     return escape(actor)
-
-
-def _target(run: ActionRun) -> str:
-    return run.target if run.gpu is None else f"{run.target} gpu {run.gpu}"
 
 
 def _key(run_id: int) -> str:
