@@ -20,6 +20,8 @@ from tests.support.slack_requests import RESPONDER, click_payload, post_click, p
 from tests.support.sshd import SSHD, Sshd
 from tests.test_remediation_slack_e2e import ADMIN, RESTART, buttons, post_alert, remediating_config
 
+SECOND_ADMIN = ("U0ADMIN002", "grace")
+
 pytestmark = [
     pytest.mark.realstack,
     pytest.mark.skipif(not os.path.exists(SSHD), reason="needs Debian's openssh-server (scripts/test)"),
@@ -133,3 +135,28 @@ async def test_when_the_approval_message_cannot_be_posted_the_run_waits_and_the_
         assert approved.startswith(f"Approved run #{run_id}")
         await eventually(lambda: sshd.verbs() == [RESTART], timeout=30)
         assert not any("approve-run" in buttons(reply) for reply in slack.replies(root))
+
+
+async def test_a_dangerous_run_keeps_its_buttons_until_the_second_approver(
+    tmp_path: Path, slack: FakeSlack, sshd: Sshd
+) -> None:
+    config = approval_config(tmp_path, slack, sshd, second_approver=True, actions={"reset-gpu": {"enabled": True}})
+    config["interactivity"]["roles"][-1]["users"].append(SECOND_ADMIN[0])
+    async with running_bot(tmp_path, config) as bot:
+        alert, root = await post_alert(bot, slack, "GPUFallenOffBus", host="k-ai-01", gpu="0")
+        requested = await post_command(bot.url, f"run reset-gpu {alert.fingerprint}", user=ADMIN)
+        run_id = int(requested.split("(run #", 1)[1].split(")", 1)[0])
+        message = await eventually(
+            lambda: next((m for m in slack.replies(root) if "approve-run" in buttons(m)), None), timeout=10
+        )
+
+        first = await click(bot, slack, "approve-run", str(run_id), message.ts, ADMIN)
+        assert "A second approver is needed." in first
+        assert "a second approver is needed" in message.rendered_text()
+        assert buttons(message) == ["approve-run", "refuse-run"]
+
+        second = await click(bot, slack, "approve-run", str(run_id), message.ts, SECOND_ADMIN)
+        assert second.startswith(f"Approved run #{run_id}")
+        await eventually(lambda: sshd.verbs() == ["reset-gpu 0"], timeout=30)
+        assert f"approved by <@{ADMIN[0]}>, <@{SECOND_ADMIN[0]}>" in message.rendered_text()
+        assert buttons(message) == [] and len(message.versions) == 2
