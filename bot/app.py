@@ -21,6 +21,7 @@ from bot.deadman import Deadman
 from bot.enrich import build_enrichers
 from bot.enrich.base import EnrichmentRunner
 from bot.ingest import WEBHOOK_PATH, WebhookHandler, json_error
+from bot.interact.approval import approval_messages
 from bot.interact.remediation import RemediationCommands, SlackAuthorizer
 from bot.interact.service import Interactivity, slack_controls
 from bot.interact.service import add_http_routes as add_slack_routes
@@ -94,6 +95,7 @@ async def start_runtime(
     executable = frozenset(remediation.engine.executable_actions()) if remediation is not None else frozenset()
     if remediation is not None and interactivity is not None:
         RemediationCommands(remediation.engine, interactivity.access).register(interactivity.dispatcher)
+        remediation.engine.watch_approvals(approval_messages(config, interactivity, store))
     sinks = build_sinks(config.receivers, store, metrics, console, slack_controls(config, executable))
     metrics.init_receivers(sinks)
     outbox = Outbox(store, sinks, config.outbox, metrics, receiver_lease=config.store.receiver_lease)

@@ -82,6 +82,8 @@ AlertFinder = Callable[[str], Awaitable[AlertState | None]]
 Verifiers = Mapping[str, Verification]
 # What people should do about an alert when the action did not help.
 NextStep = Callable[[AlertState], str]
+# Told of a run waiting for approval, then of each decision on it (approved, refused, expired).
+ApprovalWatcher = Callable[[ActionRun], Awaitable[None]]
 
 
 class Remediation:
@@ -115,6 +117,18 @@ class Remediation:
             metrics.init_remediation(self.executable_actions())
         self._active: set[tuple[str, str]] = set()  # (action, host) running now
         self._tasks: set[asyncio.Task[None]] = set()
+        self._approval_watchers: list[ApprovalWatcher] = []
+
+    def watch_approvals(self, watcher: ApprovalWatcher) -> None:
+        """`watcher` is told when a run starts waiting for approval and after each decision on it."""
+        self._approval_watchers.append(watcher)
+
+    async def _tell_watchers(self, run: ActionRun) -> None:
+        for watcher in self._approval_watchers:
+            try:
+                await watcher(run)
+            except Exception:  # the run and the commands do not depend on the approval message
+                log.exception("approval watcher failed", extra={"run": run.id})
 
     # --- what can run -------------------------------------------------------------------------------
     def executable_actions(self) -> set[str]:
@@ -176,6 +190,7 @@ class Remediation:
                 f"{actor} asks to {action} on {target.host} (run #{run.id}): waiting for "
                 f"approval (`approve {run.id}`), expires in {ttl}",
             )
+            await self._tell_watchers(run)
             return run
         who = "automatic policy" if automatic else actor
         await self._announce(run, f"{who}: {action} on {target.host} (run #{run.id})")
@@ -293,8 +308,10 @@ class Remediation:
         )
         if state == REQUESTED:
             await self._announce(moved, f"{actor} approved run #{run.id} ({run.action}); a second approver is needed")
+            await self._tell_watchers(moved)
             return moved
         await self._announce(moved, f"{actor} approved run #{run.id}: {run.action} on {run.target}")
+        await self._tell_watchers(moved)
         self._spawn(self._execute(moved))
         return moved
 
@@ -309,6 +326,7 @@ class Remediation:
             raise ActionRefused(f"run #{run.id} changed meanwhile; look again")
         await self._audit.record(actor, f"refuse {run.action}", _target_text(run), "refused", f"run #{run.id}")
         await self._announce(moved, f"{actor} refused run #{run.id} ({run.action} on {run.target})")
+        await self._tell_watchers(moved)
         return moved
 
     async def _pending(self, run_id: int, actor: str, verb: str) -> ActionRun:
@@ -333,6 +351,7 @@ class Remediation:
         )
         if expired is not None:
             await self._announce(expired, f"Run #{run.id} ({run.action}) expired before it was approved")
+            await self._tell_watchers(expired)
 
     async def expire_stale(self) -> None:
         """Requests nobody approved within approval_ttl expire (and say so in their thread)."""

@@ -10,12 +10,13 @@ actions and the breaker reset cannot be done from Slack.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from bot.actions.engine import ActionRefused, Authorizer, Remediation
 from bot.interact.access import Access
 from bot.interact.dispatch import ButtonSpec, CommandSpec, Dispatcher, Invocation, Outcome, UsageError
 from bot.playbooks import ACTIONS
-from bot.render.slack import escape
+from bot.render.slack import APPROVE_RUN, REFUSE_RUN, escape
 from bot.store.base import ActionRun
 
 RESPONDER, ADMIN = "responder", "admin"
@@ -100,6 +101,9 @@ class RemediationCommands:
         for action in sorted(self._engine.executable_actions()):
             permission, role = (RUN_DANGEROUS, ADMIN) if _dangerous(action) else (RUN, RESPONDER)
             dispatcher.add_button(ButtonSpec(action, self._button, permission, role))
+        # The approval message's buttons: their value is only a run number, decided like `approve RUN`.
+        dispatcher.add_button(ButtonSpec(APPROVE_RUN, self._approve_button, APPROVE, RESPONDER))
+        dispatcher.add_button(ButtonSpec(REFUSE_RUN, self._refuse_button, APPROVE, RESPONDER))
 
     async def _button(self, invocation: Invocation) -> Outcome:
         return await self._request(invocation, invocation.name, invocation.value, dry_run=False)
@@ -122,7 +126,13 @@ class RemediationCommands:
             run = await self._engine.request(action, alert_id, actor, dry_run)
         except ActionRefused as exc:
             return _refused(exc, action)
-        return Outcome(_requested_text(run), run.state, _run_target(run), f"run #{run.id}")
+        return Outcome(_requested_text(run), run.state, run_target(run), f"run #{run.id}")
+
+    async def _approve_button(self, invocation: Invocation) -> Outcome:
+        return await self._approve(replace(invocation, args=[invocation.value]))
+
+    async def _refuse_button(self, invocation: Invocation) -> Outcome:
+        return await self._refuse(replace(invocation, args=[invocation.value]))
 
     async def _approve(self, invocation: Invocation) -> Outcome:
         run_id = _run_id(invocation.args)
@@ -132,7 +142,7 @@ class RemediationCommands:
         except ActionRefused as exc:
             return _refused(exc, f"run #{run_id}")
         waiting = " A second approver is needed." if run.state == "requested" else ""
-        return Outcome(f"Approved run #{run.id} ({escape(run.action)}).{waiting}", "approved", _run_target(run))
+        return Outcome(f"Approved run #{run.id} ({escape(run.action)}).{waiting}", "approved", run_target(run))
 
     async def _refuse(self, invocation: Invocation) -> Outcome:
         run_id = _run_id(invocation.args)
@@ -141,7 +151,7 @@ class RemediationCommands:
             run = await self._engine.refuse(run_id, actor)
         except ActionRefused as exc:
             return _refused(exc, f"run #{run_id}")
-        return Outcome(f"Refused run #{run.id} ({escape(run.action)}).", "refused", _run_target(run))
+        return Outcome(f"Refused run #{run.id} ({escape(run.action)}).", "refused", run_target(run))
 
     async def _reset_breaker(self, invocation: Invocation) -> Outcome:
         if invocation.args:
@@ -163,12 +173,12 @@ def _refused(exc: ActionRefused, target: str) -> Outcome:
     return Outcome(f"Refused: {escape(str(exc))}", "refused", target, str(exc)[:200])
 
 
-def _run_target(run: ActionRun) -> str:
+def run_target(run: ActionRun) -> str:
     return run.target if run.gpu is None else f"{run.target} gpu {run.gpu}"
 
 
 def _requested_text(run: ActionRun) -> str:
-    what = f"{escape(run.action)} on {escape(_run_target(run))} (run #{run.id})"
+    what = f"{escape(run.action)} on {escape(run_target(run))} (run #{run.id})"
     if run.state == "dry-run":
         return f"Dry run of {what}: {escape(run.detail)}"
     if run.state == "requested":

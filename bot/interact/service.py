@@ -64,6 +64,11 @@ class Interactivity:
         if section.socket_mode and section.app_token_file is not None:
             self.socket = SocketModeTransport(section.app_token_file.get(), self._web, self.interactions)
 
+    @property
+    def web(self) -> AsyncWebClient:
+        """The Slack Web API client of the interactive receiver (its bot token)."""
+        return self._web
+
     async def _group_members(self, group_id: str) -> list[str]:
         response = await self._web.usergroups_users_list(usergroup=group_id)
         users = response.get("users")

@@ -677,3 +677,24 @@ def _within(lines: Sequence[str], limit: int, *, tail: bool) -> list[str]:
         kept.append(line[: limit + 1])
         used += len(line) + 1
     return kept
+
+
+# --- remediation approval ----------------------------------------------------------------------------------
+APPROVE_RUN, REFUSE_RUN = "approve-run", "refuse-run"
+
+
+def approval_payload(text: str, run_id: int, open_: bool) -> Payload:
+    """The approval message of a remediation run (mrkdwn already escaped): Approve and Refuse buttons carrying
+    the run number while there is something left to decide, none once it is decided."""
+    payload = note_payload(text)
+    if open_:
+        payload["blocks"].append(
+            {
+                "type": "actions",
+                "elements": [
+                    {**_control(APPROVE_RUN, "Approve", str(run_id)), "style": "primary"},
+                    {**_control(REFUSE_RUN, "Refuse", str(run_id)), "style": "danger"},
+                ],
+            }
+        )
+    return payload
