@@ -347,9 +347,18 @@ class StormControl:
         await self._state.update_storm(storm.id, skipped)
 
     async def _drop_pending(self, storm: Storm) -> None:
-        if storm.pending > 0:
-            self._count_failure(DeliveryResult.failed(storm.failed), storm.pending, "storm alerts cannot be posted")
-            await self._state.update_storm(storm.id, lambda s: setattr(s, "posted_seq", s.next_seq - 1))
+        # Counted from the storm as the update finds it: an alert that joined since `storm` was read is dropped
+        # (and counted) now too, not marked posted uncounted.
+        dropped = 0
+
+        def drop(current: Storm) -> None:
+            nonlocal dropped
+            dropped = current.pending
+            current.posted_seq = current.next_seq - 1
+
+        await self._state.update_storm(storm.id, drop)
+        if dropped > 0:
+            self._count_failure(DeliveryResult.failed(storm.failed), dropped, "storm alerts cannot be posted")
 
     def _count_failure(self, result: DeliveryResult, alerts: int, what: str) -> None:
         if alerts > 0:
