@@ -15,9 +15,11 @@ from bot.actions.kubernetes import NODE_ACTIONS
 from bot.actions.policy import AutomaticPolicy
 from bot.actions.ssh import SSH_VERBS
 from bot.config import DOCKER_ACTIONS
+from bot.enrich.base import Enrichment, EnrichmentSection
 from bot.metrics import Metrics
 from bot.playbooks import ACTIONS
 from bot.store.base import Store
+from bot.verdict import STALE_XID_GAUGE, Verdict
 from tests.support.clock import FakeClock
 from tests.support.remediation import RecordingExecutor, Thread, engine, firing_alert, remediation_config
 from tests.support.store import sqlite_store
@@ -350,3 +352,32 @@ async def test_the_automatic_policy_asks_once_per_alert_and_only_when_enabled(tm
         assert executor.ran == [(RESTART, None)]
         runs = await store.action_runs(clock.now() - timedelta(days=1))
         assert [(run.alert_key, run.automatic, run.requested_by) for run in runs] == [(blind.key, True, "bot")]
+
+
+async def _enrich_firing_events(store: Store, enrichment: Enrichment) -> None:
+    for event in await store.claim_events(100, 60):
+        await store.route_event(event.id, enrichment.model_dump(mode="json"), [])
+
+
+async def test_the_policy_restarts_the_exporter_for_an_xid_alert_judged_a_stale_gauge(tmp_path: Path) -> None:
+    clock = FakeClock()
+    executor = RecordingExecutor("gpu01", [RESTART])
+    stale = Verdict(STALE_XID_GAUGE, "probably a stale gauge", "no Xid in the kernel log")
+    judged = Enrichment(
+        sections=[EnrichmentSection(name="xid", title="Kernel Xid", status="ok", data={"verdict": stale.to_data()})]
+    )
+    async with sqlite_store(tmp_path) as store:
+        fresh = await firing_alert(store, "GPUXIDError", instance="gpu01:9400", gpu="1")
+        await _enrich_firing_events(store, Enrichment())
+        gauge = await firing_alert(store, "GPUXIDError", instance="gpu01:9400", gpu="2")
+        await _enrich_firing_events(store, judged)
+        config = remediation_config(["gpu01"], actions={RESTART: {"automatic": True}})
+        bot = engine(store, config, {"gpu01": executor}, clock)
+
+        await AutomaticPolicy(bot, store, clock).check()
+        await bot.drain()
+
+        assert executor.ran == [(RESTART, "2")]  # the judged GPU's alert only, not the fresh Xid's
+        runs = await store.action_runs(clock.now() - timedelta(days=1))
+        assert [run.alert_key for run in runs] == [gauge.key]
+        assert fresh.key != gauge.key

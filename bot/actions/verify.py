@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bot.actions.policy import stale_xid_gauge
 from bot.clock import Clock
 from bot.config import PrometheusConfig
 from bot.enrich.prometheus import PrometheusClient, RawSeries
@@ -55,7 +56,7 @@ class ExporterRestartCheck:
         instance = alert.labels.get("instance")
         if not instance:
             return False, "the alert has no instance label, so the exporter cannot be checked"
-        watch_xid = alert.labels.get("alertname") == STUCK_XID_ALERT
+        watch_xid = alert.labels.get("alertname") == STUCK_XID_ALERT or stale_xid_gauge(alert)
         gpu = alert.labels.get("gpu")
         deadline = self._clock.monotonic() + within
         prometheus = PrometheusClient(self._config)
