@@ -21,6 +21,7 @@ from bot.store.base import (
     ActionRun,
     AuditEntry,
     BreakerState,
+    DeliveryRecord,
     EventRecord,
     IncomingNotification,
     IngestResult,
@@ -272,6 +273,21 @@ def event_record_from_row(row: Row) -> EventRecord:
         kind=EventKind(row["kind"]),
         state=row["state"],
         created_at=datetime.fromtimestamp(row["created_at"], UTC),
+        attempts=row["attempts"],
+        error=row["error"],
+    )
+
+
+# The deliveries of one alert, with the kind of event each carried (the self-test follows an alert through them).
+ALERT_DELIVERIES = """SELECT e.kind, d.receiver, d.state, d.attempts, d.error FROM deliveries d
+                      JOIN events e ON e.id = d.event_id WHERE d.alert_key = {p} ORDER BY d.id"""
+
+
+def delivery_record_from_row(row: Row) -> DeliveryRecord:
+    return DeliveryRecord(
+        event_kind=EventKind(row["kind"]),
+        receiver=row["receiver"],
+        state=row["state"],
         attempts=row["attempts"],
         error=row["error"],
     )

@@ -616,20 +616,10 @@ class PostgresStore(Store):
 
     async def alert_deliveries(self, key: str) -> list[DeliveryRecord]:
         rows = await self._fetchall(
-            "SELECT e.kind, d.receiver, d.state, d.attempts, d.error FROM deliveries d "
-            "JOIN events e ON e.id = d.event_id WHERE d.alert_key = %s ORDER BY d.id",
+            core.ALERT_DELIVERIES.format(p="%s"),
             (key,),
         )
-        return [
-            DeliveryRecord(
-                event_kind=EventKind(row["kind"]),
-                receiver=row["receiver"],
-                state=row["state"],
-                attempts=row["attempts"],
-                error=row["error"],
-            )
-            for row in rows
-        ]
+        return [core.delivery_record_from_row(row) for row in rows]
 
     # --- GPU history -----------------------------------------------------------------------------------
     async def record_gpu_events(self, events: Sequence[GpuEvent]) -> None:

@@ -47,12 +47,14 @@ from bot.store.base import (
     WatchdogRecord,
 )
 from bot.store.core import (
+    ALERT_DELIVERIES,
     ALERT_INSERT_COLUMNS,
     ALERT_UPDATE,
     DELIVERY_NOT_BLOCKED,
     EVENT_NOT_BLOCKED,
     NotificationPlan,
     copied_columns,
+    delivery_record_from_row,
     gpu_event_from_row,
     plan_notification,
     read_notification,
@@ -969,20 +971,10 @@ class SqliteStore(Store):
     async def alert_deliveries(self, key: str) -> list[DeliveryRecord]:
         rows = await self._run(
             self._fetchall,
-            "SELECT e.kind, d.receiver, d.state, d.attempts, d.error FROM deliveries d "
-            "JOIN events e ON e.id = d.event_id WHERE d.alert_key = ? ORDER BY d.id",
+            ALERT_DELIVERIES.format(p="?"),
             (key,),
         )
-        return [
-            DeliveryRecord(
-                event_kind=EventKind(row["kind"]),
-                receiver=row["receiver"],
-                state=row["state"],
-                attempts=row["attempts"],
-                error=row["error"],
-            )
-            for row in rows
-        ]
+        return [delivery_record_from_row(row) for row in rows]
 
     # --- GPU history -----------------------------------------------------------------------------------
     async def record_gpu_events(self, events: Sequence[GpuEvent]) -> None:
