@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
 
+from tests.fakes.slack import FakeSlack
 from tests.support.postgres import PostgresServer
 from tests.support.processes import Alertmanager, webhook_alertmanager_config
+from tests.support.sshd import Sshd
 from tests.support.store import Opener, postgres_store, sqlite_store
 
 # CI must not fail on an example nobody has seen before: property tests replay the same examples
@@ -57,3 +59,18 @@ def opened(request: pytest.FixtureRequest, tmp_path: Path) -> Opener:
         return functools.partial(sqlite_store, tmp_path)
     server: PostgresServer = request.getfixturevalue("postgres_server")
     return functools.partial(postgres_store, server.create_database())
+
+
+@pytest.fixture
+async def slack() -> AsyncIterator[FakeSlack]:
+    """The loopback Slack fake (Web API, response_url, Socket Mode)."""
+    async with FakeSlack() as fake:
+        yield fake
+
+
+@pytest.fixture
+def sshd(tmp_path: Path) -> Iterator[Sshd]:
+    """A real sshd on loopback with a forced command (tests/support/sshd.py)."""
+    server = Sshd(tmp_path / "sshd")
+    yield server
+    server.stop()

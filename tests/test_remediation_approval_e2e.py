@@ -7,7 +7,6 @@ A Refuse click refuses; a click after expiry answers so."""
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,19 +25,6 @@ pytestmark = [
     pytest.mark.realstack,
     pytest.mark.skipif(not os.path.exists(SSHD), reason="needs Debian's openssh-server (scripts/test)"),
 ]
-
-
-@pytest.fixture
-async def slack() -> AsyncIterator[FakeSlack]:
-    async with FakeSlack() as fake:
-        yield fake
-
-
-@pytest.fixture
-def sshd(tmp_path: Path) -> Iterator[Sshd]:
-    server = Sshd(tmp_path / "sshd")
-    yield server
-    server.stop()
 
 
 async def click(bot: RunningBot, slack: FakeSlack, action_id: str, value: str, ts: str, user: tuple[str, str]) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -30,19 +30,6 @@ pytestmark = [
 ]
 
 GPUS = [dcgm_labels(gpu, hostname="k-ai-01") for gpu in range(2)]
-
-
-@pytest.fixture
-async def slack() -> AsyncIterator[FakeSlack]:
-    async with FakeSlack() as fake:
-        yield fake
-
-
-@pytest.fixture
-def sshd(tmp_path: Path) -> Iterator[Sshd]:
-    server = Sshd(tmp_path / "sshd")
-    yield server
-    server.stop()
 
 
 def export_gpus(exporter: SyntheticExporter) -> None:

@@ -6,7 +6,6 @@ thread shows the outcome; only actions an executor is configured for show a butt
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,19 +26,6 @@ pytestmark = [
 
 RESTART = "restart-dcgm-exporter"
 ADMIN = ("U0ADMIN001", "ada")
-
-
-@pytest.fixture
-async def slack() -> AsyncIterator[FakeSlack]:
-    async with FakeSlack() as fake:
-        yield fake
-
-
-@pytest.fixture
-def sshd(tmp_path: Path) -> Iterator[Sshd]:
-    server = Sshd(tmp_path / "sshd")
-    yield server
-    server.stop()
 
 
 def remediating_config(tmp_path: Path, slack: FakeSlack, sshd: Sshd | None) -> dict[str, Any]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -23,13 +22,6 @@ from tests.support.sshd import NODE_ACTIONS, SSHD, Sshd
 from tests.support.store import sqlite_store
 
 pytestmark = pytest.mark.skipif(not os.path.exists(SSHD), reason="needs Debian's openssh-server (scripts/test)")
-
-
-@pytest.fixture
-def sshd(tmp_path: Path) -> Iterator[Sshd]:
-    server = Sshd(tmp_path / "sshd")
-    yield server
-    server.stop()
 
 
 def ssh_config(sshd: Sshd, known_hosts: Path | None = None) -> dict[str, object]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +19,6 @@ from tests.support.bot import running_bot, write_config
 from tests.support.processes import Alertmanager, free_port, webhook_alertmanager_config
 
 ALERT_PATH = ["routing", "fire", "bot received", "resolve"]
-
-
-@pytest.fixture
-async def slack() -> AsyncIterator[FakeSlack]:
-    async with FakeSlack() as fake:
-        yield fake
 
 
 def bot_config(tmp_path: Path, slack: FakeSlack, token: str = DEFAULT_TOKEN) -> dict[str, Any]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -14,12 +13,6 @@ from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack, SlackMessage
 from tests.support.bot import eventually, running_bot
 
 pytestmark = pytest.mark.realstack
-
-
-@pytest.fixture
-async def slack() -> AsyncIterator[FakeSlack]:
-    async with FakeSlack() as fake:
-        yield fake
 
 
 def bot_config(tmp_path: Path, slack: FakeSlack, **receiver: Any) -> dict[str, Any]:

@@ -81,12 +81,6 @@ def test_any_header_values_get_an_answer_never_an_exception(timestamp: str, sign
 
 
 @pytest.fixture
-async def slack() -> AsyncIterator[FakeSlack]:
-    async with FakeSlack() as fake:
-        yield fake
-
-
-@pytest.fixture
 async def bot(tmp_path: Path, slack: FakeSlack) -> AsyncIterator[RunningBot]:
     async with running_bot(tmp_path, interactive_config(tmp_path, slack, ["http://127.0.0.1:9"])) as running:
         yield running

@@ -33,12 +33,6 @@ pytestmark = pytest.mark.realstack
 
 
 @pytest.fixture
-async def slack() -> AsyncIterator[FakeSlack]:
-    async with FakeSlack() as fake:
-        yield fake
-
-
-@pytest.fixture
 async def pagerduty() -> AsyncIterator[FakePagerDuty]:
     async with FakePagerDuty() as fake:
         yield fake

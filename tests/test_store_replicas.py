@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime
 from pathlib import Path
@@ -101,12 +101,6 @@ def clustered_pair(tmp_path: Path) -> Iterator[Any]:
     yield start
     for am in started:
         am.stop()
-
-
-@pytest.fixture
-async def slack() -> AsyncIterator[FakeSlack]:
-    async with FakeSlack() as fake:
-        yield fake
 
 
 def slack_bot_config(tmp_path: Path, slack: FakeSlack, dsn: str, replica: str) -> dict[str, Any]:

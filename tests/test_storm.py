@@ -10,13 +10,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import re
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack
 from tests.support.bot import eventually, running_bot
@@ -26,12 +24,6 @@ HOSTS = [f"k-ai-{n:02d}" for n in range(60)]
 RATE = 20.0  # messages per second configured for the test (Slack's real pace is about 1)
 THRESHOLD = 5
 _LINE = re.compile(r"\*(GPUTempHigh|NodeFanFailure)\* · `(k-ai-\d\d)`(?: GPU (\d))?")
-
-
-@pytest.fixture
-async def slack() -> AsyncIterator[FakeSlack]:
-    async with FakeSlack() as fake:
-        yield fake
 
 
 def storm_alerts() -> dict[str, list[dict[str, Any]]]:

@@ -53,12 +53,6 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]
 
 
 @pytest.fixture
-async def slack() -> AsyncIterator[FakeSlack]:
-    async with FakeSlack() as fake:
-        yield fake
-
-
-@pytest.fixture
 async def loki() -> AsyncIterator[FakeLoki]:
     async with FakeLoki() as fake:
         yield fake
