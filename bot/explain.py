@@ -14,14 +14,13 @@ import io
 import json
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from bot.compose import compose_message
 from bot.config import (
     BotConfig,
     ConsoleReceiver,
@@ -36,6 +35,7 @@ from bot.enrich.base import Enrichment
 from bot.message import Message
 from bot.metrics import Metrics
 from bot.models import AlertState, AmAlert, Delivery, Event, EventKind, WebhookPayload
+from bot.pipeline import Enrich, decide
 from bot.playbooks import Playbook, PlaybookSet
 from bot.printable import printable, printable_json
 from bot.render.email import build_email, render_email, sender_domain
@@ -46,7 +46,6 @@ from bot.sinks.console import ConsoleSink
 from bot.store import Store, StoreUnavailable, open_store
 
 OutputFormat = Literal["text", "json"]
-Enrich = Callable[[AlertState, Playbook], Awaitable[Enrichment]]
 
 
 class PayloadError(Exception):
@@ -104,22 +103,19 @@ async def explain(
         alerts = []
         for am_alert in payload.alerts:
             alert = _alert_state(am_alert, payload, now)
-            playbook = playbooks.match(alert)
-            enrichment = await enrich_alert(alert, playbook) if enrich_alert else Enrichment()
-            advice = playbooks.advise(playbook, alert, enrichment)
             kind = EventKind.FIRING if alert.status == "firing" else EventKind.RESOLVED
-            message = compose_message(Event(id=0, kind=kind, created_at=now, alert=alert), enrichment, advice)
-            trace = router.trace(alert.labels)
+            event = Event(id=0, kind=kind, created_at=now, alert=alert)
+            decision = await decide(event, playbooks, router, enrich_alert)
             alerts.append(
                 {
                     "alertname": alert.alertname,
                     "status": alert.status,
                     "alert_key": alert.key,
                     "labels": alert.labels,
-                    "route": _route_report(trace, router),
-                    "playbook": playbook.name,
-                    "enrichment": _enrichment_report(enrichment, enrich),
-                    "messages": [await _render(receivers[name], message, now) for name in trace.decision.receivers],
+                    "route": _route_report(decision.route, router),
+                    "playbook": decision.playbook.name,
+                    "enrichment": _enrichment_report(decision.enrichment, enrich),
+                    "messages": [await _render(receivers[name], decision.message, now) for name in decision.receivers],
                 }
             )
     return {
@@ -154,10 +150,14 @@ def _alert_state(alert: AmAlert, payload: WebhookPayload, now: datetime) -> Aler
 
 
 # --- enrichment, only on request -------------------------------------------------------------------------
+async def _no_enrichment(_alert: AlertState, _playbook: Playbook) -> Enrichment:
+    return Enrichment()
+
+
 @contextlib.asynccontextmanager
-async def _enrichment(config: BotConfig, playbooks: PlaybookSet, enabled: bool) -> AsyncIterator[Enrich | None]:
+async def _enrichment(config: BotConfig, playbooks: PlaybookSet, enabled: bool) -> AsyncIterator[Enrich]:
     if not enabled:
-        yield None
+        yield _no_enrichment
         return
     async with _read_only_store(config.store) as store:
         runner = build_enrichers(config.enrichment, store, Metrics(), playbooks.xid_catalog)

@@ -2,21 +2,52 @@
 
 Ingest (bot/ingest.py) has already written the webhook to the store before Alertmanager got its 2xx. The
 worker (bot/worker.py) calls `dedup` for stored notifications, then `handle` for each event that came out.
+`decide` (enrich, advise, compose, route) writes nothing: `explain` calls it too, to show what would happen.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from bot.compose import compose_message
 from bot.dedup import plan_events
 from bot.enrich.base import Enrichment, EnrichmentRunner
+from bot.message import Message
 from bot.metrics import Metrics
 from bot.models import AlertState, Event, NewDelivery
 from bot.outbox import Outbox
-from bot.playbooks import Playbook, PlaybookSet
-from bot.routing import Router
+from bot.playbooks import Advice, Playbook, PlaybookSet
+from bot.routing import Router, RouteTrace
 from bot.store.base import Store
+
+Enrich = Callable[[AlertState, Playbook], Awaitable[Enrichment]]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the bot makes of one event before anything is written or sent."""
+
+    playbook: Playbook
+    enrichment: Enrichment
+    advice: Advice
+    message: Message
+    route: RouteTrace
+
+    @property
+    def receivers(self) -> tuple[str, ...]:
+        return self.route.decision.receivers
+
+
+async def decide(event: Event, playbooks: PlaybookSet, router: Router, enrich: Enrich) -> Decision:
+    """The playbook, the evidence, the advice, the message and the receivers of one event."""
+    alert = event.alert
+    playbook = playbooks.match(alert)
+    enrichment = await enrich(alert, playbook)
+    advice = playbooks.advise(playbook, alert, enrichment)
+    message = compose_message(event, enrichment, advice)
+    return Decision(playbook, enrichment, advice, message, router.trace(alert.labels))
 
 
 class Pipeline:
@@ -45,22 +76,19 @@ class Pipeline:
         return await self._store.dedup_pending(planner, limit)
 
     async def handle(self, event: Event) -> None:
-        alert = event.alert
-        playbook = self._playbooks.match(alert)
-        enrichment, fresh = await self._enrich(alert, playbook)
-        advice = self._playbooks.advise(playbook, alert, enrichment)
-        message = compose_message(event, enrichment, advice)
-        receivers = self._router.route(alert.labels).receivers
+        """Decide, write the deliveries in one transaction, then wake the receivers' senders."""
+        decision = await decide(event, self._playbooks, self._router, self._enrich)
+        gathered_now = event.alert.enrichment is None
         await self._store.route_event(
             event.id,
-            enrichment.model_dump(mode="json") if fresh else None,
-            [NewDelivery(receiver=name, message=message) for name in receivers],
+            decision.enrichment.model_dump(mode="json") if gathered_now else None,
+            [NewDelivery(receiver=name, message=decision.message) for name in decision.receivers],
         )
         self._metrics.events.labels(event.kind.value).inc()
-        self._outbox.wake(receivers)
+        self._outbox.wake(decision.receivers)
 
-    async def _enrich(self, alert: AlertState, playbook: Playbook) -> tuple[Enrichment, bool]:
+    async def _enrich(self, alert: AlertState, playbook: Playbook) -> Enrichment:
         """Evidence is gathered once per alert episode; repeats and resolves show what was found then."""
         if alert.enrichment is not None:
-            return Enrichment.model_validate(alert.enrichment), False
-        return await self._enrichers.run(alert, playbook), True
+            return Enrichment.model_validate(alert.enrichment)
+        return await self._enrichers.run(alert, playbook)
