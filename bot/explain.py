@@ -1,16 +1,16 @@
 """`gpu-alert-bot explain PAYLOAD.json`: what the bot would do with an Alertmanager webhook, without doing it.
 
 For each alert: the routing rules tried (and why each did or did not match), the receivers, the playbook, and
-the message every receiver would get, rendered by the same code the sinks use. Nothing is sent and the store
-is never written. Enrichment is skipped unless asked for (`--enrich`); it then runs the configured read-only
-enrichers within the usual budget, against the store opened read-only (or an empty temporary one).
+what every receiver would get: the pipeline's own decision (`bot.pipeline.decide`), previewed by each receiver's
+sink type (`Sink.preview`, built by `bot.sinks.build_previews`). Nothing is sent and the store is never
+written. Enrichment is skipped unless asked for (`--enrich`); it then runs the configured read-only enrichers
+within the usual budget, against the store opened read-only (or an empty temporary one).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import json
 import sys
 import tempfile
@@ -21,15 +21,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from bot.config import (
-    BotConfig,
-    ConsoleReceiver,
-    EmailReceiver,
-    PagerDutyReceiver,
-    Receiver,
-    SlackReceiver,
-    StoreConfig,
-)
+from bot.config import BotConfig, Receiver, StoreConfig
 from bot.enrich import build_enrichers
 from bot.enrich.base import Enrichment
 from bot.message import Message
@@ -38,11 +30,8 @@ from bot.models import AlertState, AmAlert, Delivery, Event, EventKind, WebhookP
 from bot.pipeline import Enrich, decide
 from bot.playbooks import Playbook, PlaybookSet
 from bot.printable import printable, printable_json
-from bot.render.email import build_email, render_email, sender_domain
-from bot.render.pagerduty import pagerduty_event
-from bot.render.slack import slack_payload
 from bot.routing import Router, RouteTrace
-from bot.sinks.console import ConsoleSink
+from bot.sinks import Previewer, build_previews
 from bot.store import Store, StoreUnavailable, open_store
 
 OutputFormat = Literal["text", "json"]
@@ -98,6 +87,7 @@ async def explain(
     """The whole report as JSON-ready data; `format_text` prints the same content for people."""
     router = Router(config.routing)
     receivers = {r.name: r for r in config.receivers}
+    previews = build_previews(config.receivers)
     now = datetime.now(UTC)
     async with _enrichment(config, playbooks, enrich) as enrich_alert:
         alerts = []
@@ -115,7 +105,9 @@ async def explain(
                     "route": _route_report(decision.route, router),
                     "playbook": decision.playbook.name,
                     "enrichment": _enrichment_report(decision.enrichment, enrich),
-                    "messages": [await _render(receivers[name], decision.message, now) for name in decision.receivers],
+                    "messages": [
+                        _preview(receivers[name], previews[name], decision.message, now) for name in decision.receivers
+                    ],
                 }
             )
     return {
@@ -221,32 +213,7 @@ def _route_report(trace: RouteTrace, router: Router) -> dict[str, Any]:
 
 
 # --- what each receiver would get ----------------------------------------------------------------------
-async def _render(receiver: Receiver, message: Message, now: datetime) -> dict[str, Any]:
-    entry: dict[str, Any] = {"receiver": receiver.name, "type": receiver.type}
-    if isinstance(receiver, SlackReceiver):
-        entry["channel"] = receiver.channel
-        entry["payload"] = slack_payload(message)
-    elif isinstance(receiver, EmailReceiver):
-        entry["email"] = _email(receiver, message, now)
-    elif isinstance(receiver, PagerDutyReceiver):
-        masked = f"<routing key from {receiver.routing_key_file.path}>"
-        entry["url"] = receiver.url
-        entry["event"] = pagerduty_event(message, receiver, masked)
-    elif isinstance(receiver, ConsoleReceiver):
-        entry["line"] = await _console_line(receiver, message, now)
-    return entry
-
-
-def _email(receiver: EmailReceiver, message: Message, now: datetime) -> dict[str, Any]:
-    rendered = render_email(message, sender_domain(receiver.sender))
-    mail = build_email(rendered, receiver.sender, receiver.to, now)
-    headers = {name: str(mail[name]) for name in ("From", "To", "Subject", "Message-ID", "In-Reply-To") if mail[name]}
-    return {"headers": headers, "text": rendered.text, "html": rendered.html}
-
-
-async def _console_line(receiver: ConsoleReceiver, message: Message, now: datetime) -> Any:
-    """The console sink's own output, written into a buffer instead of stdout."""
-    buffer = io.StringIO()
+def _preview(receiver: Receiver, previewer: Previewer, message: Message, now: datetime) -> dict[str, Any]:
     delivery = Delivery(
         id=0,
         event_id=0,
@@ -256,8 +223,7 @@ async def _console_line(receiver: ConsoleReceiver, message: Message, now: dateti
         attempts=0,
         created_at=now,
     )
-    await ConsoleSink(receiver.name, buffer).deliver(delivery)
-    return json.loads(buffer.getvalue())
+    return {"receiver": receiver.name, "type": receiver.type, **previewer.preview(delivery)}
 
 
 # --- for people ------------------------------------------------------------------------------------------
@@ -331,4 +297,5 @@ def _message_text(entry: dict[str, Any]) -> Sequence[str]:
         return [f"POST {entry['url']}", json.dumps(entry["event"], indent=2, ensure_ascii=False)]
     if "line" in entry:
         return [json.dumps(entry["line"], ensure_ascii=False)]
-    return ["no preview for this receiver type"]
+    shown = {key: value for key, value in entry.items() if key not in ("receiver", "type")}
+    return [json.dumps(shown, indent=2, ensure_ascii=False)]

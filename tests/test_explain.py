@@ -6,12 +6,19 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import yaml
+from pydantic import BaseModel
 
 from bot.cli import main
+from bot.config import load_config
+from bot.explain import explain as explain_report
+from bot.explain import format_text
+from bot.models import Delivery, WebhookPayload
+from bot.playbooks import PlaybookSet
+from bot.sinks import SINK_TYPES, DeliveryResult, Preview, SinkResources, SinkType
 from tests.support.payloads import FIXTURE_CAPTURES
 from tests.support.processes import free_port
 
@@ -197,3 +204,60 @@ def test_a_file_that_is_not_a_webhook_body_is_reported(tmp_path: Path, capsys: p
     assert "not an Alertmanager webhook body" in err
     code, _, err = explain(capsys, str(tmp_path / "missing.json"), "--config", str(write_config(tmp_path)))
     assert code == 2 and "cannot read" in err
+
+
+class HookReceiver(BaseModel):
+    """A receiver type the bot does not ship: a JSON webhook."""
+
+    type: Literal["hook"] = "hook"
+    name: str
+    url: str
+
+
+class HookSink:
+    def __init__(self, receiver: HookReceiver) -> None:
+        self.name = receiver.name
+        self._url = receiver.url
+
+    async def deliver(self, delivery: Delivery) -> DeliveryResult:
+        raise AssertionError("explain sends nothing")
+
+    def preview(self, delivery: Delivery) -> Preview:
+        return {"url": self._url, "body": {"title": delivery.message.title, "status": delivery.message.status}}
+
+    async def close(self) -> None:
+        return None
+
+
+def build_hook(receiver: HookReceiver, _shared: SinkResources) -> HookSink:
+    return HookSink(receiver)
+
+
+async def test_a_sink_type_explain_does_not_know_is_previewed_by_its_own_preview(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(SINK_TYPES, HookReceiver, SinkType[HookReceiver](build=build_hook, preview=HookSink))
+    config = load_config(write_config(tmp_path))
+    hook = HookReceiver(name="hook", url="https://hooks.example.com/gpu")
+    config = config.model_copy(
+        update={
+            "receivers": [*config.receivers, hook],
+            "routing": config.routing.model_copy(update={"rules": [], "default": ["hook"]}),
+        }
+    )
+    playbooks = PlaybookSet.load(config.playbooks.dir, config.playbooks.vars)
+    payload = WebhookPayload.model_validate_json(E2E_FIRING.read_bytes())
+
+    report = await explain_report(payload, config, playbooks)
+
+    assert report["alerts"][0]["messages"] == [
+        {
+            "receiver": "hook",
+            "type": "hook",
+            "url": "https://hooks.example.com/gpu",
+            "body": {"title": "GpuXidError on 127.0.0.1", "status": "firing"},
+        }
+    ]
+    # For people, a preview without a text form of its own is shown as JSON.
+    shown = format_text(report).split("--- hook (hook) ---\n", 1)[1]
+    assert json.loads(shown)["body"]["title"] == "GpuXidError on 127.0.0.1"

@@ -1,21 +1,81 @@
-"""Sinks: one per configured receiver. `build_sinks` turns the receivers section into live sinks."""
+"""Sinks: one per configured receiver. `build_sinks` turns the receivers section into live sinks, `build_previews`
+into preview-only ones (no network, no store) for `explain`. `SINK_TYPES` says how for each receiver type: a new
+sink type is one entry there."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import TextIO, assert_never
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TextIO, TypeVar
 
 from bot.config import ConsoleReceiver, EmailReceiver, PagerDutyReceiver, Receiver, SlackReceiver
 from bot.metrics import Metrics
 from bot.render.slack import Controls
-from bot.sinks.base import DeliveryResult, Sink
+from bot.sinks.base import DeliveryResult, Preview, Previewer, Sink
 from bot.sinks.console import ConsoleSink
-from bot.sinks.email import EmailSink
-from bot.sinks.pagerduty import PagerDutySink
-from bot.sinks.slack import SlackRateLimits, SlackSink
+from bot.sinks.email import EmailRendering, EmailSink
+from bot.sinks.pagerduty import PagerDutyRendering, PagerDutySink
+from bot.sinks.slack import SlackRateLimits, SlackRendering, SlackSink
 from bot.store.base import Store
 
-__all__ = ["DeliveryResult", "Sink", "build_sinks"]
+__all__ = [
+    "SINK_TYPES",
+    "DeliveryResult",
+    "Preview",
+    "Previewer",
+    "Sink",
+    "SinkResources",
+    "SinkType",
+    "build_previews",
+    "build_sinks",
+]
+
+ReceiverT = TypeVar("ReceiverT")
+
+
+@dataclass(frozen=True)
+class SinkResources:
+    """What the live sinks share. `slack_limits`: one pace per Slack channel, whichever receivers post there."""
+
+    store: Store
+    metrics: Metrics
+    console: TextIO | None
+    slack_limits: SlackRateLimits
+    # The buttons each Slack receiver's messages may show (none for a receiver not listed).
+    slack_controls: Mapping[str, Controls]
+
+    def controls(self, receiver: str) -> Controls:
+        return self.slack_controls.get(receiver, Controls())
+
+
+@dataclass(frozen=True)
+class SinkType(Generic[ReceiverT]):
+    """How one receiver type becomes a live sink, and a preview-only one."""
+
+    build: Callable[[ReceiverT, SinkResources], Sink]
+    preview: Callable[[ReceiverT], Previewer]
+
+
+SINK_TYPES: dict[type[Any], SinkType[Any]] = {
+    ConsoleReceiver: SinkType[ConsoleReceiver](
+        build=lambda receiver, shared: ConsoleSink(receiver.name, shared.console),
+        preview=lambda receiver: ConsoleSink(receiver.name),
+    ),
+    EmailReceiver: SinkType[EmailReceiver](
+        build=lambda receiver, shared: EmailSink(receiver, shared.store),
+        preview=EmailRendering,
+    ),
+    PagerDutyReceiver: SinkType[PagerDutyReceiver](
+        build=lambda receiver, _shared: PagerDutySink(receiver),
+        preview=PagerDutyRendering,
+    ),
+    SlackReceiver: SinkType[SlackReceiver](
+        build=lambda receiver, shared: SlackSink(
+            receiver, shared.store, shared.metrics, shared.slack_limits, shared.controls(receiver.name)
+        ),
+        preview=SlackRendering,
+    ),
+}
 
 
 def build_sinks(
@@ -26,30 +86,10 @@ def build_sinks(
     slack_controls: Mapping[str, Controls] | None = None,
 ) -> dict[str, Sink]:
     """`slack_controls`: the buttons each Slack receiver's messages may show (none for a receiver not listed)."""
-    sinks: dict[str, Sink] = {}
-    slack_limits = SlackRateLimits()  # one pace per Slack channel, whichever receivers post there
-    for receiver in receivers:
-        controls = (slack_controls or {}).get(receiver.name, Controls())
-        sinks[receiver.name] = _sink(receiver, store, metrics, console, slack_limits, controls)
-    return sinks
+    shared = SinkResources(store, metrics, console, SlackRateLimits(), slack_controls or {})
+    return {receiver.name: SINK_TYPES[type(receiver)].build(receiver, shared) for receiver in receivers}
 
 
-def _sink(
-    receiver: Receiver,
-    store: Store,
-    metrics: Metrics,
-    console: TextIO | None,
-    slack_limits: SlackRateLimits,
-    controls: Controls,
-) -> Sink:
-    match receiver:
-        case ConsoleReceiver():
-            return ConsoleSink(receiver.name, console)
-        case EmailReceiver():
-            return EmailSink(receiver, store)
-        case PagerDutyReceiver():
-            return PagerDutySink(receiver)
-        case SlackReceiver():
-            return SlackSink(receiver, store, metrics, slack_limits, controls)
-        case _:
-            assert_never(receiver)
+def build_previews(receivers: Sequence[Receiver]) -> dict[str, Previewer]:
+    """What each receiver would send, rendered by its sink's code; Slack messages are shown without buttons."""
+    return {receiver.name: SINK_TYPES[type(receiver)].preview(receiver) for receiver in receivers}

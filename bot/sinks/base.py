@@ -3,12 +3,16 @@
 Like Alertmanager's notifiers, a sink never retries by itself: it tells the outbox whether the attempt
 delivered, should be retried later (with an optional delay hint, e.g. from Retry-After), or failed for good
 (a 4xx a retry cannot fix). The outbox owns retries, backoff and persistence.
+
+A sink also previews a delivery: what it would send, rendered by the code its `deliver` uses, with no network,
+no store and no secret (`gpu-alert-bot explain` shows it). A sink type's preview-only construction (see
+`bot.sinks.SinkType`) needs only the receiver's configuration.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from bot.models import Delivery
 
@@ -37,10 +41,20 @@ class DeliveryResult:
         return cls(delivered=False, retry=False, reason=reason, detail=detail)
 
 
-class Sink(Protocol):
-    """One configured receiver. `name` is the receiver's name from the configuration."""
+# JSON-ready: the fields shown for one receiver in `explain --format json` (e.g. Slack's channel and payload).
+Preview = dict[str, Any]
+
+
+class Previewer(Protocol):
+    """What one configured receiver would send. `name` is the receiver's name from the configuration."""
 
     name: str
+
+    def preview(self, delivery: Delivery) -> Preview: ...
+
+
+class Sink(Previewer, Protocol):
+    """One configured receiver, delivering for real."""
 
     async def deliver(self, delivery: Delivery) -> DeliveryResult: ...
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
 from bot.models import Delivery, short_id
-from bot.sinks.base import DeliveryResult
+from bot.sinks.base import DeliveryResult, Preview
 
 
 class ConsoleSink:
@@ -16,6 +16,22 @@ class ConsoleSink:
         self._stream = stream
 
     async def deliver(self, delivery: Delivery) -> DeliveryResult:
+        stream = self._stream or sys.stdout
+        try:
+            stream.write(json.dumps(self._line(delivery), ensure_ascii=False) + "\n")
+            stream.flush()
+        except OSError as exc:
+            return DeliveryResult.retry_later("stdout_error", str(exc))
+        return DeliveryResult.ok()
+
+    def preview(self, delivery: Delivery) -> Preview:
+        return {"line": self._line(delivery)}
+
+    async def close(self) -> None:
+        return None
+
+    @staticmethod
+    def _line(delivery: Delivery) -> dict[str, Any]:
         message = delivery.message
         line = {
             "event": message.event,
@@ -42,13 +58,4 @@ class ConsoleSink:
         }
         if message.note:
             line["note"] = message.note
-        stream = self._stream or sys.stdout
-        try:
-            stream.write(json.dumps(line, ensure_ascii=False) + "\n")
-            stream.flush()
-        except OSError as exc:
-            return DeliveryResult.retry_later("stdout_error", str(exc))
-        return DeliveryResult.ok()
-
-    async def close(self) -> None:
-        return None
+        return line

@@ -31,14 +31,16 @@ import aiosmtplib
 from aiosmtplib import SMTPResponse
 
 from bot.config import EmailReceiver
+from bot.message import Message
 from bot.models import Delivery
-from bot.render.email import build_email, render_email, sender_domain
-from bot.sinks.base import DeliveryResult
+from bot.render.email import RenderedEmail, build_email, render_email, sender_domain
+from bot.sinks.base import DeliveryResult, Preview
 from bot.store.base import Store
 
 log = logging.getLogger(__name__)
 
 _CAUSE_DEPTH = 8
+_PREVIEW_HEADERS = ("From", "To", "Subject", "Message-ID", "In-Reply-To")
 
 
 class _Refused(Exception):
@@ -50,6 +52,27 @@ class _Refused(Exception):
         self.detail = detail
 
 
+class EmailRendering:
+    """The mail an email receiver sends for a message; its preview needs neither the SMTP server nor the store."""
+
+    def __init__(self, config: EmailReceiver) -> None:
+        self.name = config.name
+        self._config = config
+        self._domain = sender_domain(config.sender)
+
+    def mail(self, message: Message, date: datetime) -> EmailMessage:
+        return self._render(message, date)[1]
+
+    def preview(self, delivery: Delivery) -> Preview:
+        rendered, mail = self._render(delivery.message, delivery.created_at)
+        headers = {name: str(mail[name]) for name in _PREVIEW_HEADERS if mail[name]}
+        return {"email": {"headers": headers, "text": rendered.text, "html": rendered.html}}
+
+    def _render(self, message: Message, date: datetime) -> tuple[RenderedEmail, EmailMessage]:
+        rendered = render_email(message, self._domain)
+        return rendered, build_email(rendered, self._config.sender, self._config.to, date)
+
+
 class EmailSink:
     def __init__(self, config: EmailReceiver, store: Store) -> None:
         self.name = config.name
@@ -57,7 +80,7 @@ class EmailSink:
         self._store = store
         self._envelope_sender = parseaddr(config.sender)[1]
         self._recipients = [parseaddr(address)[1] for address in config.to]
-        self._domain = sender_domain(config.sender)
+        self._rendering = EmailRendering(config)
         self._tls = tls_context(config)
 
     async def deliver(self, delivery: Delivery) -> DeliveryResult:
@@ -68,7 +91,7 @@ class EmailSink:
         state = await self._store.get_sink_state(self.name, state_key) or {}
         already = set(state.get("sent_to", []))
         recipients = [r for r in self._recipients if r not in already]
-        mail = build_email(render_email(message, self._domain), self._config.sender, self._config.to, datetime.now(UTC))
+        mail = self._rendering.mail(message, datetime.now(UTC))
         try:
             refused = await self._send(mail, recipients)
         except _Refused as exc:
@@ -76,6 +99,9 @@ class EmailSink:
         except (aiosmtplib.SMTPException, OSError) as exc:
             return classify_smtp_error(exc)
         return await self._partial(state_key, already, recipients, refused)
+
+    def preview(self, delivery: Delivery) -> Preview:
+        return self._rendering.preview(delivery)
 
     async def close(self) -> None:
         return None

@@ -19,15 +19,28 @@ from bot.config import PagerDutyReceiver
 from bot.models import Delivery
 from bot.render.pagerduty import encode_event, pagerduty_event
 from bot.retry_after import retry_after_seconds
-from bot.sinks.base import DeliveryResult
+from bot.sinks.base import DeliveryResult, Preview
 
 _DETAIL_LIMIT = 500
+
+
+class PagerDutyRendering:
+    """The event a PagerDuty receiver would post, its routing key masked: needs neither network nor key file."""
+
+    def __init__(self, config: PagerDutyReceiver) -> None:
+        self.name = config.name
+        self._config = config
+
+    def preview(self, delivery: Delivery) -> Preview:
+        masked = f"<routing key from {self._config.routing_key_file.path}>"
+        return {"url": self._config.url, "event": pagerduty_event(delivery.message, self._config, masked)}
 
 
 class PagerDutySink:
     def __init__(self, config: PagerDutyReceiver) -> None:
         self.name = config.name
         self._config = config
+        self._rendering = PagerDutyRendering(config)
         self._client = httpx.AsyncClient(
             timeout=config.timeout, headers={"Content-Type": "application/json", "User-Agent": "gpu-alert-bot"}
         )
@@ -43,6 +56,9 @@ class PagerDutySink:
         except httpx.TransportError as exc:
             return DeliveryResult.retry_later("connection_error", f"{type(exc).__name__}: {exc}")
         return classify_response(response, self._config.rate_limit_delay)
+
+    def preview(self, delivery: Delivery) -> Preview:
+        return self._rendering.preview(delivery)
 
     async def close(self) -> None:
         await self._client.aclose()

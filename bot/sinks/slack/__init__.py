@@ -1,7 +1,7 @@
 """Slack sink: one conversation per alert on slack_sdk's AsyncWebClient, paced per channel, storm-proof.
 
 - `sink`: SlackSink, the per-alert conversation (first post, repeats in the thread, resolve/ack in place,
-  related alerts threaded under their root);
+  related alerts threaded under their root), and SlackRendering, what a new alert's post looks like;
 - `storm`: storm control, one summary message and batched thread replies when alerts flood the channel;
 - `channel`: the Slack Web API calls, their failures classified for the outbox, and the exactly-once lookup of
   a post in doubt by its nonce;
@@ -10,6 +10,6 @@
 """
 
 from bot.sinks.slack.pacing import SlackRateLimits
-from bot.sinks.slack.sink import SlackSink
+from bot.sinks.slack.sink import SlackRendering, SlackSink
 
-__all__ = ["SlackRateLimits", "SlackSink"]
+__all__ = ["SlackRateLimits", "SlackRendering", "SlackSink"]

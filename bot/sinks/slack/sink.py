@@ -36,7 +36,7 @@ from bot.render.slack import (
     slack_payload,
 )
 from bot.selftest.marking import is_selftest
-from bot.sinks.base import DeliveryResult
+from bot.sinks.base import DeliveryResult, Preview
 from bot.sinks.slack.channel import SlackChannel, SlackFailure
 from bot.sinks.slack.pacing import SlackRateLimits
 from bot.sinks.slack.state import AlertRecord, Posting, Related, SinkState, Storm
@@ -44,6 +44,18 @@ from bot.sinks.slack.storm import StormControl
 from bot.store.base import Store, StoreUnavailable
 
 log = logging.getLogger(__package__)
+
+
+class SlackRendering:
+    """The message a new alert is posted as (top-level, outside a storm); needs neither Slack nor the store."""
+
+    def __init__(self, receiver: SlackReceiver, controls: Controls = Controls()) -> None:  # noqa: B008 (frozen)
+        self.name = receiver.name
+        self._channel = receiver.channel
+        self._controls = controls
+
+    def preview(self, delivery: Delivery) -> Preview:
+        return {"channel": self._channel, "payload": slack_payload(delivery.message, controls=self._controls)}
 
 
 class SlackSink:
@@ -57,6 +69,7 @@ class SlackSink:
     ) -> None:
         self.name = receiver.name
         self._controls = controls
+        self._rendering = SlackRendering(receiver, controls)
         self._state = SinkState(store, receiver.name)
         self._channel = SlackChannel(receiver, self._state, limits)
         self._storms = StormControl(receiver, self._state, self._channel, metrics)
@@ -74,6 +87,9 @@ class SlackSink:
         except StoreUnavailable as exc:
             return DeliveryResult.retry_later("store_unavailable", str(exc))
         return DeliveryResult.ok()
+
+    def preview(self, delivery: Delivery) -> Preview:
+        return self._rendering.preview(delivery)
 
     async def close(self) -> None:
         await self._storms.close()
