@@ -32,7 +32,7 @@ from bot.config import (
     StoreConfig,
 )
 from bot.enrich import build_enrichers
-from bot.enrich.base import Enrichment
+from bot.evidence import Enrichment
 from bot.message import Message
 from bot.metrics import Metrics
 from bot.models import AlertState, AmAlert, Delivery, Event, EventKind, WebhookPayload

@@ -10,7 +10,8 @@ import functools
 
 from bot.compose import compose_message
 from bot.dedup import plan_events
-from bot.enrich.base import Enrichment, EnrichmentRunner
+from bot.enrich.base import EnrichmentRunner
+from bot.evidence import Enrichment
 from bot.metrics import Metrics
 from bot.models import AlertState, Event, NewDelivery
 from bot.outbox import Outbox

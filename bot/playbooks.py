@@ -35,7 +35,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails
 
 from bot.config import Duration, Matcher
-from bot.enrich.base import Enrichment
+from bot.evidence import Enrichment
 from bot.message import ActionRef, Link, Safety
 from bot.models import AlertState, host_from_labels
 from bot.querytemplate import query_template_problems

@@ -17,7 +17,7 @@ import yaml
 from bot.cli import main
 from bot.compose import compose_message
 from bot.config import StoreConfig, load_config
-from bot.enrich.base import Enrichment, EnrichmentSection
+from bot.evidence import Enrichment, EnrichmentSection
 from bot.models import AlertState, Event, EventKind
 from bot.playbooks import (
     ACTIONS,

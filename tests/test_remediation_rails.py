@@ -15,7 +15,7 @@ from bot.actions.kubernetes import NODE_ACTIONS
 from bot.actions.policy import AutomaticPolicy
 from bot.actions.ssh import SSH_VERBS
 from bot.config import DOCKER_ACTIONS
-from bot.enrich.base import Enrichment, EnrichmentSection
+from bot.evidence import Enrichment, EnrichmentSection
 from bot.metrics import Metrics
 from bot.playbooks import ACTIONS
 from bot.store.base import Store

@@ -25,8 +25,9 @@ import httpx
 from pydantic import BaseModel, Field, ValidationError
 
 from bot.config import PrometheusConfig
-from bot.enrich.base import EnrichmentRequest, EnrichmentSection
+from bot.enrich.base import EnrichmentRequest
 from bot.enrich.queryapi import Deadline, QueryError, bearer_auth, body_text, send
+from bot.evidence import EnrichmentSection
 from bot.message import format_duration
 from bot.models import AlertState, host_from_labels
 from bot.querytemplate import TemplateError, fill_query, quoted, regex_literal
@@ -510,7 +511,7 @@ class PrometheusEnricher:
         step = choose_step(start, end)
         # Prometheus evaluates at start, start + step, ...: anchor the grid on `end` so the newest point is now.
         window = _Window(end - step * math.ceil((end - start) / step), end, step)
-        queries = request.playbook.queries if request.playbook is not None else {}
+        queries = request.hints.queries if request.hints is not None else {}
         host = host_from_labels(alert.labels)
         history, gpus, *related = await asyncio.gather(
             self._history(alert, window, deadline),

@@ -25,8 +25,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from bot.config import BotConfig
-from bot.enrich.base import EnrichmentRequest, EnrichmentSection
+from bot.enrich.base import EnrichmentRequest
 from bot.enrich.gpu import GpuIdentity, resolve_identity
+from bot.evidence import EnrichmentSection
 from bot.models import AlertState, GpuEvent
 from bot.nvrm import PciAddress
 from bot.selftest.marking import is_selftest
