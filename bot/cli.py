@@ -22,8 +22,9 @@ from aiohttp import web
 from bot.actions.cli import remediation_command
 from bot.app import build_app
 from bot.audit import audit_command
+from bot.commands.gpus import gpus_command
+from bot.commands.xid import xid_command
 from bot.config import BotConfig, ConfigError, listen_address, load_config, parse_duration, secret_file_warnings
-from bot.enrich.recurrence import gpus_command
 from bot.explain import run as run_explain
 from bot.healthcheck import ALIVE_PATH, READY_PATH, probe
 from bot.ingest import WEBHOOK_PATH
@@ -34,7 +35,6 @@ from bot.selftest.command import selftest_command
 from bot.server import GuardedSite
 from bot.store import StoreUnavailable
 from bot.store.copy import migrate_command, store_copy_command
-from bot.xid_catalog import xid_command
 
 log = logging.getLogger("bot")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bot.enrich.base import Enrichment
+from bot.evidence import Enrichment
 from bot.message import Fact, Link, Message, Section, format_duration
 from bot.models import Event, EventKind, host_from_labels
 from bot.playbooks import Advice

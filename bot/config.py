@@ -38,6 +38,7 @@ from pydantic import (
     model_validator,
 )
 
+from bot.actions.registry import ACTIONS
 from bot.datafile import bundled_playbooks
 from bot.models import DEFAULT_HOST_LABELS
 from bot.yamldoc import NotUtf8Error, duplicate_keys, read_document
@@ -529,8 +530,6 @@ class RemediationConfig(StrictModel):
     @field_validator("actions")
     @classmethod
     def _known_actions(cls, value: dict[str, ActionPolicyConfig]) -> dict[str, ActionPolicyConfig]:
-        from bot.playbooks import ACTIONS  # bot.playbooks imports this module
-
         unknown = sorted(set(value) - set(ACTIONS))
         if unknown:
             raise ValueError(f"unknown actions {', '.join(unknown)} (known: {', '.join(ACTIONS)})")

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from bot.config import BotConfig, Receiver, StoreConfig
 from bot.enrich import build_enrichers
-from bot.enrich.base import Enrichment
+from bot.evidence import Enrichment
 from bot.message import Message
 from bot.metrics import Metrics
 from bot.models import AlertState, AmAlert, Delivery, Event, EventKind, WebhookPayload

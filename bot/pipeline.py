@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from bot.compose import compose_message
 from bot.dedup import plan_events
-from bot.enrich.base import Enrichment, EnrichmentRunner
+from bot.enrich.base import EnrichmentRunner
+from bot.evidence import Enrichment
 from bot.message import Message
 from bot.metrics import Metrics
 from bot.models import AlertState, Event, NewDelivery

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from bot.enrich.base import Enrichment
+from bot.evidence import Enrichment
 
 STALE_XID_GAUGE = "stale_xid_gauge"
 XID_GAUGE_UNJUDGED = "xid_gauge_unjudged"

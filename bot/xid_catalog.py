@@ -2,26 +2,20 @@
 
 The catalog says what each Xid means and what to do. On top of it: an Xid 154 line names the recovery action
 the driver wants, which overrides the catalog's advice for the Xids of that GPU; an Xid 45 is only the clean-up
-of the Xid before it on the same GPU; and escalation rules (thresholds in the catalog, not here) turn one GPU's
-history into verdicts such as "third Xid 79 on this GPU in 30 days: hardware suspect, prepare an RMA".
-Decoded NVLink events carry the decode lines of `bot.nvlink`, whose register table is read beside the catalog.
-Also the operator's views of all this: `explain` and the `xid` command.
+of the Xid before it on the same GPU; and the catalog's escalation rules (applied by bot.xid_escalation) turn one
+GPU's history into verdicts. Decoded NVLink events carry the decode lines of `bot.nvlink`, whose register table
+is read beside the catalog. The operator's views of all this live in bot.commands.xid.
 """
 
 from __future__ import annotations
 
 import functools
-import io
-import json
 import string
-import sys
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, model_validator
 
@@ -29,17 +23,14 @@ from bot.config import BUNDLED_PLAYBOOKS, Duration
 from bot.datafile import DataModel, data_file, load_model
 from bot.datafile import XidCatalogError as XidCatalogError  # what `load_catalog` raises: part of this API
 from bot.nvlink import (
-    NVLINK5_XIDS,
-    XID_NVLINK_ERROR,
     NvlinkRegisterTable,
     Sightings,
     bundled_nvlink_registers,
     link_sightings,
     load_nvlink_registers,
     nvlink_details,
-    register_table_text,
 )
-from bot.nvrm import XID_PREEMPTIVE_CLEANUP, XID_RECOVERY_ACTION, RecoveryChange, XidEvent, parse_kernel_log
+from bot.nvrm import XID_PREEMPTIVE_CLEANUP, XID_RECOVERY_ACTION, RecoveryChange, XidEvent
 
 CATALOG_FILE = "xid_catalog.yaml"
 BUNDLED_CATALOG = BUNDLED_PLAYBOOKS / CATALOG_FILE
@@ -54,7 +45,6 @@ Basis = Literal["catalog", "recovery_action", "cause", "nonfatal"]
 FOLLOWER_XIDS = frozenset({XID_RECOVERY_ACTION, XID_PREEMPTIVE_CLEANUP})
 
 _VERDICT_FIELDS = {"nth", "xid", "count", "window", "next"}
-_ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth")
 
 
 def severity_rank(severity: str) -> int:
@@ -347,261 +337,3 @@ def worst(decoded: Iterable[DecodedXid]) -> DecodedXid | None:
         for index, item in enumerate(decoded)
     ]
     return max(ranked, key=lambda entry: entry[:3])[3] if ranked else None
-
-
-# --- escalation over one GPU's history -----------------------------------------------------------------
-@dataclass(frozen=True)
-class Verdict:
-    rule: str
-    xid: int
-    count: int
-    severity: Severity
-    text: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"rule": self.rule, "xid": self.xid, "count": self.count, "severity": self.severity, "text": self.text}
-
-
-def escalate(
-    history: Iterable[tuple[int, datetime]],
-    catalog: XidCatalog,
-    now: datetime,
-    codes: Collection[int] | None = None,
-) -> list[Verdict]:
-    """Apply the catalog's escalation rules to one GPU's Xid history ((code, time) pairs).
-
-    Only rules about `codes` (the Xids of the alert at hand) are checked, so an old pattern does not
-    re-escalate on every unrelated alert; None checks them all.
-    """
-    found = incidents(history, catalog.burst_window)
-    verdicts: list[Verdict] = []
-    for rule in catalog.escalations:
-        if rule.followed_by:
-            verdicts.extend(_sequence_verdicts(rule, found, now, codes))
-        else:
-            verdicts.extend(_count_verdicts(rule, found, now, codes, catalog))
-    return verdicts
-
-
-def incidents(history: Iterable[tuple[int, datetime]], burst_seconds: float) -> dict[int, list[datetime]]:
-    """Per code, the times of its incidents: occurrences within the burst window of the previous are one."""
-    times: dict[int, list[datetime]] = defaultdict(list)
-    for code, at in history:
-        times[code].append(at)
-    burst = timedelta(seconds=burst_seconds)
-    found: dict[int, list[datetime]] = {}
-    for code, moments in times.items():
-        kept: list[datetime] = []
-        for moment in sorted(moments):
-            if not kept or moment - kept[-1] > burst:
-                kept.append(moment)
-        found[code] = kept
-    return found
-
-
-def _count_verdicts(
-    rule: EscalationRule,
-    found: dict[int, list[datetime]],
-    now: datetime,
-    codes: Collection[int] | None,
-    catalog: XidCatalog,
-) -> list[Verdict]:
-    since = now - timedelta(seconds=rule.window)
-    verdicts = []
-    for code in sorted(found):
-        if (codes is not None and code not in codes) or not rule.covers(code, catalog):
-            continue
-        count = sum(1 for at in found[code] if since <= at <= now)
-        if count >= rule.count:
-            text = _render(rule, xid=code, count=count, next_xid=None)
-            verdicts.append(Verdict(rule.id, code, count, rule.severity, text))
-    return verdicts
-
-
-def _sequence_verdicts(
-    rule: EscalationRule, found: dict[int, list[datetime]], now: datetime, codes: Collection[int] | None
-) -> list[Verdict]:
-    if codes is not None and not set(codes) & (set(rule.xids) | set(rule.followed_by)):
-        return []
-    window = timedelta(seconds=rule.window)
-    for first in rule.xids:
-        for follower in rule.followed_by:
-            for started in found.get(first, []):
-                followed = [at for at in found.get(follower, []) if started <= at <= started + window]
-                if followed and followed[-1] >= now - window:
-                    text = _render(rule, xid=first, count=1, next_xid=follower)
-                    return [Verdict(rule.id, first, 1, rule.severity, text)]
-    return []
-
-
-def _render(rule: EscalationRule, *, xid: int, count: int, next_xid: int | None) -> str:
-    text = rule.verdict.format(
-        nth=ordinal(count), xid=xid, count=count, window=window_text(rule.window), next=next_xid or ""
-    )
-    return text[:1].upper() + text[1:]
-
-
-def ordinal(number: int) -> str:
-    if 1 <= number <= len(_ORDINALS):
-        return _ORDINALS[number - 1]
-    suffix = "th" if 10 <= number % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(number % 10, "th")
-    return f"{number}{suffix}"
-
-
-def window_text(seconds: float) -> str:
-    """A window as people say it: 30 days, 24 h, 15 min."""
-    whole = int(seconds)
-    if whole >= 2 * 86400 and whole % 86400 == 0:
-        return f"{whole // 86400} days"
-    if whole >= 3600 and whole % 3600 == 0:
-        return f"{whole // 3600} h"
-    if whole >= 60 and whole % 60 == 0:
-        return f"{whole // 60} min"
-    return f"{whole} s"
-
-
-# --- operator's views (the `xid` command) ---------------------------------------------------------------
-def explain(entry: XidEntry, catalog: XidCatalog) -> str:
-    """A catalog entry as text for a terminal."""
-    lines = [f"Xid {entry.code}: {entry.title}", f"  name:       {entry.name}", f"  severity:   {entry.severity}"]
-    if entry.severity_if_nonfatal:
-        lines.append(f"              ({entry.severity_if_nonfatal} when the line says Nonfatal)")
-    if entry.meaning:
-        lines.append(f"  meaning:    {entry.meaning}")
-    if entry.causes:
-        lines.append(f"  causes:     {', '.join(entry.causes)}")
-    lines.append(f"  action:     {entry.action}")
-    if entry.follow_up:
-        lines.append(f"  follow-up:  {entry.follow_up}")
-    buckets = [b for b in (entry.nvidia.immediate, entry.nvidia.investigatory) if b]
-    if buckets:
-        lines.append(f"  NVIDIA:     {' / '.join(buckets)}")
-        lines.extend(f"              {b}: {catalog.buckets[b]}" for b in buckets if b in catalog.buckets)
-    if entry.application:
-        lines.append("  application Xid: NVIDIA's device plugin keeps the GPU healthy")
-    if entry.unused_on_datacenter:
-        lines.append("  unused on A100/H100/B100/GB200 according to NVIDIA's current catalog")
-    rules = [rule for rule in catalog.escalations if rule.covers(entry.code, catalog) or entry.code in rule.followed_by]
-    for rule in rules:
-        lines.append(f"  escalation: {_rule_text(rule)}")
-    if entry.code == XID_RECOVERY_ACTION:
-        for recovery in catalog.recovery_actions:
-            lines.append(f"  0x{recovery.value:X} {' / '.join(recovery.names)}: {recovery.action}")
-    if entry.code == XID_NVLINK_ERROR:
-        lines.extend(register_table_text(catalog.nvlink_registers))
-    if entry.code in NVLINK5_XIDS:
-        lines.append(
-            "  decode:     the line's unit, link and Fatal/Nonfatal token are shown; the advice follows the token "
-            "(NVIDIA's Xid 144-150 subcode sheet is not bundled)"
-        )
-    if entry.notes:
-        lines.append("  notes:")
-        lines.extend(f"    - {note}" for note in entry.notes)
-    if entry.sources:
-        lines.append("  sources:")
-        lines.extend(f"    - {source}" for source in entry.sources)
-    return "\n".join(lines)
-
-
-def _rule_text(rule: EscalationRule) -> str:
-    what = ", ".join(f"Xid {x}" for x in rule.xids) or f"any {'/'.join(rule.severities)} Xid"
-    if rule.followed_by:
-        followers = " or ".join(str(x) for x in rule.followed_by)
-        return f"{what} followed by Xid {followers} within {window_text(rule.window)} ({rule.id})"
-    return f"{what} {rule.count} times on one GPU within {window_text(rule.window)} ({rule.id})"
-
-
-_TABLE_COLUMNS = ("TIME", "PCI BUS ID", "XID", "SEVERITY", "COUNT", "PROCESS", "NAME / ACTION")
-
-
-def format_table(decoded: Sequence[DecodedXid]) -> str:
-    """Events as an aligned table for people; the action goes under each row."""
-    rows = [_TABLE_COLUMNS]
-    actions: list[str] = []
-    for item in decoded:
-        event = item.event
-        when = event.timestamp.isoformat() if event.timestamp is not None else event.log_time or _uptime(event)
-        process = event.process or ""
-        if event.pid is not None:
-            process = f"{process}[{event.pid}]"
-        rows.append(
-            (
-                when,
-                event.pci_bus_id or "?",
-                str(event.xid),
-                item.severity,
-                str(event.count),
-                process or "-",
-                item.entry.title,
-            )
-        )
-        actions.append(item.action)
-    widths = [max(len(row[i]) for row in rows) for i in range(len(_TABLE_COLUMNS) - 1)]
-
-    def line(row: tuple[str, ...]) -> str:
-        return "".join(cell.ljust(width + 2) for cell, width in zip(row, widths, strict=False)) + row[-1]
-
-    indent = " " * (sum(widths) + 2 * len(widths))
-    lines = [line(rows[0])]
-    for row, action, item in zip(rows[1:], actions, decoded, strict=True):
-        lines.extend((line(row), f"{indent}-> {action}"))
-        lines.extend(f"{indent}   {detail}" for detail in item.details)
-    return "\n".join(lines)
-
-
-def _uptime(event: XidEvent) -> str:
-    return f"+{event.uptime:.3f}s" if event.uptime is not None else "-"
-
-
-# --- `gpu-alert-bot xid [FILE]` --------------------------------------------------------------------------
-def xid_command(path: Path | None, output: str | None, explain_code: int | None, catalog_path: Path | None) -> int:
-    """Decode the Xids of kernel log text (a file, or standard input): JSON lines unless `output` is "table".
-    Or explain one code: text unless `output` is "json". Returns the exit status."""
-    try:
-        catalog = load_catalog(catalog_path)
-    except XidCatalogError as exc:
-        print("\n".join(exc.problems), file=sys.stderr)
-        return 2
-    if explain_code is not None:
-        return _explain_command(catalog, explain_code, output)
-    try:
-        with _open_log(path) as stream:
-            report = parse_kernel_log((None, line) for line in stream)
-    except OSError as exc:
-        print(f"{path}: cannot read: {exc.strerror or exc}", file=sys.stderr)
-        return 1
-    decoded = decode_events(report.events, catalog)
-    if output == "table":
-        if decoded:
-            print(format_table(decoded))
-        print(f"{len(decoded)} Xid event(s) in {report.nvrm_lines} NVRM line(s)", file=sys.stderr)
-    else:
-        for item in decoded:
-            print(json.dumps(item.to_dict(), ensure_ascii=False))
-    return 0
-
-
-def _explain_command(catalog: XidCatalog, code: int, output: str | None) -> int:
-    entry = catalog.get(code)
-    if entry is None:
-        print(f"Xid {code} is not in the catalog; see https://docs.nvidia.com/deploy/xid-errors/", file=sys.stderr)
-        return 1
-    if output == "json":
-        print(json.dumps(entry.model_dump(mode="json", exclude={"known"}), ensure_ascii=False))
-    else:
-        print(explain(entry, catalog))
-    return 0
-
-
-@contextmanager
-def _open_log(path: Path | None) -> Iterator[TextIO]:
-    """The log as text; bytes that are not UTF-8 are replaced rather than failing the whole read."""
-    if path is None or str(path) == "-":
-        stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace")
-        try:
-            yield stdin
-        finally:
-            stdin.detach()  # standard input stays open for whoever owns it
-        return
-    with path.open(encoding="utf-8", errors="replace") as stream:
-        yield stream

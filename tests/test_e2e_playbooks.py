@@ -15,7 +15,7 @@ import httpx
 import pytest
 import yaml
 
-from bot.enrich.base import Enrichment
+from bot.evidence import Enrichment
 from bot.message import Message
 from bot.playbooks import PlaybookSet
 from bot.render.slack import escape, slack_payload

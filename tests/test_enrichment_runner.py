@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from bot.enrich.base import EnrichmentRequest, EnrichmentRunner, EnrichmentSection
+from bot.enrich.base import EnrichmentRequest, EnrichmentRunner
+from bot.evidence import EnrichmentSection
 from bot.metrics import Metrics
 from tests.support.payloads import alert_state
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bot.enrich.base import Enrichment, EnrichmentSection
 from bot.enrich.gpu import GpuEnricher, GpuIdentity, PciAddress, same_host
+from bot.evidence import Enrichment, EnrichmentSection
 from bot.nvrm import parse_kernel_log
 from tests.test_xid_enricher import (
     HOST,

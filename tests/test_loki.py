@@ -15,9 +15,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bot.config import LokiConfig
-from bot.enrich.base import EnrichmentRequest, EnrichmentSection
+from bot.enrich.base import EnrichmentRequest
 from bot.enrich.loki import LokiClient, LokiEnricher, to_ns
 from bot.enrich.queryapi import Deadline, QueryError
+from bot.evidence import EnrichmentSection
 from bot.models import AlertState
 from bot.querytemplate import TemplateError, fill_query, quoted, regex_literal
 from tests.fakes.loki import LOKI_26_ERROR_CONTENT_TYPE, TEXT_PLAIN, FakeLoki, parse_logql, parse_timestamp, unquote

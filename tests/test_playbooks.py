@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 import yaml
 
+from bot.actions.registry import ACTIONS
 from bot.cli import main
 from bot.compose import compose_message
 from bot.config import StoreConfig, load_config
-from bot.enrich.base import Enrichment, EnrichmentSection
+from bot.evidence import Enrichment, EnrichmentSection
 from bot.models import AlertState, Event, EventKind
 from bot.playbooks import (
-    ACTIONS,
     GENERIC,
     Playbook,
     PlaybookError,

@@ -8,8 +8,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from bot.compose import compose_message
-from bot.enrich.base import Enrichment, EnrichmentRequest, EnrichmentSection
+from bot.enrich.base import EnrichmentRequest
 from bot.enrich.related import RelatedAlertsEnricher, same_host
+from bot.evidence import Enrichment, EnrichmentSection
 from bot.models import AlertState, Event, EventKind
 from bot.playbooks import Playbook, PlaybookMatch, PlaybookSet, RelatedAlert
 from bot.store.sqlite import SqliteStore

@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bot.config import PrometheusConfig
-from bot.enrich.base import EnrichmentRequest, EnrichmentSection
+from bot.enrich.base import EnrichmentRequest
 from bot.enrich.prometheus import (
     TARGET_POINTS,
     PrometheusClient,
@@ -35,6 +35,7 @@ from bot.enrich.prometheus import (
     value_meaning,
 )
 from bot.enrich.queryapi import Deadline, QueryError
+from bot.evidence import EnrichmentSection
 from bot.models import AlertState
 from bot.playbooks import Playbook
 from bot.querytemplate import fill_query

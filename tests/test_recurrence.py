@@ -10,10 +10,11 @@ from typing import Any
 import httpx
 import pytest
 
-from bot.enrich.base import Enricher, Enrichment, EnrichmentSection
+from bot.enrich.base import Enricher
 from bot.enrich.gpu import GpuEnricher
 from bot.enrich.recurrence import RecurrenceEnricher
 from bot.enrich.xid import XidEnricher
+from bot.evidence import Enrichment, EnrichmentSection
 from bot.models import AlertState
 from bot.store.sqlite import SqliteStore
 from bot.xid_catalog import XidCatalog, load_catalog

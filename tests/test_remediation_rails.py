@@ -13,11 +13,11 @@ import pytest
 from bot.actions.engine import ActionRefused
 from bot.actions.kubernetes import NODE_ACTIONS
 from bot.actions.policy import AutomaticPolicy
+from bot.actions.registry import ACTIONS
 from bot.actions.ssh import SSH_VERBS
 from bot.config import DOCKER_ACTIONS
-from bot.enrich.base import Enrichment, EnrichmentSection
+from bot.evidence import Enrichment, EnrichmentSection
 from bot.metrics import Metrics
-from bot.playbooks import ACTIONS
 from bot.store.base import Store
 from bot.verdict import STALE_XID_GAUGE, Verdict
 from tests.support.clock import FakeClock

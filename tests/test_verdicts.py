@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from bot.compose import compose_message
-from bot.enrich.base import Enrichment, EnrichmentSection
 from bot.enrich.xid import STALE_GAUGE_TEXT, XidEnricher
+from bot.evidence import Enrichment, EnrichmentSection
 from bot.message import Message
 from bot.models import AlertState, Event, EventKind
 from bot.playbooks import Evidence, PlaybookSet

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bot.cli import main
+from bot.commands.xid import explain, format_table
 from bot.enrich.xid import MAX_DETAILS_SHOWN, XidEnricher
 from bot.nvlink import BUNDLED_NVLINK_REGISTERS, load_nvlink_registers, nvlink_details
 from bot.nvrm import XidEvent, parse_kernel_log
@@ -26,8 +27,6 @@ from bot.xid_catalog import (
     XidCatalogError,
     bundled_catalog,
     decode_events,
-    explain,
-    format_table,
     load_catalog,
 )
 from tests.test_xid_enricher import GPU_LABELS, Static, alert_state, at, loki_section, run

@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 
 from bot.config import LokiConfig
-from bot.enrich.base import Enricher, Enrichment, EnrichmentRequest, EnrichmentRunner, EnrichmentSection
+from bot.enrich.base import Enricher, EnrichmentRequest, EnrichmentRunner
 from bot.enrich.gpu import GpuEnricher
 from bot.enrich.loki import LokiEnricher
 from bot.enrich.xid import STALE_GAUGE_TEXT, XidEnricher
+from bot.evidence import Enrichment, EnrichmentSection
 from bot.metrics import Metrics
 from bot.models import AlertState
 from bot.xid_catalog import XidCatalog, load_catalog

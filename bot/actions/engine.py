@@ -15,13 +15,13 @@ from datetime import timedelta
 from typing import Any, NoReturn, Protocol
 
 from bot.actions.executor import ExecResult, Executor, ExecutorError
+from bot.actions.registry import ACTIONS
 from bot.actions.targets import Target, TargetRefused, select_target
 from bot.audit import AuditLog
 from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import ActionPolicyConfig, RemediationConfig
 from bot.metrics import Metrics
 from bot.models import AlertState
-from bot.playbooks import ACTIONS
 from bot.store.base import ActionRun, BreakerState, Store
 
 log = logging.getLogger(__name__)

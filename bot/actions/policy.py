@@ -10,7 +10,7 @@ from datetime import timedelta
 
 from bot.actions.engine import AUTOMATIC_ACTOR, ActionRefused, Remediation
 from bot.clock import Clock
-from bot.enrich.base import Enrichment
+from bot.evidence import Enrichment
 from bot.models import AlertState
 from bot.store.base import Store
 from bot.verdict import STALE_XID_GAUGE, verdicts_of

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bot.config import EnrichmentConfig
-from bot.enrich.base import Enricher, Enrichment, EnrichmentRequest, EnrichmentRunner, EnrichmentSection
+from bot.enrich.base import Enricher, EnrichmentRequest, EnrichmentRunner
 from bot.enrich.gpu import GpuEnricher
 from bot.enrich.loki import LokiEnricher
 from bot.enrich.prometheus import PrometheusEnricher
@@ -15,7 +15,7 @@ from bot.models import DEFAULT_HOST_LABELS
 from bot.store.base import Store
 from bot.xid_catalog import XidCatalog
 
-__all__ = ["Enricher", "Enrichment", "EnrichmentRequest", "EnrichmentRunner", "EnrichmentSection", "build_enrichers"]
+__all__ = ["Enricher", "EnrichmentRequest", "EnrichmentRunner", "build_enrichers"]
 
 # A source's own deadline ends before the shared budget does, so its section says what went wrong (rather
 # than the runner's generic "no answer within the budget") and enrichers that read it still have time.

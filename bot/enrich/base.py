@@ -12,67 +12,26 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from bot.evidence import Enrichment, EnrichmentHints, EnrichmentSection
 from bot.metrics import Metrics
 from bot.models import AlertState
 
-if TYPE_CHECKING:
-    from bot.playbooks import Playbook
-
 log = logging.getLogger(__name__)
-
-SectionStatus = Literal["ok", "unavailable", "skipped"]
-
-
-class EnrichmentSection(BaseModel):
-    """What one enricher found. `summary` is one line for compact sinks; `lines` are the detail shown under it;
-    `data` is structured (for judgements, PagerDuty custom_details and later enrichers)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    name: str
-    title: str
-    status: SectionStatus
-    # The external system behind the section ("Loki"), so a failure reads "Loki unavailable: <reason>".
-    source: str = ""
-    reason: str = ""
-    summary: str = ""
-    lines: list[str] = Field(default_factory=list)
-    data: dict[str, Any] = Field(default_factory=dict)
-
-    @classmethod
-    def unavailable(cls, name: str, title: str, reason: str) -> EnrichmentSection:
-        return cls(name=name, title=title, status="unavailable", reason=reason)
-
-    @classmethod
-    def skipped(cls, name: str, title: str, reason: str) -> EnrichmentSection:
-        return cls(name=name, title=title, status="skipped", reason=reason)
-
-
-class Enrichment(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    sections: list[EnrichmentSection] = Field(default_factory=list)
-
-    def get(self, name: str) -> EnrichmentSection | None:
-        return next((s for s in self.sections if s.name == name), None)
-
-    def data(self, name: str) -> dict[str, Any]:
-        section = self.get(name)
-        return section.data if section is not None and section.status == "ok" else {}
 
 
 class EnrichmentRequest:
-    """The alert being enriched, its playbook, and access to the other enrichers' results."""
+    """The alert being enriched, what its playbook asks enrichers to look up, and the other enrichers' results."""
 
     def __init__(
-        self, alert: AlertState, playbook: Playbook | None, results: dict[str, asyncio.Future[EnrichmentSection]]
+        self,
+        alert: AlertState,
+        hints: EnrichmentHints | None,
+        results: dict[str, asyncio.Future[EnrichmentSection]],
     ) -> None:
         self.alert = alert
-        self.playbook = playbook
+        self.hints = hints
         self._results = results
 
     async def section(self, name: str) -> EnrichmentSection | None:
@@ -99,12 +58,12 @@ class EnrichmentRunner:
         self._budget = budget
         self._metrics = metrics
 
-    async def run(self, alert: AlertState, playbook: Playbook | None) -> Enrichment:
+    async def run(self, alert: AlertState, hints: EnrichmentHints | None) -> Enrichment:
         if not self._enrichers:
             return Enrichment()
         loop = asyncio.get_running_loop()
         results: dict[str, asyncio.Future[EnrichmentSection]] = {e.name: loop.create_future() for e in self._enrichers}
-        request = EnrichmentRequest(alert, playbook, results)
+        request = EnrichmentRequest(alert, hints, results)
         tasks = [asyncio.create_task(self._one(e, request, results[e.name])) for e in self._enrichers]
         _, late = await asyncio.wait(tasks, timeout=self._budget)
         for task in late:

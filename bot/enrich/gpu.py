@@ -14,7 +14,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from bot.enrich.base import EnrichmentRequest, EnrichmentSection
+from bot.enrich.base import EnrichmentRequest
+from bot.evidence import EnrichmentSection
 from bot.models import DEFAULT_HOST_LABELS, host_from_labels
 from bot.nvrm import KernelLogReport, PciAddress, parse_kernel_log
 

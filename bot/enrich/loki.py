@@ -18,8 +18,9 @@ import httpx
 from pydantic import BaseModel, Field, ValidationError
 
 from bot.config import LokiConfig
-from bot.enrich.base import EnrichmentRequest, EnrichmentSection
+from bot.enrich.base import EnrichmentRequest
 from bot.enrich.queryapi import Deadline, QueryError, bearer_auth, body_text, send
+from bot.evidence import EnrichmentSection
 from bot.models import host_from_labels
 from bot.querytemplate import TemplateError, fill_query, quoted
 

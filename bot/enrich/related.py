@@ -13,7 +13,8 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
-from bot.enrich.base import EnrichmentRequest, EnrichmentSection
+from bot.enrich.base import EnrichmentRequest
+from bot.evidence import EnrichmentSection
 from bot.message import format_duration
 from bot.models import AlertState, host_from_labels
 from bot.store.base import Store
@@ -57,13 +58,13 @@ class RelatedAlertsEnricher:
         self._store = store
 
     async def enrich(self, request: EnrichmentRequest) -> EnrichmentSection:
-        playbook = request.playbook
-        if playbook is None or not playbook.related_alerts:
+        hints = request.hints
+        if hints is None or not hints.related_alerts:
             return EnrichmentSection.skipped(self.name, self.title, "the playbook names no related alerts")
         alert = request.alert
         if not host_identities(alert.labels):
             return EnrichmentSection.skipped(self.name, self.title, "the alert names no host")
-        windows = {related.alert: related.within for related in playbook.related_alerts}
+        windows = {related.alert: related.within for related in hints.related_alerts}
         since = alert.starts_at - timedelta(seconds=max(windows.values()))
         candidates = await self._store.recent_alerts(sorted(windows), since)
         found = sorted(

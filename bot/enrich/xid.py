@@ -14,8 +14,9 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from bot.enrich.base import EnrichmentRequest, EnrichmentSection
+from bot.enrich.base import EnrichmentRequest
 from bot.enrich.gpu import GpuIdentity, from_kernel, kernel_report, resolve_identity
+from bot.evidence import EnrichmentSection
 from bot.models import AlertState
 from bot.nvrm import XidEvent
 from bot.verdict import STALE_XID_GAUGE, XID_GAUGE_UNJUDGED, Verdict

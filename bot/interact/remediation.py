@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from bot.actions.engine import ActionRefused, Authorizer, Remediation
+from bot.actions.registry import ACTIONS
 from bot.interact.access import Access
 from bot.interact.dispatch import ButtonSpec, CommandSpec, Dispatcher, Invocation, Outcome, UsageError
-from bot.playbooks import ACTIONS
 from bot.render.slack import APPROVE_RUN, REFUSE_RUN, escape
 from bot.store.base import ActionRun
 

@@ -1,0 +1,148 @@
+"""The Prometheus HTTP API: instant and range queries, the alerting rules, and its error shapes."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+import httpx
+from pydantic import BaseModel, Field, ValidationError
+
+from bot.config import PrometheusConfig
+from bot.enrich.queryapi import Deadline, QueryError, bearer_auth, body_text, send
+
+TARGET_POINTS = 180
+_M = TypeVar("_M", bound=BaseModel)
+
+
+class _MatrixSeries(BaseModel):
+    metric: dict[str, str]
+    values: list[tuple[float, str]] = []
+
+
+class _Matrix(BaseModel):
+    result_type: Literal["matrix"] = Field(alias="resultType")
+    result: list[_MatrixSeries]
+
+
+class _VectorSample(BaseModel):
+    metric: dict[str, str]
+    value: tuple[float, str]
+
+
+class _Vector(BaseModel):
+    result_type: Literal["vector"] = Field(alias="resultType")
+    result: list[_VectorSample]
+
+
+class _Rule(BaseModel):
+    name: str
+    query: str
+    type: str
+    labels: dict[str, str] = {}
+
+
+class _RuleGroup(BaseModel):
+    rules: list[_Rule]
+
+
+class _Rules(BaseModel):
+    groups: list[_RuleGroup]
+
+
+@dataclass(frozen=True)
+class RawSeries:
+    labels: dict[str, str]
+    samples: list[tuple[float, float]]
+
+
+@dataclass(frozen=True)
+class AlertRule:
+    name: str
+    query: str
+    labels: dict[str, str]
+
+
+class PrometheusClient:
+    """The few Prometheus HTTP API calls enrichment needs (httpx; POST forms; retries within the deadline)."""
+
+    def __init__(self, config: PrometheusConfig, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self._client = httpx.AsyncClient(
+            base_url=config.url.rstrip("/"), auth=bearer_auth(config.bearer_token_file), transport=transport
+        )
+
+    async def query_range(
+        self, query: str, start: float, end: float, step: float, deadline: Deadline
+    ) -> list[RawSeries]:
+        form = {"query": query, "start": _num(start), "end": _num(end), "step": _num(step)}
+        data = await self._call("POST", "/api/v1/query_range", deadline, data=form)
+        matrix = _parse(_Matrix, data, "a range query result")
+        return [RawSeries(s.metric, [(ts, parse_value(v)) for ts, v in s.values]) for s in matrix.result]
+
+    async def query(self, query: str, at: float | None, deadline: Deadline) -> list[RawSeries]:
+        """An instant query at `at`, or at Prometheus's own present when None."""
+        form = {"query": query} if at is None else {"query": query, "time": _num(at)}
+        data = await self._call("POST", "/api/v1/query", deadline, data=form)
+        vector = _parse(_Vector, data, "an instant vector")
+        return [RawSeries(s.metric, [(s.value[0], parse_value(s.value[1]))]) for s in vector.result]
+
+    async def alerting_rules(self, deadline: Deadline) -> list[AlertRule]:
+        # 2.42 has no rule_name[] filter (2.45+): take all alerting rules and filter here.
+        data = await self._call("GET", "/api/v1/rules", deadline, params={"type": "alert"})
+        groups = _parse(_Rules, data, "a rules list")
+        return [AlertRule(r.name, r.query, r.labels) for g in groups.groups for r in g.rules if r.type == "alerting"]
+
+    async def _call(self, method: str, path: str, deadline: Deadline, **request: Any) -> Any:
+        response = await send(
+            self._client, method, path, deadline, service="Prometheus", error_text=api_error_text, **request
+        )
+        try:
+            envelope = json.loads(response.content)
+        except ValueError:
+            detail = f"Prometheus answered something that is not JSON: {body_text(response)}"
+            raise QueryError("malformed", detail) from None
+        if not isinstance(envelope, dict) or envelope.get("status") != "success":
+            raise QueryError("api_error", f"Prometheus: {_envelope_error(envelope) or body_text(response)}")
+        return envelope.get("data")
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+def api_error_text(response: httpx.Response) -> str:
+    """The API's `{"status":"error","errorType":..,"error":..}` envelope, or the plain text of other paths."""
+    try:
+        envelope = json.loads(response.content)
+    except ValueError:
+        return body_text(response)
+    return _envelope_error(envelope) or body_text(response)
+
+
+def _envelope_error(envelope: Any) -> str:
+    if isinstance(envelope, dict) and isinstance(envelope.get("error"), str):
+        kind = envelope.get("errorType")
+        return f"{kind}: {envelope['error']}" if isinstance(kind, str) and kind else envelope["error"]
+    return ""
+
+
+def _parse(model: type[_M], data: Any, what: str) -> _M:
+    try:
+        return model.model_validate(data)
+    except ValidationError:
+        raise QueryError("malformed", f"Prometheus did not answer {what}") from None
+
+
+def _num(value: float) -> str:
+    return f"{value:.3f}".rstrip("0").rstrip(".")
+
+
+def parse_value(text: str) -> float:
+    """A sample value as Prometheus writes it: "91", "1e+00", "NaN", "+Inf", "-Inf"."""
+    return float(text)
+
+
+def choose_step(start: float, end: float) -> float:
+    """About TARGET_POINTS points whatever the window: far below Prometheus' 11,000 points per series."""
+    return float(max(1, math.ceil((end - start) / TARGET_POINTS)))

@@ -1,0 +1,280 @@
+"""The `prometheus` enricher: the alert's own series over the window, the playbook's related queries, the host's
+GPUs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+from bot.config import PrometheusConfig
+from bot.enrich.base import EnrichmentRequest
+from bot.enrich.prometheus.client import AlertRule, PrometheusClient, RawSeries, choose_step
+from bot.enrich.prometheus.formatting import describe, series_summary
+from bot.enrich.prometheus.promql import ValueExpression, expression_from_generator_url, value_expression, value_meaning
+from bot.enrich.queryapi import Deadline, QueryError
+from bot.evidence import EnrichmentSection
+from bot.message import format_duration
+from bot.models import AlertState, host_from_labels
+from bot.querytemplate import TemplateError, fill_query, quoted, regex_literal
+
+log = logging.getLogger(__name__)
+
+INVENTORY_METRIC = "DCGM_FI_DEV_GPU_TEMP"
+_IGNORED_ALERT_LABELS = frozenset({"alertname", "severity"})
+# Labels that differ between exporters on one host; a related query's series may carry other values.
+_EXPORTER_LABELS = frozenset({"__name__", "instance", "job"})
+_RULES_TTL = 30.0
+
+
+def match_score(series: Mapping[str, str], alert: Mapping[str, str], ignore: frozenset[str]) -> int | None:
+    """How many of the series' labels the alert has with the same value; None when one differs or is missing."""
+    score = 0
+    for name, value in series.items():
+        if name in ignore:
+            continue
+        if alert.get(name) != value:
+            return None
+        score += 1
+    return score
+
+
+def best_series(
+    candidates: Sequence[RawSeries],
+    alert: Mapping[str, str],
+    ignore: frozenset[str],
+    *,
+    strict: bool = True,
+    min_score: int = 0,
+) -> RawSeries | None:
+    """The candidate whose labels best match the alert's. Strict (the alert's own expression): every label of
+    the series must be on the alert with the same value. Lenient (related queries): only shared labels count,
+    and the exporter-specific ones (instance, job) are not compared. `min_score`: how many labels must match."""
+    best: tuple[int, RawSeries] | None = None
+    for candidate in candidates:
+        labels = candidate.labels if strict else {k: v for k, v in candidate.labels.items() if k in alert}
+        score = match_score(labels, alert, ignore if strict else ignore | _EXPORTER_LABELS)
+        if score is not None and score >= min_score and (best is None or score > best[0]):
+            best = (score, candidate)
+    return best[1] if best is not None else None
+
+
+@dataclass(frozen=True)
+class _Window:
+    start: float
+    end: float
+    step: float
+
+    @property
+    def span(self) -> str:
+        return format_duration(self.end - self.start)
+
+
+@dataclass(frozen=True)
+class _History:
+    expr: str
+    source: Literal["generatorURL", "rules"]
+    graphed: ValueExpression
+    series: dict[str, Any] | None
+
+
+class _Part:
+    """The outcome of one of the enricher's queries: a value, or why there is none."""
+
+    def __init__(self, value: Any = None, problem: str = "", failure: QueryError | None = None) -> None:
+        self.value = value
+        self.problem = problem
+        self.failure = failure
+
+
+class PrometheusEnricher:
+    name = "prometheus"
+    title = "Metric history"
+    source = "Prometheus"
+
+    def __init__(self, config: PrometheusConfig, timeout: float, client: PrometheusClient | None = None) -> None:
+        self._config = config
+        self._timeout = timeout
+        self._client = client or PrometheusClient(config)
+        self._rules: tuple[float, asyncio.Task[list[AlertRule]]] | None = None
+
+    async def enrich(self, request: EnrichmentRequest) -> EnrichmentSection:
+        alert = request.alert
+        deadline = Deadline(self._timeout)
+        now = datetime.now(UTC).timestamp()
+        start = (alert.starts_at - timedelta(seconds=self._config.history)).timestamp()
+        end = max(now, start + 60)
+        step = choose_step(start, end)
+        # Prometheus evaluates at start, start + step, ...: anchor the grid on `end` so the newest point is now.
+        window = _Window(end - step * math.ceil((end - start) / step), end, step)
+        queries = request.hints.queries if request.hints is not None else {}
+        host = host_from_labels(alert.labels)
+        history, gpus, *related = await asyncio.gather(
+            self._history(alert, window, deadline),
+            self._gpus(host, window, deadline),
+            *(self._related(template, alert, host, window, deadline) for template in queries.values()),
+        )
+        parts = [history, gpus, *related]
+        failures = [p.failure for p in parts if p.failure is not None]
+        if failures and not any(p.value for p in parts):
+            return EnrichmentSection.unavailable(self.name, self.title, failures[0].detail)
+        return self._section(host, window, history, gpus, dict(zip(queries, related, strict=True)))
+
+    async def _history(self, alert: AlertState, window: _Window, deadline: Deadline) -> _Part:
+        expr = expression_from_generator_url(alert.generator_url)
+        source: Literal["generatorURL", "rules"] = "generatorURL"
+        rule_labels: dict[str, str] = {}
+        try:
+            if expr is None:
+                rule = await self._rule_for(alert, deadline)
+                if rule is None:
+                    link = "is not a Prometheus link" if alert.generator_url else "is empty"
+                    problem = f"the alert's generatorURL {link} and Prometheus has no alerting rule named"
+                    return _Part(problem=f"{problem} {alert.alertname!r}")
+                expr, source, rule_labels = rule.query, "rules", rule.labels
+            graphed = value_expression(expr)
+            candidates = await self._client.query_range(graphed.query, window.start, window.end, window.step, deadline)
+        except QueryError as exc:
+            return _Part(failure=exc)
+        ignore = _IGNORED_ALERT_LABELS | frozenset(rule_labels) | {"__name__"}
+        # Rule labels may override the series' own; without the rule (generatorURL) retry leniently, but among
+        # several series never pick one that shares no label with the alert (another host's, say).
+        chosen = best_series(candidates, alert.labels, ignore) or best_series(
+            candidates, alert.labels, ignore, strict=False, min_score=1 if len(candidates) > 1 else 0
+        )
+        if chosen is None:
+            problem = "no data" if not candidates else f"none of its {len(candidates)} series has the alert's labels"
+            return _Part(_History(expr, source, graphed, None), problem=f"{graphed.query}: {problem}")
+        pick = min if graphed.comparison and graphed.comparison.startswith("<") else max
+        series = series_summary(graphed.query, chosen, window.start, window.end, window.step, pick)
+        return _Part(_History(expr, source, graphed, series))
+
+    async def _rule_for(self, alert: AlertState, deadline: Deadline) -> AlertRule | None:
+        rules = [r for r in await self._alerting_rules(deadline) if r.name == alert.alertname]
+        matching = [r for r in rules if all(alert.labels.get(k) == v for k, v in r.labels.items())]
+        return next(iter(matching or rules), None)
+
+    async def _alerting_rules(self, deadline: Deadline) -> list[AlertRule]:
+        """Shared by alerts arriving together: one /api/v1/rules call, kept for a short while."""
+        loop = asyncio.get_running_loop()
+        cached = self._rules
+        if cached is None or cached[0] < loop.time() or _failed(cached[1]):
+            task = asyncio.create_task(self._client.alerting_rules(deadline), name="prometheus-rules")
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            self._rules = cached = (loop.time() + _RULES_TTL, task)
+        return await asyncio.shield(cached[1])
+
+    async def _related(self, template: str, alert: AlertState, host: str, window: _Window, deadline: Deadline) -> _Part:
+        values = dict(alert.labels)
+        if host:
+            values.setdefault("host", host)
+        try:
+            query = fill_query(template, values)
+            candidates = await self._client.query_range(query, window.start, window.end, window.step, deadline)
+        except TemplateError as exc:
+            return _Part(problem=str(exc))
+        except QueryError as exc:
+            return _Part(failure=exc)
+        chosen = best_series(candidates, alert.labels, _IGNORED_ALERT_LABELS, strict=False)
+        if chosen is None:
+            return _Part(problem="no data" if not candidates else "no series for this alert's labels")
+        return _Part(value=series_summary(query, chosen, window.start, window.end, window.step))
+
+    async def _gpus(self, host: str, window: _Window, deadline: Deadline) -> _Part:
+        if not host:
+            return _Part(value=[])
+        lookback = f"[{int(self._config.history)}s]"
+        selectors = [
+            f"{{Hostname={quoted(host)}}}",
+            f"{{hostname={quoted(host)}}}",
+            f"{{instance=~{quoted(regex_literal(host) + '(:[0-9]+)?')}}}",
+        ]
+        query = (
+            "count by (gpu, UUID, uuid, pci_bus_id, modelName, Hostname, hostname) ("
+            + " or ".join(f"last_over_time({INVENTORY_METRIC}{s}{lookback})" for s in selectors)
+            + ")"
+        )
+        try:
+            found = await self._client.query(query, window.end, deadline)
+        except QueryError as exc:
+            return _Part(failure=exc)
+        return _Part(value=gpu_inventory(found))
+
+    def _section(
+        self,
+        host: str,
+        window: _Window,
+        history: _Part,
+        gpus: _Part,
+        related: dict[str, _Part],
+    ) -> EnrichmentSection:
+        found: _History | None = history.value
+        series = found.series if found is not None else None
+        data: dict[str, Any] = {
+            "expr": found.expr if found else None,
+            "expr_source": found.source if found else None,
+            "graphed": found.graphed.query if found else None,
+            "comparison": found.graphed.comparison if found else None,
+            "window": {"start": window.start, "end": window.end, "step": window.step},
+            "history": series,
+            "value_meaning": value_meaning(found.graphed.query) if found else "",
+            "related": {name: part.value for name, part in related.items() if part.value is not None},
+            "unavailable": {name: _problem(part) for name, part in related.items() if part.value is None},
+            "gpus": gpus.value or [],
+        }
+        if series is not None:
+            summary = describe(series, window.span)
+            if data["value_meaning"] is None:
+                summary = f"{data['graphed']}: {summary} · a function of a code, not a count"
+            elif data["value_meaning"]:
+                summary = f"{data['value_meaning']}: {summary}"
+            if data["comparison"]:
+                summary += f" · fires when {data['comparison']}"
+        else:
+            summary = f"History unavailable: {_problem(history)}"
+        lines = [
+            f"{name}: {describe(part.value, window.span)}"
+            if part.value is not None
+            else f"{name}: unavailable ({_problem(part)})"
+            for name, part in related.items()
+        ]
+        if gpus.failure is not None:
+            lines.append(f"GPU inventory unavailable: {gpus.failure.detail}")
+        elif gpus.value:
+            models = sorted({g["modelName"] for g in gpus.value if g["modelName"]})
+            lines.append(f"{len(gpus.value)} GPUs on {host}" + (f" ({', '.join(models)})" if models else ""))
+        return EnrichmentSection(name=self.name, title=self.title, status="ok", summary=summary, lines=lines, data=data)
+
+    async def close(self) -> None:
+        if self._rules is not None and not self._rules[1].done():
+            self._rules[1].cancel()
+            await asyncio.gather(self._rules[1], return_exceptions=True)
+        await self._client.close()
+
+
+def _failed(task: asyncio.Task[Any]) -> bool:
+    return task.done() and (task.cancelled() or task.exception() is not None)
+
+
+def _problem(part: _Part) -> str:
+    return part.failure.detail if part.failure is not None else part.problem
+
+
+def gpu_inventory(found: Sequence[RawSeries]) -> list[dict[str, str]]:
+    """One entry per GPU from DCGM labels, accepting the `uuid`/`hostname` spellings; sorted by index."""
+    gpus: dict[tuple[str, str], dict[str, str]] = {}
+    for series in found:
+        labels = series.labels
+        gpu = {
+            "gpu": labels.get("gpu", ""),
+            "UUID": labels.get("UUID") or labels.get("uuid", ""),
+            "pci_bus_id": labels.get("pci_bus_id", ""),
+            "modelName": labels.get("modelName", ""),
+            "Hostname": labels.get("Hostname") or labels.get("hostname", ""),
+        }
+        gpus.setdefault((gpu["UUID"] or gpu["pci_bus_id"], gpu["gpu"]), gpu)
+    return sorted(gpus.values(), key=lambda g: (int(g["gpu"]) if g["gpu"].isdigit() else 1 << 30, g["gpu"]))
