@@ -33,7 +33,7 @@ from bot.config.remediation import (
     SshExecutorConfig,
 )
 from bot.config.root import BotConfig, cross_section_problems, secret_file_warnings
-from bot.config.routing import Matcher, RouteRule, RoutingConfig, parse_matcher
+from bot.config.routing import Matcher, RouteRule, RoutingConfig
 from bot.config.secrets import Secret, SecretFile
 from bot.config.server import BasicAuthConfig, ServerConfig, WebhookAuthConfig
 from bot.config.store import LoggingConfig, OutboxConfig, StoreConfig, WorkerConfig
@@ -89,6 +89,5 @@ __all__ = [
     "listen_address",
     "load_config",
     "parse_duration",
-    "parse_matcher",
     "secret_file_warnings",
 ]
