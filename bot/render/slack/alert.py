@@ -8,10 +8,7 @@ from dataclasses import dataclass
 from bot.message import ActionRef, Link, Message, Section
 from bot.models import short_id
 from bot.render.slack.blockkit import (
-    _ACK_EMOJI,
-    _RESOLVED_EMOJI,
-    _SAFE_URL,
-    _SILENCED_EMOJI,
+    ACK_EMOJI,
     MAX_ACTION_ELEMENTS,
     MAX_BLOCKS,
     MAX_BUTTON_TEXT,
@@ -27,25 +24,28 @@ from bot.render.slack.blockkit import (
     MAX_TOTAL_TEXT,
     MAX_URL,
     RESOLVED_COLOUR,
+    RESOLVED_EMOJI,
+    SAFE_URL,
+    SILENCED_EMOJI,
     Block,
     Payload,
-    _clip_tail,
-    _context,
-    _mrkdwn,
-    _plain,
-    _section,
-    _utc,
     block_text_length,
     clip,
+    clip_tail,
+    context_block,
     escape,
     link,
+    mrkdwn_text,
+    plain_text,
+    section_block,
     severity_colour,
     severity_emoji,
     text_length,
+    utc_text,
 )
 
 # Our own budgets inside those limits, so no single part crowds out the others.
-_FALLBACK_BUDGET = 500
+FALLBACK_BUDGET = 500
 _STATUS_BUDGET = 600
 _FACT_BUDGET = 300
 _SUMMARY_BUDGET = 1500
@@ -135,27 +135,29 @@ def fallback_text(message: Message) -> str:
     """The notification text (also what screen readers and old clients show)."""
     if message.status == "resolved":
         lasted = f" after {message.duration_text}" if message.duration_text else ""
-        text = f"{_RESOLVED_EMOJI} Resolved{lasted}: {message.title}"
+        text = f"{RESOLVED_EMOJI} Resolved{lasted}: {message.title}"
     else:
         level = f"[{message.severity.upper()}] " if message.severity else ""
         text = f"{severity_emoji(message.severity)} {level}{message.title}"
         if message.summary:
             text += f": {message.summary}"
-    return clip(escape(" ".join(text.split())), _FALLBACK_BUDGET)
+    return clip(escape(" ".join(text.split())), FALLBACK_BUDGET)
 
 
 def _header_text(message: Message) -> str:
     if message.status == "resolved":
-        return f"{_RESOLVED_EMOJI} Resolved: {message.title}"
+        return f"{RESOLVED_EMOJI} Resolved: {message.title}"
     return f"{severity_emoji(message.severity)} {message.title}"
 
 
 def _head_blocks(message: Message, related: Sequence[RelatedNote]) -> list[Block]:
-    blocks: list[Block] = [{"type": "header", "text": _plain(" ".join(_header_text(message).split()), MAX_HEADER_TEXT)}]
+    blocks: list[Block] = [
+        {"type": "header", "text": plain_text(" ".join(_header_text(message).split()), MAX_HEADER_TEXT)}
+    ]
     # The summary right under the title: when a verdict changes what the alert means, it is the first line read.
     if message.summary.strip():
-        blocks.append(_section(clip(escape(message.summary), _SUMMARY_BUDGET)))
-    blocks.append(_context(clip(_status_line(message, related), _STATUS_BUDGET)))
+        blocks.append(section_block(clip(escape(message.summary), _SUMMARY_BUDGET)))
+    blocks.append(context_block(clip(_status_line(message, related), _STATUS_BUDGET)))
     fields = [_fact_field(fact.label, fact.value) for fact in message.facts[:MAX_FIELDS]]
     if fields:
         blocks.append({"type": "section", "fields": fields})
@@ -165,17 +167,17 @@ def _head_blocks(message: Message, related: Sequence[RelatedNote]) -> list[Block
 def _status_line(message: Message, related: Sequence[RelatedNote]) -> str:
     if message.status == "resolved":
         lasted = f" after {message.duration_text}" if message.duration_text else ""
-        parts = [f"{_RESOLVED_EMOJI} *Resolved{lasted}*"]
+        parts = [f"{RESOLVED_EMOJI} *Resolved{lasted}*"]
     else:
-        parts = [f"{severity_emoji(message.severity)} *Firing* since {_utc(message.starts_at)}"]
+        parts = [f"{severity_emoji(message.severity)} *Firing* since {utc_text(message.starts_at)}"]
         if message.times_seen > 1:
             parts.append(f"seen {message.times_seen} times")
     if message.acked_by:
-        when = f" at {_utc(message.acked_at)}" if message.acked_at else ""
-        parts.append(f"{_ACK_EMOJI} acknowledged by *{escape(message.acked_by)}*{when}")
+        when = f" at {utc_text(message.acked_at)}" if message.acked_at else ""
+        parts.append(f"{ACK_EMOJI} acknowledged by *{escape(message.acked_by)}*{when}")
     if message.silence_id and message.status == "firing":
-        until = f" until {_utc(message.silenced_until)}" if message.silenced_until else ""
-        parts.append(f"{_SILENCED_EMOJI} silenced by *{escape(message.silenced_by or 'someone')}*{until}")
+        until = f" until {utc_text(message.silenced_until)}" if message.silenced_until else ""
+        parts.append(f"{SILENCED_EMOJI} silenced by *{escape(message.silenced_by or 'someone')}*{until}")
     parts.append(f"id `{short_id(message.alert_key)}`")
     if related:
         shown = ", ".join(
@@ -188,7 +190,7 @@ def _status_line(message: Message, related: Sequence[RelatedNote]) -> str:
 
 def _fact_field(label: str, value: str) -> Block:
     text = f"*{escape(label)}*\n{escape(value)}"
-    return _mrkdwn(clip(text, min(_FACT_BUDGET, MAX_FIELD_TEXT)))
+    return mrkdwn_text(clip(text, min(_FACT_BUDGET, MAX_FIELD_TEXT)))
 
 
 def _tail_blocks(message: Message, compact: bool, controls: Controls) -> list[Block]:
@@ -196,13 +198,13 @@ def _tail_blocks(message: Message, compact: bool, controls: Controls) -> list[Bl
     extra_facts = message.facts[MAX_FIELDS:]
     if extra_facts:
         lines = "\n".join(f"*{escape(f.label)}*: {escape(f.value)}" for f in extra_facts)
-        blocks.append(_context(clip(lines, _LABELS_BUDGET)))
+        blocks.append(context_block(clip(lines, _LABELS_BUDGET)))
     labels = _labels_line(message.labels)
     if labels and not compact:
-        blocks.append(_context(labels))
+        blocks.append(context_block(labels))
     links = _links_line(message.links)
     if links:
-        blocks.append(_context(links))
+        blocks.append(context_block(links))
     buttons = _buttons(message, controls)
     if buttons:
         blocks.append({"type": "actions", "block_id": "alert_actions", "elements": buttons})
@@ -232,26 +234,33 @@ def _buttons(message: Message, controls: Controls) -> list[Block]:
     if not controls.interactive or message.status != "firing":
         return []
     value = message.alert_key[:MAX_BUTTON_VALUE]
-    buttons = [_control(UNACK_BUTTON, "Unack", value) if message.acked_by else _control(ACK_BUTTON, "Ack", value)]
+    buttons = [
+        control_button(UNACK_BUTTON, "Unack", value) if message.acked_by else control_button(ACK_BUTTON, "Ack", value)
+    ]
     if message.silence_id:
-        buttons.append(_control(UNSILENCE_BUTTON, "Unsilence", value))
+        buttons.append(control_button(UNSILENCE_BUTTON, "Unsilence", value))
     else:
-        buttons.extend(_control(name, label, value) for name, label in SILENCE_BUTTONS.items())
+        buttons.extend(control_button(name, label, value) for name, label in SILENCE_BUTTONS.items())
     runbook = next((link.url for link in message.links if link.text.lower() == "runbook"), "")
-    if _SAFE_URL.match(runbook) and len(runbook) <= MAX_URL:
-        buttons.append({**_control(RUNBOOK_BUTTON, "Runbook", value), "url": runbook})
+    if SAFE_URL.match(runbook) and len(runbook) <= MAX_URL:
+        buttons.append({**control_button(RUNBOOK_BUTTON, "Runbook", value), "url": runbook})
     remediation = [a for a in message.actions if a.name not in BUILT_IN_BUTTONS and a.name in controls.executable]
     return buttons + _action_buttons(remediation, message.alert_key)
 
 
-def _control(action_id: str, label: str, value: str) -> Block:
-    button: Block = {"type": "button", "action_id": action_id, "text": _plain(label, MAX_BUTTON_TEXT), "value": value}
+def control_button(action_id: str, label: str, value: str) -> Block:
+    button: Block = {
+        "type": "button",
+        "action_id": action_id,
+        "text": plain_text(label, MAX_BUTTON_TEXT),
+        "value": value,
+    }
     if action_id == _CONFIRMED_SILENCE:
         button["confirm"] = {
-            "title": _plain(f"{label}?", MAX_CONFIRM_TITLE),
-            "text": _plain("A day-long silence can hide a recurrence. Silence for 24 h?", MAX_CONFIRM_TEXT),
-            "confirm": _plain("Silence", MAX_CONFIRM_BUTTON),
-            "deny": _plain("Cancel", MAX_CONFIRM_BUTTON),
+            "title": plain_text(f"{label}?", MAX_CONFIRM_TITLE),
+            "text": plain_text("A day-long silence can hide a recurrence. Silence for 24 h?", MAX_CONFIRM_TEXT),
+            "confirm": plain_text("Silence", MAX_CONFIRM_BUTTON),
+            "deny": plain_text("Cancel", MAX_CONFIRM_BUTTON),
         }
     return button
 
@@ -267,22 +276,22 @@ def _action_buttons(actions: Sequence[ActionRef], alert_key: str) -> list[Block]
         button: Block = {
             "type": "button",
             "action_id": action_id,
-            "text": _plain(action.label or action.name, MAX_BUTTON_TEXT),
+            "text": plain_text(action.label or action.name, MAX_BUTTON_TEXT),
             "value": alert_key[:MAX_BUTTON_VALUE],
         }
         if action.safety == "dangerous":
             button["style"] = "danger"
         if action.safety != "safe":
             button["confirm"] = {
-                "title": _plain(f"{action.label or action.name}?", MAX_CONFIRM_TITLE),
-                "text": _plain(
+                "title": plain_text(f"{action.label or action.name}?", MAX_CONFIRM_TITLE),
+                "text": plain_text(
                     "This acts on the machine named in the alert. Continue?"
                     if action.safety == "dangerous"
                     else "Run this action for the alert?",
                     MAX_CONFIRM_TEXT,
                 ),
-                "confirm": _plain("Run", MAX_CONFIRM_BUTTON),
-                "deny": _plain("Cancel", MAX_CONFIRM_BUTTON),
+                "confirm": plain_text("Run", MAX_CONFIRM_BUTTON),
+                "deny": plain_text("Cancel", MAX_CONFIRM_BUTTON),
             }
         buttons.append(button)
     return buttons
@@ -306,7 +315,7 @@ def _body_blocks(sections: Sequence[Section], budget: _Budget, compact: bool) ->
             break
         blocks.extend(rendered)
     if omitted:
-        blocks.append(_context(f"… {omitted} more section{'s' if omitted > 1 else ''} not shown"))
+        blocks.append(context_block(f"… {omitted} more section{'s' if omitted > 1 else ''} not shown"))
     return blocks
 
 
@@ -318,12 +327,12 @@ def _section_blocks(section: Section, budget: _Budget) -> list[Block]:
         return []
     if section.kind == "code":
         text = _code_text(title, section.lines, min(room, MAX_SECTION_TEXT))
-        return [block for block in [_section(text)] if budget.take(block)]
+        return [block for block in [section_block(text)] if budget.take(block)]
     body = _section_body(section)
-    chunks = _split(title + body, min(room, budget.blocks * MAX_SECTION_TEXT))
+    chunks = split_text(title + body, min(room, budget.blocks * MAX_SECTION_TEXT))
     blocks: list[Block] = []
     for chunk in chunks:
-        block = _section(chunk)
+        block = section_block(chunk)
         if not budget.take(block):
             break
         blocks.append(block)
@@ -341,7 +350,7 @@ def _section_body(section: Section) -> str:
     return "\n".join(lines)
 
 
-def _split(text: str, room: int) -> list[str]:
+def split_text(text: str, room: int) -> list[str]:
     """Cut text into pieces of at most MAX_SECTION_TEXT at line ends, in total at most `room` characters."""
     text = clip(text, room)
     chunks: list[str] = []
@@ -372,7 +381,7 @@ def _code_text(title: str, lines: Sequence[str], room: int) -> str:
     note_room = 40
     overhead = text_length(title) + 2 * len(fence) + 2 + note_room
     per_line = max(40, room - overhead - 1)
-    kept, dropped = _clip_tail([clip(line, per_line) for line in safe], room - overhead)
+    kept, dropped = clip_tail([clip(line, per_line) for line in safe], room - overhead)
     note = f"_{dropped} earlier line{'s' if dropped > 1 else ''} not shown_\n" if dropped else ""
     body = "\n".join(kept) or " "
     return clip(f"{title}{note}{fence}\n{body}\n{fence}", room)
@@ -390,7 +399,7 @@ def shrink_for_slack(message: Message) -> Message:
 
 def _within(lines: Sequence[str], limit: int, *, tail: bool) -> list[str]:
     if tail:
-        return _clip_tail(lines, limit)[0] if lines else []
+        return clip_tail(lines, limit)[0] if lines else []
     kept: list[str] = []
     used = 0
     for line in lines:

@@ -47,14 +47,14 @@ _COLOURS = {
 _EMOJI = {"critical": "🔴", "error": "🔴", "page": "🔴", "warning": "🟠", "info": "🔵"}
 RESOLVED_COLOUR = "#12B76A"
 UNKNOWN_COLOUR = "#98A2B3"
-_RESOLVED_EMOJI = "✅"
+RESOLVED_EMOJI = "✅"
 _UNKNOWN_EMOJI = "⚪"
-_ACK_EMOJI = "👀"
-_NOTE_EMOJI = "📝"
-_SILENCED_EMOJI = "🔕"
+ACK_EMOJI = "👀"
+NOTE_EMOJI = "📝"
+SILENCED_EMOJI = "🔕"
 
 
-_SAFE_URL = re.compile(r"^https?://[^\s]+$", re.IGNORECASE)
+SAFE_URL = re.compile(r"^https?://[^\s]+$", re.IGNORECASE)
 _ENTITY_TAIL = re.compile(r"&[a-z]{0,4}$")
 
 
@@ -85,7 +85,7 @@ def clip(text: str, limit: int) -> str:
     return cut + ELLIPSIS
 
 
-def _clip_tail(lines: Sequence[str], limit: int) -> tuple[list[str], int]:
+def clip_tail(lines: Sequence[str], limit: int) -> tuple[list[str], int]:
     """The last lines whose text (joined by newlines) fits in `limit`, and how many were left out."""
     kept: list[str] = []
     used = 0
@@ -99,27 +99,27 @@ def _clip_tail(lines: Sequence[str], limit: int) -> tuple[list[str], int]:
     return kept, len(lines) - len(kept)
 
 
-def _plain(text: str, limit: int) -> Block:
+def plain_text(text: str, limit: int) -> Block:
     """A plain_text object. Slack parses &, < and > in every text object, plain_text included: escaped too."""
     return {"type": "plain_text", "text": clip(escape(text), limit) if text.strip() else "-", "emoji": True}
 
 
-def _mrkdwn(text: str) -> Block:
+def mrkdwn_text(text: str) -> Block:
     # verbatim: Slack's automatic parsing would turn a label value's "@channel" or "#ops" into a mention or link.
     return {"type": "mrkdwn", "text": text, "verbatim": True}
 
 
-def _section(text: str) -> Block:
-    return {"type": "section", "text": _mrkdwn(text)}
+def section_block(text: str) -> Block:
+    return {"type": "section", "text": mrkdwn_text(text)}
 
 
-def _context(text: str) -> Block:
-    return {"type": "context", "elements": [_mrkdwn(text)]}
+def context_block(text: str) -> Block:
+    return {"type": "context", "elements": [mrkdwn_text(text)]}
 
 
 def safe_url(url: str) -> str | None:
     """The URL made safe for mrkdwn link syntax, or None when it is not a plain http(s) URL within limits."""
-    if not _SAFE_URL.match(url) or len(url) > MAX_URL:
+    if not SAFE_URL.match(url) or len(url) > MAX_URL:
         return None
     return url.replace("|", "%7C").replace("<", "%3C").replace(">", "%3E").replace("&", "&amp;")
 
@@ -139,7 +139,7 @@ def severity_emoji(severity: str) -> str:
     return _EMOJI.get(severity.lower(), _UNKNOWN_EMOJI)
 
 
-def _utc(moment: datetime) -> str:
+def utc_text(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%d %H:%M UTC")
 
 

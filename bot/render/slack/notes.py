@@ -5,27 +5,27 @@ from __future__ import annotations
 from datetime import datetime
 
 from bot.message import Message
-from bot.render.slack.alert import _FALLBACK_BUDGET, _control
+from bot.render.slack.alert import FALLBACK_BUDGET, control_button
 from bot.render.slack.blockkit import (
-    _ACK_EMOJI,
-    _NOTE_EMOJI,
-    _RESOLVED_EMOJI,
+    ACK_EMOJI,
     MAX_SECTION_TEXT,
+    NOTE_EMOJI,
     RESOLVED_COLOUR,
+    RESOLVED_EMOJI,
     Payload,
-    _section,
-    _utc,
     clip,
     escape,
+    section_block,
     severity_emoji,
+    utc_text,
 )
 
 
 def note_payload(text: str, colour: str | None = None) -> Payload:
     """A short thread reply: one line of mrkdwn (already escaped), optionally with a colour bar."""
     line = clip(text, MAX_SECTION_TEXT)
-    blocks = [_section(line)]
-    payload: Payload = {"text": clip(line, _FALLBACK_BUDGET), "unfurl_links": False, "unfurl_media": False}
+    blocks = [section_block(line)]
+    payload: Payload = {"text": clip(line, FALLBACK_BUDGET), "unfurl_links": False, "unfurl_media": False}
     if colour is None:
         payload["blocks"] = blocks
     else:
@@ -35,12 +35,12 @@ def note_payload(text: str, colour: str | None = None) -> Payload:
 
 def repeat_note(message: Message, at: datetime) -> Payload:
     seen = f"seen {message.times_seen} times" if message.times_seen > 1 else "seen again"
-    return note_payload(f"🔁 *{escape(message.title)}* still firing, {seen} (last {_utc(at)})")
+    return note_payload(f"🔁 *{escape(message.title)}* still firing, {seen} (last {utc_text(at)})")
 
 
 def resolved_note(message: Message) -> Payload:
     lasted = f" after {message.duration_text}" if message.duration_text else ""
-    return note_payload(f"{_RESOLVED_EMOJI} *{escape(message.title)}* resolved{lasted}", RESOLVED_COLOUR)
+    return note_payload(f"{RESOLVED_EMOJI} *{escape(message.title)}* resolved{lasted}", RESOLVED_COLOUR)
 
 
 def refiring_note(message: Message) -> Payload:
@@ -50,12 +50,12 @@ def refiring_note(message: Message) -> Payload:
 
 def ack_note(message: Message) -> Payload:
     who = escape(message.acked_by or "someone")
-    return note_payload(f"{_ACK_EMOJI} *{escape(message.title)}* acknowledged by *{who}*")
+    return note_payload(f"{ACK_EMOJI} *{escape(message.title)}* acknowledged by *{who}*")
 
 
 def note_reply(message: Message) -> Payload:
     """A note about the alert (an outcome, a comment), as a reply in its thread; the text is data, escaped."""
-    return note_payload(f"{_NOTE_EMOJI} *{escape(message.title)}*: {escape(message.note)}")
+    return note_payload(f"{NOTE_EMOJI} *{escape(message.title)}*: {escape(message.note)}")
 
 
 APPROVE_RUN, REFUSE_RUN = "approve-run", "refuse-run"
@@ -70,8 +70,8 @@ def approval_payload(text: str, run_id: int, open_: bool) -> Payload:
             {
                 "type": "actions",
                 "elements": [
-                    {**_control(APPROVE_RUN, "Approve", str(run_id)), "style": "primary"},
-                    {**_control(REFUSE_RUN, "Refuse", str(run_id)), "style": "danger"},
+                    {**control_button(APPROVE_RUN, "Approve", str(run_id)), "style": "primary"},
+                    {**control_button(REFUSE_RUN, "Refuse", str(run_id)), "style": "danger"},
                 ],
             }
         )

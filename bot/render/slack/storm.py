@@ -8,27 +8,27 @@ from datetime import datetime
 
 from bot.message import Message, format_duration
 from bot.models import short_id
-from bot.render.slack.alert import _FALLBACK_BUDGET, _split
+from bot.render.slack.alert import FALLBACK_BUDGET, split_text
 from bot.render.slack.blockkit import (
-    _RESOLVED_EMOJI,
     MAX_BLOCKS,
     MAX_HEADER_TEXT,
     MAX_TOTAL_TEXT,
     RESOLVED_COLOUR,
+    RESOLVED_EMOJI,
     Block,
     Payload,
-    _context,
-    _mrkdwn,
-    _plain,
-    _section,
-    _utc,
     clip,
+    context_block,
     escape,
     link,
+    mrkdwn_text,
+    plain_text,
     safe_url,
+    section_block,
     severity_colour,
     severity_emoji,
     text_length,
+    utc_text,
 )
 
 _STORM_LINE_BUDGET = 180
@@ -39,7 +39,7 @@ STORM_BATCH_LINES = 80
 
 def storm_line(message: Message, *, posted_above: bool = False) -> str:
     """One alert of a storm as one line of mrkdwn, for the batched replies under the storm summary."""
-    emoji = _RESOLVED_EMOJI if message.status == "resolved" else severity_emoji(message.severity)
+    emoji = RESOLVED_EMOJI if message.status == "resolved" else severity_emoji(message.severity)
     where = " ".join(p for p in (f"`{escape(message.host)}`" if message.host else "", _gpu(message.gpu)) if p)
     parts = [f"{emoji} *{escape(message.alertname or message.title)}*"]
     if where:
@@ -79,7 +79,7 @@ def storm_batch_payload(lines: Sequence[str], first_number: int) -> Payload:
     """A thread reply listing storm lines (each from storm_line), numbered from `first_number`."""
     fitting = lines[: storm_batch_size(lines, first_number)]
     numbered = [_numbered(number, line) for number, line in enumerate(fitting, first_number)]
-    blocks = [_section(chunk) for chunk in _split("\n".join(numbered), MAX_TOTAL_TEXT)]
+    blocks = [section_block(chunk) for chunk in split_text("\n".join(numbered), MAX_TOTAL_TEXT)]
     last = first_number + len(numbered) - 1
     text = f"Alerts {first_number} to {last} of this storm" if numbered else "Alerts of this storm"
     return {"text": text, "blocks": blocks[:MAX_BLOCKS], "unfurl_links": False, "unfurl_media": False}
@@ -113,23 +113,23 @@ def storm_summary_payload(summary: StormSummary) -> Payload:
     title = f"🌩️ Alert storm {state}: {summary.total} alerts on {hosts} host{'s' if hosts != 1 else ''}"
     lasted = format_duration((summary.last_new_at - summary.started_at).total_seconds())
     fields = [
-        _mrkdwn(f"*Firing*\n{summary.firing}"),
-        _mrkdwn(f"*Resolved*\n{summary.resolved}"),
-        _mrkdwn(f"*Started*\n{_utc(summary.started_at)}"),
-        _mrkdwn(f"*Last new alert*\n{_utc(summary.last_new_at)} ({lasted} in)"),
+        mrkdwn_text(f"*Firing*\n{summary.firing}"),
+        mrkdwn_text(f"*Resolved*\n{summary.resolved}"),
+        mrkdwn_text(f"*Started*\n{utc_text(summary.started_at)}"),
+        mrkdwn_text(f"*Last new alert*\n{utc_text(summary.last_new_at)} ({lasted} in)"),
     ]
     blocks: list[Block] = [
-        {"type": "header", "text": _plain(title, MAX_HEADER_TEXT)},
+        {"type": "header", "text": plain_text(title, MAX_HEADER_TEXT)},
         {"type": "section", "fields": fields},
-        _section(_counts("By alert", summary.by_name, 15, "\n")),
-        _section(_counts("By host", summary.by_host, 40, " · ")),
+        section_block(_counts("By alert", summary.by_name, 15, "\n")),
+        section_block(_counts("By host", summary.by_host, 40, " · ")),
     ]
     if summary.by_gpu:
-        blocks.append(_section(_counts("By GPU", summary.by_gpu, 40, " · ")))
+        blocks.append(section_block(_counts("By GPU", summary.by_gpu, 40, " · ")))
     listed = f"{summary.listed} of {summary.total} listed"
     tail = "" if summary.ended else " New alerts join this summary until the channel is quiet."
-    blocks.append(_context(f"🧵 One line per alert in this thread ({listed}).{tail}"))
-    fallback = clip(f"{title} ({summary.firing} firing, {summary.resolved} resolved)", _FALLBACK_BUDGET)
+    blocks.append(context_block(f"🧵 One line per alert in this thread ({listed}).{tail}"))
+    fallback = clip(f"{title} ({summary.firing} firing, {summary.resolved} resolved)", FALLBACK_BUDGET)
     return {
         "text": fallback,
         "attachments": [{"color": colour, "fallback": fallback, "blocks": blocks}],
