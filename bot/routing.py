@@ -8,10 +8,70 @@ alert does not carry matches like the empty string, as in Alertmanager (`team=""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from bot.config import RouteRule, RoutingConfig, parse_matcher
+# Alertmanager's matcher syntax (pkg/labels/parse.go): the value may be double-quoted or bare.
+_MATCHER = re.compile(r"^\s*(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)\s*(?P<op>=~|!~|!=|=)\s*(?P<value>.*?)\s*\Z", re.DOTALL)
+
+
+def parse_matcher(value: str) -> tuple[str, str, str]:
+    """(label, operator, value) of an Alertmanager-style matcher such as `severity="critical"`.
+
+    Like Alertmanager, the value may be bare or double-quoted; inside it `\\"`, `\\\\` and `\\n` are escapes and any
+    other backslash stays literal, so `host=~"gpu\\d+"` keeps its regex escape.
+    """
+    match = _MATCHER.match(value)
+    if match is None:
+        raise ValueError(f'{value!r} is not a matcher such as severity="critical" or alertname=~"GPU.*"')
+    return match.group("name"), match.group("op"), _unescape_matcher_value(value, match.group("value"))
+
+
+def _unescape_matcher_value(matcher: str, raw: str) -> str:
+    if raw.startswith('"'):
+        if len(raw) < 2 or not raw.endswith('"') or _ends_with_escape(raw[1:-1]):
+            raise ValueError(f"{matcher!r}: the value's closing double quote is missing")
+        raw = raw[1:-1]
+    value: list[str] = []
+    chars = iter(raw)
+    for char in chars:
+        if char == '"':
+            raise ValueError(f'{matcher!r}: a double quote inside the value must be escaped as \\"')
+        if char != "\\":
+            value.append(char)
+            continue
+        following = next(chars, "")
+        value.append({"n": "\n", '"': '"', "\\": "\\"}.get(following, "\\" + following))
+    return "".join(value)
+
+
+def _ends_with_escape(text: str) -> bool:
+    """True when the text ends with an odd number of backslashes, so a quote after it would be escaped."""
+    return (len(text) - len(text.rstrip("\\"))) % 2 == 1
+
+
+class RuleSpec(Protocol):
+    """One configured rule (bot.config.RouteRule): routing reads the configuration without importing it."""
+
+    @property
+    def matchers(self) -> Sequence[str]: ...
+
+    @property
+    def receivers(self) -> Sequence[str]: ...
+
+    @property
+    def continue_(self) -> bool: ...
+
+
+class RoutingSpec(Protocol):
+    """The configured routing (bot.config.RoutingConfig)."""
+
+    @property
+    def rules(self) -> Sequence[RuleSpec]: ...
+
+    @property
+    def default(self) -> Sequence[str]: ...
 
 
 @dataclass(frozen=True)
@@ -52,7 +112,7 @@ class CompiledRule:
     continue_: bool
 
     @classmethod
-    def compile(cls, index: int, rule: RouteRule) -> CompiledRule:
+    def compile(cls, index: int, rule: RuleSpec) -> CompiledRule:
         return cls(index, tuple(LabelMatcher.parse(m) for m in rule.matchers), tuple(rule.receivers), rule.continue_)
 
     def first_mismatch(self, labels: Mapping[str, str]) -> LabelMatcher | None:
@@ -98,7 +158,7 @@ class RouteTrace:
 
 
 class Router:
-    def __init__(self, config: RoutingConfig) -> None:
+    def __init__(self, config: RoutingSpec) -> None:
         self._rules = [CompiledRule.compile(i, rule) for i, rule in enumerate(config.rules)]
         self._default = tuple(config.default)
 

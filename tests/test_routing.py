@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from bot.config import RoutingConfig, parse_matcher
-from bot.routing import LabelMatcher, Router
+from bot.config import RoutingConfig
+from bot.routing import LabelMatcher, Router, parse_matcher
 
 RULES: list[dict[str, Any]] = [
     # 1: every critical alert pages, and routing goes on to find its chat channel.

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 
 from bot.alertmanager import AlertmanagerClient, SilenceMatcher, SilenceNotFound, SilenceState
 from bot.clock import Clock
-from bot.config import InteractivityConfig, parse_matcher
+from bot.config import InteractivityConfig
 from bot.interact.dispatch import ButtonSpec, CommandSpec, Dispatcher, Invocation, Outcome, UsageError
 from bot.interact.silences import (
     SILENCE_ID,
@@ -25,7 +25,7 @@ from bot.interact.silences import (
 from bot.message import format_duration
 from bot.models import AlertState, short_id
 from bot.render.slack import ACK_BUTTON, RUNBOOK_BUTTON, SILENCE_BUTTONS, UNACK_BUTTON, UNSILENCE_BUTTON, escape
-from bot.routing import LabelMatcher
+from bot.routing import LabelMatcher, parse_matcher
 from bot.store.base import Store, StoreUnavailable
 
 _LIST_LIMIT = 30

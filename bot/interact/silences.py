@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 from bot.alertmanager import AlertmanagerClient, AlertmanagerError, SilenceMatcher, SilenceNotFound, SilenceState
 from bot.clock import Clock
-from bot.config import parse_matcher
 from bot.models import AlertState, short_id
+from bot.routing import parse_matcher
 from bot.store.base import Store, StoreUnavailable
 
 log = logging.getLogger(__name__)

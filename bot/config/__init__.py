@@ -1,0 +1,93 @@
+"""The YAML configuration file, validated by pydantic. Every key is documented in config/bot.example.yaml.
+
+Secrets are never written in the file itself: keys ending in `_file` name a file whose content is the secret
+(Docker/Kubernetes secrets), so nothing secret appears in the environment or `docker inspect`. Relative paths
+are resolved against the directory of the configuration file, so the bot runs from any working directory.
+"""
+
+from __future__ import annotations
+
+from bot.config.alertmanager import AlertmanagerConfig, DeadmanConfig
+from bot.config.base import LISTEN_EXAMPLE, ConfigPath, HttpUrlText, StrictModel, host_port, http_url, listen_address
+from bot.config.duration import Duration, parse_duration
+from bot.config.enrichment import BUNDLED_PLAYBOOKS, EnrichmentConfig, LokiConfig, PlaybooksConfig, PrometheusConfig
+from bot.config.interactivity import DEFAULT_PERMISSIONS, InteractivityConfig, SlackRole
+from bot.config.loading import ConfigError, load_config
+from bot.config.receivers import (
+    ConsoleReceiver,
+    EmailReceiver,
+    PagerDutyReceiver,
+    PagerDutySeverity,
+    Receiver,
+    SlackReceiver,
+    email_problems,
+)
+from bot.config.remediation import (
+    DOCKER_ACTIONS,
+    ActionPolicyConfig,
+    CircuitBreakerConfig,
+    DockerExecutorConfig,
+    KubernetesExecutorConfig,
+    RemediationConfig,
+    RemediationHost,
+    SshExecutorConfig,
+)
+from bot.config.root import BotConfig, cross_section_problems, secret_file_warnings
+from bot.config.routing import Matcher, RouteRule, RoutingConfig
+from bot.config.secrets import Secret, SecretFile
+from bot.config.server import BasicAuthConfig, ServerConfig, WebhookAuthConfig
+from bot.config.store import LoggingConfig, OutboxConfig, StoreConfig, WorkerConfig
+
+__all__ = [
+    "BUNDLED_PLAYBOOKS",
+    "DEFAULT_PERMISSIONS",
+    "DOCKER_ACTIONS",
+    "LISTEN_EXAMPLE",
+    "ActionPolicyConfig",
+    "AlertmanagerConfig",
+    "BasicAuthConfig",
+    "BotConfig",
+    "CircuitBreakerConfig",
+    "ConfigError",
+    "ConfigPath",
+    "ConsoleReceiver",
+    "DeadmanConfig",
+    "DockerExecutorConfig",
+    "Duration",
+    "EmailReceiver",
+    "EnrichmentConfig",
+    "HttpUrlText",
+    "InteractivityConfig",
+    "KubernetesExecutorConfig",
+    "LoggingConfig",
+    "LokiConfig",
+    "Matcher",
+    "OutboxConfig",
+    "PagerDutyReceiver",
+    "PagerDutySeverity",
+    "PlaybooksConfig",
+    "PrometheusConfig",
+    "Receiver",
+    "RemediationConfig",
+    "RemediationHost",
+    "RouteRule",
+    "RoutingConfig",
+    "Secret",
+    "SecretFile",
+    "ServerConfig",
+    "SlackReceiver",
+    "SlackRole",
+    "SshExecutorConfig",
+    "StoreConfig",
+    "StrictModel",
+    "WebhookAuthConfig",
+    "WorkerConfig",
+    "cross_section_problems",
+    "email_problems",
+    "host_port",
+    "http_url",
+    "listen_address",
+    "load_config",
+    "parse_duration",
+    "secret_file_warnings",
+]

@@ -1,0 +1,127 @@
+"""The `remediation` section: executors per host, action policies and the circuit breaker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, field_validator, model_validator
+
+from bot.actions.registry import ACTIONS
+from bot.config.base import ConfigPath, StrictModel
+from bot.config.duration import Duration
+from bot.config.enrichment import PrometheusConfig
+from bot.config.secrets import SecretFile
+from bot.models import DEFAULT_HOST_LABELS
+
+
+class SshExecutorConfig(StrictModel):
+    """SSH to a forced command (scripts/gpu-node-actions.sh): the bot sends only a fixed verb."""
+
+    address: str = Field(min_length=1)
+    port: int = Field(default=22, ge=1, le=65535)
+    user: str = Field(min_length=1)
+    key_file: ConfigPath
+    known_hosts: ConfigPath
+    timeout: Duration = 120.0
+
+    @field_validator("key_file", "known_hosts")
+    @classmethod
+    def _file_exists(cls, value: Path) -> Path:
+        if not value.is_file():
+            raise ValueError(f"no such file: {value}")
+        return value
+
+
+# What the Docker and Kubernetes executors can do: restart a named container or delete a node's pod.
+DOCKER_ACTIONS = frozenset({"restart-dcgm-exporter", "restart-inference-server"})
+
+
+class DockerExecutorConfig(StrictModel):
+    """The Docker Engine API: a unix socket on the GPU node itself, or TCP with mutual TLS."""
+
+    url: str = "unix:///var/run/docker.sock"
+    ca_file: ConfigPath | None = None
+    cert_file: ConfigPath | None = None
+    key_file: ConfigPath | None = None
+    # action -> container name, for example {restart-dcgm-exporter: dcgm-exporter}
+    containers: dict[str, str] = Field(default_factory=dict)
+    stop_timeout: int = Field(default=10, ge=0, le=600)
+    timeout: Duration = 60.0
+
+    @field_validator("containers")
+    @classmethod
+    def _restart_actions(cls, value: dict[str, str]) -> dict[str, str]:
+        unknown = sorted(set(value) - DOCKER_ACTIONS)
+        if unknown:
+            raise ValueError(f"Docker can run only {', '.join(sorted(DOCKER_ACTIONS))}, not {', '.join(unknown)}")
+        return value
+
+    @model_validator(mode="after")
+    def _timeout_covers_stop(self) -> DockerExecutorConfig:
+        # A restart answers only once the container stopped (up to stop_timeout) and started again.
+        if self.timeout <= self.stop_timeout:
+            raise ValueError("timeout must be longer than stop_timeout: a restart blocks until the container is back")
+        return self
+
+
+class RemediationHost(StrictModel):
+    ssh: SshExecutorConfig | None = None
+    docker: DockerExecutorConfig | None = None
+    # The host's node name in Kubernetes, when remediation.kubernetes is set.
+    kubernetes_node: str | None = None
+
+
+class KubernetesExecutorConfig(StrictModel):
+    kubeconfig: ConfigPath | None = None  # None: in-cluster, from the service account
+    namespace: str = "gpu-operator"
+    # action -> label selector of the pod to delete on the alert's node (its DaemonSet/Deployment recreates it)
+    pods: dict[str, str] = Field(default_factory=lambda: {"restart-dcgm-exporter": "app=nvidia-dcgm-exporter"})
+    timeout: Duration = 30.0
+
+    @field_validator("pods")
+    @classmethod
+    def _restart_actions(cls, value: dict[str, str]) -> dict[str, str]:
+        unknown = sorted(set(value) - DOCKER_ACTIONS)
+        if unknown:
+            raise ValueError(f"pods restart for {', '.join(sorted(DOCKER_ACTIONS))}, not {', '.join(unknown)}")
+        return value
+
+
+class ActionPolicyConfig(StrictModel):
+    enabled: bool | None = None  # None: on, except for dangerous actions
+    approval: bool = False  # dangerous actions always need one
+    dry_run: bool = False
+    cooldown: Duration = 1800.0
+    automatic: bool = False
+    verify_within: Duration = 180.0
+
+
+class CircuitBreakerConfig(StrictModel):
+    max_hosts: int = Field(default=3, ge=1)
+    window: Duration = 600.0
+
+
+class RemediationConfig(StrictModel):
+    dry_run: bool = False
+    approvers: list[str] = Field(default_factory=list)
+    admins: list[str] = Field(default_factory=list)
+    second_approver: bool = False
+    approval_ttl: Duration = 900.0
+    max_concurrent: int = Field(default=2, ge=1)
+    host_labels: list[str] = Field(default_factory=lambda: list(DEFAULT_HOST_LABELS))
+    hosts: dict[str, RemediationHost] = Field(default_factory=dict)
+    kubernetes: KubernetesExecutorConfig | None = None
+    actions: dict[str, ActionPolicyConfig] = Field(default_factory=dict)
+    circuit_breaker: CircuitBreakerConfig = CircuitBreakerConfig()
+    prometheus: PrometheusConfig | None = None  # for verification; default: enrichment.prometheus
+    poll_interval: Duration = 5.0
+    # Bearer token of the local admin endpoint that `gpu-alert-bot run|approve|refuse` call; unset: off.
+    admin_token_file: SecretFile | None = None
+
+    @field_validator("actions")
+    @classmethod
+    def _known_actions(cls, value: dict[str, ActionPolicyConfig]) -> dict[str, ActionPolicyConfig]:
+        unknown = sorted(set(value) - set(ACTIONS))
+        if unknown:
+            raise ValueError(f"unknown actions {', '.join(unknown)} (known: {', '.join(ACTIONS)})")
+        return value

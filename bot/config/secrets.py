@@ -1,0 +1,91 @@
+"""Secrets read from files (`*_file` keys), read again when the file is rotated."""
+
+from __future__ import annotations
+
+import logging
+import stat
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import PlainSerializer, PlainValidator, ValidationInfo
+
+from bot.config.base import _resolve_path
+
+log = logging.getLogger("bot.config")
+
+
+class Secret:
+    """A secret read from a file, and read again when the file changes, so a rotated token (a new file moved
+    into place, a Kubernetes secret update) is used without a restart. Its repr and its serialised form show
+    the file, never the value."""
+
+    __slots__ = ("_stamp", "_value", "path")
+
+    def __init__(self, path: Path, value: str) -> None:
+        self.path = path
+        self._value = value
+        self._stamp = _file_stamp(path)
+
+    @classmethod
+    def read(cls, path: Path) -> Secret:
+        stamp = _file_stamp(path)  # before reading: a change while reading is seen by the next get()
+        secret = cls(path, _secret_text(path))
+        secret._stamp = stamp
+        return secret
+
+    def get(self) -> str:
+        stamp = _file_stamp(self.path)
+        if stamp != self._stamp:
+            self._stamp = stamp
+            self._read_again()
+        return self._value
+
+    def _read_again(self) -> None:
+        try:
+            self._value = _secret_text(self.path)
+        except ValueError as exc:
+            # Mid-rotation (the file gone, or truncated before its new content): the last good value still works.
+            log.warning(
+                "secret file changed and cannot be used: keeping its previous value", extra={"reason": str(exc)}
+            )
+
+    def readable_by_everyone(self) -> bool:
+        try:
+            return bool(self.path.stat().st_mode & stat.S_IROTH)
+        except OSError:
+            return False
+
+    def __repr__(self) -> str:
+        return f"Secret(file={str(self.path)!r})"
+
+
+def _file_stamp(path: Path) -> tuple[int, int, int] | None:
+    """What changes when a file is rewritten or replaced; None when it cannot be seen."""
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    return info.st_ino, info.st_size, info.st_mtime_ns
+
+
+def _secret_text(path: Path) -> str:
+    try:
+        content = path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read secret file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"secret file {path} is not UTF-8 text") from None
+    if not content:
+        raise ValueError(f"secret file {path} is empty")
+    return content
+
+
+def _load_secret(value: Any, info: ValidationInfo) -> Secret:
+    if isinstance(value, Secret):
+        return value
+    if not isinstance(value, str | Path) or not str(value).strip():
+        raise ValueError("expected the path of a file holding the secret")
+    return Secret.read(_resolve_path(Path(value), info))
+
+
+SecretFile = Annotated[Secret, PlainValidator(_load_secret), PlainSerializer(lambda s: str(s.path))]
