@@ -108,6 +108,14 @@ class Metrics:
         self.deliveries = Counter(
             f"{_PREFIX}_deliveries", "Delivery attempts, by receiver and result.", ["receiver", "result"], registry=r
         )
+        self.delivery_duration = Histogram(
+            f"{_PREFIX}_delivery_duration_seconds",
+            "Time of each delivery attempt by the receiver's sink, whatever its result (Alertmanager: "
+            "notification_latency_seconds), by receiver.",
+            ["receiver"],
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20),
+            registry=r,
+        )
         self.delivery_failures = Counter(
             f"{_PREFIX}_delivery_failures",
             "Deliveries given up for good, by receiver and reason.",
@@ -171,5 +179,6 @@ class Metrics:
     def init_receivers(self, receivers: Iterable[str]) -> None:
         """Start each configured receiver's delivery counters at 0 (the failures are per reason: not known)."""
         for receiver in receivers:
+            self.delivery_duration.labels(receiver)
             for result in DELIVERY_RESULTS:
                 self.deliveries.labels(receiver, result)

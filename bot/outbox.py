@@ -222,7 +222,8 @@ class Outbox:
     async def _attempt_once(self, sink: Sink, delivery: Delivery) -> DeliveryResult:
         try:
             async with asyncio.timeout(self._config.attempt_timeout):
-                result = await sink.deliver(delivery)
+                with self._metrics.delivery_duration.labels(sink.name).time():
+                    result = await sink.deliver(delivery)
         except TimeoutError:
             result = DeliveryResult.retry_later("timeout", f"no answer within {self._config.attempt_timeout:g} s")
         except (OSError, StoreUnavailable) as exc:  # a transport or store error a later attempt can get past

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
+import httpx
 import pytest
 import yaml
 from pydantic import BaseModel
@@ -19,6 +20,7 @@ from bot.explain import format_text
 from bot.models import Delivery, WebhookPayload
 from bot.playbooks import PlaybookSet
 from bot.sinks import SINK_TYPES, DeliveryResult, Preview, SinkResources, SinkType
+from tests.support.bot import eventually, running_bot
 from tests.support.payloads import FIXTURE_CAPTURES
 from tests.support.processes import free_port
 
@@ -261,3 +263,23 @@ async def test_a_sink_type_explain_does_not_know_is_previewed_by_its_own_preview
     # For people, a preview without a text form of its own is shown as JSON.
     shown = format_text(report).split("--- hook (hook) ---\n", 1)[1]
     assert json.loads(shown)["body"]["title"] == "GpuXidError on 127.0.0.1"
+
+
+async def test_explain_shows_the_message_the_pipeline_delivers(tmp_path: Path) -> None:
+    """One decision for both: the console line explain previews is the one the running bot prints."""
+    playbooks = tmp_path / "playbooks"
+    playbooks.mkdir()
+    (playbooks / "xid.yaml").write_text("match: {alertname: GpuXidError}\ntitle: Xid error on {host}\n")
+    config = {"playbooks": {"dir": str(playbooks)}, "receivers": [{"type": "console", "name": "console"}]}
+    raw = E2E_FIRING.read_bytes()
+    async with running_bot(tmp_path, config) as bot, httpx.AsyncClient(timeout=10) as client:
+        response = await client.post(bot.webhook_url, content=raw, headers={"Content-Type": "application/json"})
+        assert response.status_code == 200
+        [printed] = await eventually(bot.console_events)
+        loaded = PlaybookSet.load(bot.config.playbooks.dir, bot.config.playbooks.vars)
+        report = await explain_report(WebhookPayload.model_validate_json(raw), bot.config, loaded, enrich=True)
+    [previewed] = report["alerts"][0]["messages"]
+    ids = ("event_id", "delivery_id")
+    assert {k: v for k, v in previewed["line"].items() if k not in ids} == {
+        k: v for k, v in printed.items() if k not in ids
+    }

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bot.metrics import DELIVERY_RESULTS, ERROR_KINDS, WEBHOOK_REFUSALS, Metrics
 from bot.models import EventKind
-from tests.support.bot import running_bot
+from tests.support.bot import eventually, running_bot
 from tests.support.processes import REPO
 
 
@@ -88,3 +88,21 @@ async def test_each_configured_receiver_has_its_delivery_results_at_zero_before_
     assert errors == {(("kind", kind),): 0.0 for kind in ERROR_KINDS}
     # Per reason, so not known in advance: no series until the first failure.
     assert _samples(text, "gpu_alert_bot_delivery_failures_total") == {}
+
+
+async def test_each_delivery_attempt_is_timed_per_receiver(tmp_path: Path) -> None:
+    receivers = [{"name": "console", "type": "console"}, {"name": "night-shift", "type": "console"}]
+    config = {"receivers": receivers, "routing": {"default": ["console"]}}
+    payload = (REPO / "tests" / "fixtures" / "payloads" / "prom242_am025_e2e_firing.json").read_bytes()
+    duration = "gpu_alert_bot_delivery_duration_seconds"
+    delivered = {"receiver": "console", "result": "delivered"}
+    async with running_bot(tmp_path, config) as bot, httpx.AsyncClient(timeout=10) as client:
+        before = _samples((await client.get(f"{bot.url}/metrics")).text, f"{duration}_count")
+        response = await client.post(bot.webhook_url, content=payload, headers={"Content-Type": "application/json"})
+        assert response.status_code == 200
+        await eventually(lambda: bot.metric("gpu_alert_bot_deliveries_total", delivered))
+        text = (await client.get(f"{bot.url}/metrics")).text
+    assert before == {(("receiver", "console"),): 0.0, (("receiver", "night-shift"),): 0.0}
+    assert _samples(text, f"{duration}_count") == {(("receiver", "console"),): 1.0, (("receiver", "night-shift"),): 0.0}
+    assert _samples(text, f"{duration}_sum")[(("receiver", "console"),)] > 0
+    assert _samples(text, f"{duration}_bucket")[(("le", "+Inf"), ("receiver", "console"))] == 1.0
