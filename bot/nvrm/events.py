@@ -14,7 +14,7 @@ FALLEN_OFF_THE_BUS = "GPU has fallen off the bus"
 
 
 _HEX = "[0-9a-fA-F]"
-_BDF = rf"(?:PCI:)?{_HEX}{{1,8}}:{_HEX}{{1,2}}:{_HEX}{{1,2}}(?:\.[0-7])?"
+BDF = rf"(?:PCI:)?{_HEX}{{1,8}}:{_HEX}{{1,2}}:{_HEX}{{1,2}}(?:\.[0-7])?"
 _PCI_TEXT = re.compile(
     rf"(?:PCI:)?(?:(?P<domain>{_HEX}{{1,8}}):)?(?P<bus>{_HEX}{{1,2}}):(?P<device>{_HEX}{{1,2}})(?:\.(?P<function>[0-7]))?",
     re.IGNORECASE,

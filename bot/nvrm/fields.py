@@ -41,7 +41,7 @@ _UPTIME = re.compile(r"\[\s*(?P<uptime>\d{1,10}\.\d{1,9})\]")
 
 
 @dataclass(frozen=True)
-class _Nvlink:
+class NvlinkFields:
     """What an NVLink line says beyond its code: see the `link`, `nvlink_*` fields of `XidEvent`."""
 
     link: int | None = None
@@ -49,17 +49,17 @@ class _Nvlink:
     unit: str | None = None
 
 
-_NO_NVLINK = _Nvlink()
+NO_NVLINK = NvlinkFields()
 
 
 @dataclass(frozen=True)
-class _Prefix:
+class LinePrefix:
     timestamp: datetime | None
     log_time: str | None
     uptime: float | None
 
 
-def _payload(rest: str) -> tuple[int | None, str | None, str]:
+def split_payload(rest: str) -> tuple[int | None, str | None, str]:
     """(pid, process name, message) of what follows the Xid code: `pid=` and `name=` are optional."""
     pid: int | None = None
     process: str | None = None
@@ -76,11 +76,11 @@ def _payload(rest: str) -> tuple[int | None, str | None, str]:
 
 
 @functools.lru_cache(maxsize=256)
-def _pci(tag: str) -> PciAddress | None:
+def pci_of_tag(tag: str) -> PciAddress | None:
     return PciAddress.parse(tag)
 
 
-def _prefix(text: str, timestamp: datetime | None) -> _Prefix:
+def line_prefix(text: str, timestamp: datetime | None) -> LinePrefix:
     log_time: str | None = None
     parsed: datetime | None = None
     iso = _ISO_TIME.search(text)
@@ -93,7 +93,7 @@ def _prefix(text: str, timestamp: datetime | None) -> _Prefix:
             log_time = ctime.group("time")
     uptime_match = _UPTIME.search(text)
     uptime = float(uptime_match.group("uptime")) if uptime_match is not None else None
-    return _Prefix(timestamp=timestamp if timestamp is not None else parsed, log_time=log_time, uptime=uptime)
+    return LinePrefix(timestamp=timestamp if timestamp is not None else parsed, log_time=log_time, uptime=uptime)
 
 
 def _aware_iso(text: str) -> datetime | None:
@@ -104,17 +104,17 @@ def _aware_iso(text: str) -> datetime | None:
     return parsed if parsed.tzinfo is not None else None
 
 
-def _channel(message: str) -> int | None:
+def channel_of(message: str) -> int | None:
     match = _CHANNEL.search(message)
     return None if match is None else int(match.group("channel"), 16)
 
 
-def _caused_by(message: str) -> int | None:
+def caused_by(message: str) -> int | None:
     match = _CAUSED_BY.search(message)
     return None if match is None else int(match.group("xid"))
 
 
-def _recovery(message: str) -> RecoveryChange | None:
+def recovery_of(message: str) -> RecoveryChange | None:
     match = _RECOVERY.search(message)
     if match is None:
         return None
@@ -126,25 +126,25 @@ def _recovery(message: str) -> RecoveryChange | None:
     )
 
 
-def _fatal_token(message: str) -> bool | None:
+def fatal_token(message: str) -> bool | None:
     match = _NVLINK5.match(message)
     return None if match is None else match.group("token") == "Fatal"
 
 
-def _nvlink(message: str) -> _Nvlink:
+def nvlink_fields(message: str) -> NvlinkFields:
     """The link, register words and unit of an Xid 74 or NVLink5 line; empty for any other line."""
     nvlink5 = _NVLINK5.match(message)
     if nvlink5 is not None:
         link = nvlink5.group("link")
-        return _Nvlink(
+        return NvlinkFields(
             link=None if link is None else int(link),
             registers=_register_words(nvlink5.group("words")),
             unit=nvlink5.group("unit"),
         )
     error = _NVLINK_ERROR.search(message)
     if error is not None:
-        return _Nvlink(link=int(error.group("link")), registers=_register_words(error.group("words")))
-    return _NO_NVLINK
+        return NvlinkFields(link=int(error.group("link")), registers=_register_words(error.group("words")))
+    return NO_NVLINK
 
 
 def _register_words(text: str | None) -> tuple[int, ...] | None:

@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from bot.nvrm.events import (
-    _BDF,
+    BDF,
     FALLEN_OFF_THE_BUS,
     XID_FALLEN_OFF_THE_BUS,
     XID_RECOVERY_ACTION,
@@ -20,17 +20,17 @@ from bot.nvrm.events import (
     XidEvent,
 )
 from bot.nvrm.fields import (
-    _NO_NVLINK,
-    _caused_by,
-    _channel,
-    _fatal_token,
-    _Nvlink,
-    _nvlink,
-    _payload,
-    _pci,
-    _Prefix,
-    _prefix,
-    _recovery,
+    NO_NVLINK,
+    LinePrefix,
+    NvlinkFields,
+    caused_by,
+    channel_of,
+    fatal_token,
+    line_prefix,
+    nvlink_fields,
+    pci_of_tag,
+    recovery_of,
+    split_payload,
 )
 
 # Lines of one event closer than this belong to the same burst; further apart they are a new occurrence.
@@ -43,11 +43,11 @@ _CONTINUATION_LINES = 4
 _XID = re.compile(r"NVRM:\s*Xid\s*\((?P<tag>[^)]{0,40})\)\s*:?\s*(?P<xid>\d{1,6})\b\s*,?\s*(?P<rest>.*)")
 
 
-_GPU_AT = re.compile(rf"NVRM:\s*GPU at (?P<pci>{_BDF}):\s*(?P<uuid>GPU-[0-9a-fA-F][0-9a-fA-F-]{{7,}})")
+_GPU_AT = re.compile(rf"NVRM:\s*GPU at (?P<pci>{BDF}):\s*(?P<uuid>GPU-[0-9a-fA-F][0-9a-fA-F-]{{7,}})")
 _BOARD_SERIAL = re.compile(r"NVRM:\s*GPU Board Serial Number:\s*(?P<serial>[0-9A-Za-z-]+)\s*$")
-_GPU_SERIAL = re.compile(rf"NVRM:\s*GPU (?P<pci>{_BDF}): GPU serial number is (?P<serial>[0-9A-Za-z-]+)")
-_BUS_DROP_WITH_PCI = re.compile(rf"NVRM:\s*GPU (?:at )?(?P<pci>{_BDF}):? (?:GPU )?has fallen off the bus")
-_THE_NVIDIA_GPU = re.compile(rf"NVRM:\s*The NVIDIA GPU (?P<pci>{_BDF})")
+_GPU_SERIAL = re.compile(rf"NVRM:\s*GPU (?P<pci>{BDF}): GPU serial number is (?P<serial>[0-9A-Za-z-]+)")
+_BUS_DROP_WITH_PCI = re.compile(rf"NVRM:\s*GPU (?:at )?(?P<pci>{BDF}):? (?:GPU )?has fallen off the bus")
+_THE_NVIDIA_GPU = re.compile(rf"NVRM:\s*The NVIDIA GPU (?P<pci>{BDF})")
 _FALLEN = re.compile(r"fallen off the bus", re.IGNORECASE)
 
 
@@ -59,7 +59,7 @@ class _Occurrence:
     pci: PciAddress | None
     message: str
     raw: str
-    prefix: _Prefix
+    prefix: LinePrefix
     source: Literal["xid", "bus"]
     pid: int | None = None
     process: str | None = None
@@ -67,13 +67,13 @@ class _Occurrence:
     previous_xid: int | None = None
     recovery: RecoveryChange | None = None
     fatal: bool | None = None
-    nvlink: _Nvlink = _NO_NVLINK
+    nvlink: NvlinkFields = NO_NVLINK
 
 
 @dataclass
 class _Accumulated:
     first: _Occurrence
-    last_prefix: _Prefix
+    last_prefix: LinePrefix
     count: int = 1
 
 
@@ -83,7 +83,7 @@ class _PendingBusDrop:
 
     pci: PciAddress | None
     raw: list[str]
-    prefix: _Prefix
+    prefix: LinePrefix
     lines_left: int = _CONTINUATION_LINES
 
 
@@ -126,10 +126,10 @@ class _Parser:
         self._bus_drop_line(timestamp, line)
 
     def _xid_line(self, match: re.Match[str], timestamp: datetime | None, line: str) -> None:
-        pid, process, message = _payload(match.group("rest").strip())
+        pid, process, message = split_payload(match.group("rest").strip())
         code = int(match.group("xid"))
-        pci = _pci(match.group("tag"))
-        prefix = _prefix(line[: match.start()], timestamp)
+        pci = pci_of_tag(match.group("tag"))
+        prefix = line_prefix(line[: match.start()], timestamp)
         known = self._open.get(_event_key(pci, code, process, message))
         if known is not None and known.first.source == "xid" and _same_burst(known.last_prefix, prefix, self._burst):
             # A repeat (NVSentinel saw 800K lines of one Xid 95): count it without decoding it again.
@@ -146,11 +146,11 @@ class _Parser:
                 source="xid",
                 pid=pid,
                 process=process,
-                channel=_channel(message),
-                previous_xid=_caused_by(message),
-                recovery=_recovery(message) if code == XID_RECOVERY_ACTION else None,
-                fatal=_fatal_token(message),
-                nvlink=_nvlink(message),
+                channel=channel_of(message),
+                previous_xid=caused_by(message),
+                recovery=recovery_of(message) if code == XID_RECOVERY_ACTION else None,
+                fatal=fatal_token(message),
+                nvlink=nvlink_fields(message),
             )
         )
 
@@ -176,13 +176,13 @@ class _Parser:
         with_pci = _BUS_DROP_WITH_PCI.search(line)
         if with_pci is not None:
             self._pending = None
-            prefix = _prefix(line[: with_pci.start()], timestamp)
+            prefix = line_prefix(line[: with_pci.start()], timestamp)
             self._add(self._bus_occurrence(PciAddress.parse(with_pci.group("pci")), [line.strip()], prefix))
             return
         first = _THE_NVIDIA_GPU.search(line)
         if first is not None:
             pci = PciAddress.parse(first.group("pci"))
-            prefix = _prefix(line[: first.start()], timestamp)
+            prefix = line_prefix(line[: first.start()], timestamp)
             if not _FALLEN.search(line, first.end()) and self._adopt_orphan(pci, prefix, line.strip()):
                 return
             self._pending = _PendingBusDrop(pci=pci, raw=[line.strip()], prefix=prefix)
@@ -193,7 +193,7 @@ class _Parser:
         if pending is None:
             if _FALLEN.search(line):
                 nvrm = line.find("NVRM")
-                orphan = self._add(self._bus_occurrence(None, [line.strip()], _prefix(line[:nvrm], timestamp)))
+                orphan = self._add(self._bus_occurrence(None, [line.strip()], line_prefix(line[:nvrm], timestamp)))
                 self._orphan = None if orphan is None else (orphan, self._nvrm_lines)
             return
         pending.raw.append(line.strip())
@@ -204,7 +204,7 @@ class _Parser:
         if pending.lines_left <= 0 or line.rstrip().endswith("."):  # the message ended: it was another one
             self._pending = None
 
-    def _adopt_orphan(self, pci: PciAddress | None, prefix: _Prefix, line: str) -> bool:
+    def _adopt_orphan(self, pci: PciAddress | None, prefix: LinePrefix, line: str) -> bool:
         """Entries sharing one timestamp may come back from Loki in any order: a "fallen off the bus" line
         seen just before a `The NVIDIA GPU` line with the same timestamp belongs to that GPU."""
         orphan, self._orphan = self._orphan, None
@@ -236,7 +236,7 @@ class _Parser:
             self._add(self._bus_occurrence(pending.pci, pending.raw, pending.prefix))
 
     @staticmethod
-    def _bus_occurrence(pci: PciAddress | None, raw: list[str], prefix: _Prefix) -> _Occurrence:
+    def _bus_occurrence(pci: PciAddress | None, raw: list[str], prefix: LinePrefix) -> _Occurrence:
         return _Occurrence(
             xid=XID_FALLEN_OFF_THE_BUS,
             pci=pci,
@@ -332,7 +332,7 @@ def _event_key(pci: PciAddress | None, xid: int, process: str | None, message: s
     return (pci, xid, process, message)
 
 
-def _same_burst(previous: _Prefix, current: _Prefix, burst_seconds: float) -> bool:
+def _same_burst(previous: LinePrefix, current: LinePrefix, burst_seconds: float) -> bool:
     """Whether two lines of one event are one burst. Lines whose times cannot be compared are."""
     if previous.timestamp is not None and current.timestamp is not None:
         gap = (current.timestamp - previous.timestamp).total_seconds()
