@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from bot.actions.engine import ActionRefused
 from bot.actions.kubernetes import NODE_ACTIONS
 from bot.actions.policy import AutomaticPolicy
+from bot.actions.runs import ActionRefused
 from bot.actions.ssh import SSH_VERBS
 from bot.config import DOCKER_ACTIONS
 from bot.enrich.base import Enrichment, EnrichmentSection

@@ -15,6 +15,26 @@ from datetime import timedelta
 from typing import Any, NoReturn, Protocol
 
 from bot.actions.executor import ExecResult, Executor, ExecutorError
+from bot.actions.runs import (
+    _CONVERSATION_ACTIONS,
+    _STARTED,
+    APPROVED,
+    AUTOMATIC_ACTOR,
+    DONE,
+    DRY_RUN,
+    ESCALATED,
+    EXPIRED,
+    FAILED,
+    REFUSED,
+    REQUESTED,
+    RUNNING,
+    VERIFIED,
+    ActionRefused,
+    _CountingAudit,
+    _duration_text,
+    _output_block,
+    _target_text,
+)
 from bot.actions.targets import Target, TargetRefused, select_target
 from bot.audit import AuditLog
 from bot.clock import SYSTEM_CLOCK, Clock
@@ -25,18 +45,6 @@ from bot.playbooks import ACTIONS
 from bot.store.base import ActionRun, BreakerState, Store
 
 log = logging.getLogger(__name__)
-
-REQUESTED, APPROVED, RUNNING, DONE, FAILED = "requested", "approved", "running", "done", "failed"
-VERIFIED, ESCALATED, REFUSED, EXPIRED, DRY_RUN = "verified", "escalated", "refused", "expired", "dry-run"
-# A run in one of these states has touched the target: it counts for the cooldown.
-_STARTED = (RUNNING, DONE, FAILED, VERIFIED, ESCALATED)
-# Actions the Slack layer owns (acknowledge, silence): not remediation.
-_CONVERSATION_ACTIONS = frozenset({"ack", "silence-1h", "silence-4h", "silence-24h"})
-AUTOMATIC_ACTOR = "bot"
-
-
-class ActionRefused(Exception):
-    """The request, approval or refusal was not accepted; the message says why (it is audited)."""
 
 
 class Announcer(Protocol):
@@ -499,33 +507,3 @@ class Remediation:
             await self._announcer.announce(alert_key, text)
         except Exception:  # the audit log has it; a thread message must not stop the action
             log.exception("could not announce a remediation step", extra={"alert_key": alert_key})
-
-
-class _CountingAudit:
-    """The audit log, each remediation step also counted in `gpu_alert_bot_remediation_steps_total`."""
-
-    def __init__(self, audit: AuditLog, metrics: Metrics | None) -> None:
-        self._audit = audit
-        self._metrics = metrics
-
-    async def record(self, actor: str, action: str, target: str, outcome: str, detail: str = "") -> None:
-        await self._audit.record(actor, action, target, outcome, detail)
-        name = action.rsplit(" ", 1)[-1]  # "run restart-dcgm-exporter", "approve reset-gpu"
-        if self._metrics is not None and name in ACTIONS:
-            self._metrics.remediation_steps.labels(name, outcome).inc()
-
-
-def _output_block(result: ExecResult) -> str:
-    """Multi-line output (diagnostics) as a code block, which Slack shows collapsed under "Show more"."""
-    fence = "`" * 3
-    summary = result.summary.replace(fence, "'" * 3)
-    return f"\n{fence}\n{summary}\n{fence}" if "\n" in summary else f" {summary}"
-
-
-def _target_text(run: ActionRun) -> str:
-    return run.target if run.gpu is None else f"{run.target} gpu {run.gpu}"
-
-
-def _duration_text(seconds: float) -> str:
-    minutes = round(seconds / 60)
-    return f"{minutes} min" if minutes < 120 else f"{round(seconds / 3600)} h"
