@@ -16,10 +16,9 @@ from typing import Any, NoReturn, Protocol
 
 from bot.actions.executor import ExecResult, Executor, ExecutorError
 from bot.actions.runs import (
-    _CONVERSATION_ACTIONS,
-    _STARTED,
     APPROVED,
     AUTOMATIC_ACTOR,
+    CONVERSATION_ACTIONS,
     DONE,
     DRY_RUN,
     ESCALATED,
@@ -28,12 +27,13 @@ from bot.actions.runs import (
     REFUSED,
     REQUESTED,
     RUNNING,
+    STARTED_STATES,
     VERIFIED,
     ActionRefused,
-    _CountingAudit,
-    _duration_text,
-    _output_block,
-    _target_text,
+    CountingAudit,
+    duration_text,
+    output_block,
+    target_text,
 )
 from bot.actions.targets import Target, TargetRefused, select_target
 from bot.audit import AuditLog
@@ -118,7 +118,7 @@ class Remediation:
         self._find_alert = find_alert
         self._verifiers = verifiers or {}
         self._clock = clock
-        self._audit = _CountingAudit(AuditLog(store, clock), metrics)
+        self._audit = CountingAudit(AuditLog(store, clock), metrics)
         self._metrics = metrics
         self._next_step = next_step or (lambda alert: "")
         if metrics is not None:
@@ -190,9 +190,9 @@ class Remediation:
                 now,
             )
         )
-        await self._audit.record(actor, f"run {action}", _target_text(run), "requested", f"run #{run.id}")
+        await self._audit.record(actor, f"run {action}", target_text(run), "requested", f"run #{run.id}")
         if needs_approval:
-            ttl = _duration_text(self._config.approval_ttl)
+            ttl = duration_text(self._config.approval_ttl)
             await self._announce(
                 run,
                 f"{actor} asks to {action} on {target.host} (run #{run.id}): waiting for "
@@ -206,7 +206,7 @@ class Remediation:
         return run
 
     async def _checked_target(self, action: str, alert: AlertState, actor: str) -> Target:
-        if action not in ACTIONS or action in _CONVERSATION_ACTIONS:
+        if action not in ACTIONS or action in CONVERSATION_ACTIONS:
             await self._refuse_request(actor, action, alert.key, alert, f"{action!r} is not a remediation action")
         if not self._enabled(action):
             await self._refuse_request(actor, action, alert.key, alert, f"{action} is not enabled in the config")
@@ -246,7 +246,7 @@ class Remediation:
                 detail=f"would run: {what}",
             )
         )
-        await self._audit.record(actor, f"run {action}", _target_text(run), "dry-run", f"would run: {what}")
+        await self._audit.record(actor, f"run {action}", target_text(run), "dry-run", f"would run: {what}")
         await self._announce(run, f"Dry run of {action} (run #{run.id}, {actor}): would run {what}")
         return run
 
@@ -269,7 +269,7 @@ class Remediation:
         hosts.add(target.host)
         if len(hosts) > limits.max_hosts:
             reason = (
-                f"{len(hosts)} hosts needed an automatic action within {_duration_text(limits.window)} "
+                f"{len(hosts)} hosts needed an automatic action within {duration_text(limits.window)} "
                 f"(limit {limits.max_hosts}): a fleet-wide problem"
             )
             await self._store.set_breaker(BreakerState(self._clock.now(), reason))
@@ -310,7 +310,7 @@ class Remediation:
         await self._audit.record(
             actor,
             f"approve {run.action}",
-            _target_text(run),
+            target_text(run),
             "approved",
             f"run #{run.id}, approval {len(approvals)} of {needed}",
         )
@@ -332,7 +332,7 @@ class Remediation:
         )
         if moved is None:
             raise ActionRefused(f"run #{run.id} changed meanwhile; look again")
-        await self._audit.record(actor, f"refuse {run.action}", _target_text(run), "refused", f"run #{run.id}")
+        await self._audit.record(actor, f"refuse {run.action}", target_text(run), "refused", f"run #{run.id}")
         await self._announce(moved, f"{actor} refused run #{run.id} ({run.action} on {run.target})")
         await self._tell_watchers(moved)
         return moved
@@ -346,8 +346,8 @@ class Remediation:
             await self._refuse_decision(run, actor, verb, f"run #{run.id} is {run.state}, not waiting for approval")
         if self._expired(run):
             await self._expire(run)
-            await self._audit.record(actor, f"{verb} {run.action}", _target_text(run), "expired", f"run #{run.id}")
-            raise ActionRefused(f"run #{run.id} expired: approvals last {_duration_text(self._config.approval_ttl)}")
+            await self._audit.record(actor, f"{verb} {run.action}", target_text(run), "expired", f"run #{run.id}")
+            raise ActionRefused(f"run #{run.id} expired: approvals last {duration_text(self._config.approval_ttl)}")
         return run
 
     def _expired(self, run: ActionRun) -> bool:
@@ -370,13 +370,13 @@ class Remediation:
                 await self._audit.record(
                     AUTOMATIC_ACTOR,
                     f"run {run.action}",
-                    _target_text(run),
+                    target_text(run),
                     "expired",
                     f"run #{run.id}, not approved in time",
                 )
 
     async def _refuse_decision(self, run: ActionRun, actor: str, verb: str, reason: str) -> NoReturn:
-        await self._audit.record(actor, f"{verb} {run.action}", _target_text(run), "refused", reason)
+        await self._audit.record(actor, f"{verb} {run.action}", target_text(run), "refused", reason)
         await self._announce(run, f"{verb} refused: {reason}")
         raise ActionRefused(reason)
 
@@ -403,8 +403,8 @@ class Remediation:
         finished = await self._store.transition_action_run(
             run.id, RUNNING, state, self._clock.now(), detail=result.summary
         )
-        await self._audit.record(run.requested_by, f"run {run.action}", _target_text(run), state, result.summary)
-        await self._announce(running, f"{run.action} on {run.target} {state} (run #{run.id}):{_output_block(result)}")
+        await self._audit.record(run.requested_by, f"run {run.action}", target_text(run), state, result.summary)
+        await self._announce(running, f"{run.action} on {run.target} {state} (run #{run.id}):{output_block(result)}")
         alert = await self._store.get_alert(run.alert_key)
         if finished is not None and result.ok and alert is not None:
             await self._verify(finished, alert)
@@ -412,7 +412,7 @@ class Remediation:
     async def _not_run(self, run: ActionRun, reason: str) -> None:
         refused = await self._store.transition_action_run(run.id, APPROVED, REFUSED, self._clock.now(), detail=reason)
         if refused is not None:
-            await self._audit.record(run.requested_by, f"run {run.action}", _target_text(run), "refused", reason)
+            await self._audit.record(run.requested_by, f"run {run.action}", target_text(run), "refused", reason)
             await self._announce(refused, f"{run.action} on {run.target} not run (run #{run.id}): {reason}")
 
     async def _cooldown(self, run: ActionRun) -> str | None:
@@ -420,7 +420,7 @@ class Remediation:
         since = self._clock.now() - timedelta(seconds=cooldown)
         earlier = [
             other
-            for other in await self._store.action_runs(since, _STARTED)
+            for other in await self._store.action_runs(since, STARTED_STATES)
             if other.id != run.id and other.action == run.action and other.target == run.target
         ]
         if not earlier:
@@ -450,7 +450,7 @@ class Remediation:
             helped, seen = False, f"could not check: {type(exc).__name__}: {exc}"
         state = VERIFIED if helped else ESCALATED
         moved = await self._store.transition_action_run(run.id, DONE, state, self._clock.now(), detail=seen)
-        await self._audit.record(AUTOMATIC_ACTOR, f"verify {run.action}", _target_text(run), state, seen)
+        await self._audit.record(AUTOMATIC_ACTOR, f"verify {run.action}", target_text(run), state, seen)
         if moved is None:
             return
         if helped:
@@ -476,7 +476,7 @@ class Remediation:
                 moved = await self._store.transition_action_run(
                     run.id, RUNNING, FAILED, self._clock.now(), detail=detail
                 )
-                await self._audit.record(AUTOMATIC_ACTOR, f"run {run.action}", _target_text(run), "failed", detail)
+                await self._audit.record(AUTOMATIC_ACTOR, f"run {run.action}", target_text(run), "failed", detail)
                 if moved is not None:
                     await self._announce(moved, f"{run.action} on {run.target} (run #{run.id}): {detail}")
             else:

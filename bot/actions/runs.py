@@ -11,9 +11,9 @@ from bot.store.base import ActionRun
 REQUESTED, APPROVED, RUNNING, DONE, FAILED = "requested", "approved", "running", "done", "failed"
 VERIFIED, ESCALATED, REFUSED, EXPIRED, DRY_RUN = "verified", "escalated", "refused", "expired", "dry-run"
 # A run in one of these states has touched the target: it counts for the cooldown.
-_STARTED = (RUNNING, DONE, FAILED, VERIFIED, ESCALATED)
+STARTED_STATES = (RUNNING, DONE, FAILED, VERIFIED, ESCALATED)
 # Actions the Slack layer owns (acknowledge, silence): not remediation.
-_CONVERSATION_ACTIONS = frozenset({"ack", "silence-1h", "silence-4h", "silence-24h"})
+CONVERSATION_ACTIONS = frozenset({"ack", "silence-1h", "silence-4h", "silence-24h"})
 AUTOMATIC_ACTOR = "bot"
 
 
@@ -21,7 +21,7 @@ class ActionRefused(Exception):
     """The request, approval or refusal was not accepted; the message says why (it is audited)."""
 
 
-class _CountingAudit:
+class CountingAudit:
     """The audit log, each remediation step also counted in `gpu_alert_bot_remediation_steps_total`."""
 
     def __init__(self, audit: AuditLog, metrics: Metrics | None) -> None:
@@ -35,17 +35,17 @@ class _CountingAudit:
             self._metrics.remediation_steps.labels(name, outcome).inc()
 
 
-def _output_block(result: ExecResult) -> str:
+def output_block(result: ExecResult) -> str:
     """Multi-line output (diagnostics) as a code block, which Slack shows collapsed under "Show more"."""
     fence = "`" * 3
     summary = result.summary.replace(fence, "'" * 3)
     return f"\n{fence}\n{summary}\n{fence}" if "\n" in summary else f" {summary}"
 
 
-def _target_text(run: ActionRun) -> str:
+def target_text(run: ActionRun) -> str:
     return run.target if run.gpu is None else f"{run.target} gpu {run.gpu}"
 
 
-def _duration_text(seconds: float) -> str:
+def duration_text(seconds: float) -> str:
     minutes = round(seconds / 60)
     return f"{minutes} min" if minutes < 120 else f"{round(seconds / 3600)} h"
