@@ -174,22 +174,7 @@ class Remediation:
         if automatic:
             await self._check_breaker(action, alert, target)
         needs_approval = self.policy(action).approval or ACTIONS[action].safety == "dangerous"
-        now = self._clock.now()
-        run = await self._store.add_action_run(
-            ActionRun(
-                0,
-                action,
-                alert.key,
-                target.host,
-                target.gpu,
-                actor,
-                automatic,
-                False,
-                REQUESTED if needs_approval else APPROVED,
-                now,
-                now,
-            )
-        )
+        run = await self._add_run(action, alert, target, actor, automatic, REQUESTED if needs_approval else APPROVED)
         await self._audit.record(actor, f"run {action}", target_text(run), "requested", f"run #{run.id}")
         if needs_approval:
             ttl = duration_text(self._config.approval_ttl)
@@ -229,26 +214,31 @@ class Remediation:
     async def _dry_run(
         self, action: str, alert: AlertState, target: Target, actor: str, automatic: bool, what: str
     ) -> ActionRun:
-        now = self._clock.now()
-        run = await self._store.add_action_run(
-            ActionRun(
-                0,
-                action,
-                alert.key,
-                target.host,
-                target.gpu,
-                actor,
-                automatic,
-                True,
-                DRY_RUN,
-                now,
-                now,
-                detail=f"would run: {what}",
-            )
-        )
+        run = await self._add_run(action, alert, target, actor, automatic, DRY_RUN, detail=f"would run: {what}")
         await self._audit.record(actor, f"run {action}", target_text(run), "dry-run", f"would run: {what}")
         await self._announce(run, f"Dry run of {action} (run #{run.id}, {actor}): would run {what}")
         return run
+
+    async def _add_run(
+        self, action: str, alert: AlertState, target: Target, actor: str, automatic: bool, state: str, detail: str = ""
+    ) -> ActionRun:
+        """Persist a new run of `action` on the alert's target; a dry run is one in state DRY_RUN."""
+        now = self._clock.now()
+        run = ActionRun(
+            id=0,
+            action=action,
+            alert_key=alert.key,
+            target=target.host,
+            gpu=target.gpu,
+            requested_by=actor,
+            automatic=automatic,
+            dry_run=state == DRY_RUN,
+            state=state,
+            requested_at=now,
+            updated_at=now,
+            detail=detail,
+        )
+        return await self._store.add_action_run(run)
 
     # --- circuit breaker ----------------------------------------------------------------------------
     async def _check_breaker(self, action: str, alert: AlertState, target: Target) -> None:
@@ -302,11 +292,7 @@ class Remediation:
         approvals = (*run.approvals, actor)
         needed = 2 if self._config.second_approver and ACTIONS[run.action].safety == "dangerous" else 1
         state = APPROVED if len(approvals) >= needed else REQUESTED
-        moved = await self._store.transition_action_run(
-            run.id, REQUESTED, state, self._clock.now(), approvals=approvals
-        )
-        if moved is None:
-            raise ActionRefused(f"run #{run.id} changed meanwhile; look again")
+        moved = await self._decide(run, state, approvals=approvals)
         await self._audit.record(
             actor,
             f"approve {run.action}",
@@ -327,14 +313,21 @@ class Remediation:
         run = await self._pending(run_id, actor, "refuse")
         if not await self._authorizer.may_approve(actor, run.action):
             await self._refuse_decision(run, actor, "refuse", f"{actor} may not decide on {run.action}")
-        moved = await self._store.transition_action_run(
-            run.id, REQUESTED, REFUSED, self._clock.now(), detail=f"refused by {actor}"
-        )
-        if moved is None:
-            raise ActionRefused(f"run #{run.id} changed meanwhile; look again")
+        moved = await self._decide(run, REFUSED, detail=f"refused by {actor}")
         await self._audit.record(actor, f"refuse {run.action}", target_text(run), "refused", f"run #{run.id}")
         await self._announce(moved, f"{actor} refused run #{run.id} ({run.action} on {run.target})")
         await self._tell_watchers(moved)
+        return moved
+
+    async def _decide(
+        self, run: ActionRun, state: str, approvals: tuple[str, ...] | None = None, detail: str | None = None
+    ) -> ActionRun:
+        """Move a run waiting for approval to `state`; refused when someone else decided on it meanwhile."""
+        moved = await self._store.transition_action_run(
+            run.id, REQUESTED, state, self._clock.now(), detail=detail, approvals=approvals
+        )
+        if moved is None:
+            raise ActionRefused(f"run #{run.id} changed meanwhile; look again")
         return moved
 
     async def _pending(self, run_id: int, actor: str, verb: str) -> ActionRun:
