@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from datetime import timedelta
 from typing import Any, NoReturn, Protocol
 
+from bot.actions.breaker import CircuitBreaker
 from bot.actions.executor import ExecResult, Executor, ExecutorError
 from bot.actions.runs import (
     APPROVED,
@@ -33,7 +34,6 @@ from bot.actions.runs import (
     CountingAudit,
     duration_text,
     output_block,
-    target_text,
 )
 from bot.actions.targets import Target, TargetRefused, select_target
 from bot.audit import AuditLog
@@ -119,7 +119,7 @@ class Remediation:
         self._verifiers = verifiers or {}
         self._clock = clock
         self._audit = CountingAudit(AuditLog(store, clock), metrics)
-        self._metrics = metrics
+        self._breaker = CircuitBreaker(store, config.circuit_breaker, self._audit, clock, metrics)
         self._next_step = next_step or (lambda alert: "")
         if metrics is not None:
             metrics.init_remediation(self.executable_actions())
@@ -171,11 +171,12 @@ class Remediation:
             await self._refuse_request(actor, action, target.host, alert, str(exc))
         if dry_run or self._config.dry_run or self.policy(action).dry_run:
             return await self._dry_run(action, alert, target, actor, automatic, what)
-        if automatic:
-            await self._check_breaker(action, alert, target)
+        refusal = await self._breaker.refusal(target.host) if automatic else None
+        if refusal is not None:
+            await self._refuse_request(AUTOMATIC_ACTOR, action, target.host, alert, refusal)
         needs_approval = self.policy(action).approval or ACTIONS[action].safety == "dangerous"
         run = await self._add_run(action, alert, target, actor, automatic, REQUESTED if needs_approval else APPROVED)
-        await self._audit.record(actor, f"run {action}", target_text(run), "requested", f"run #{run.id}")
+        await self._audit.step(actor, "run", run, "requested", f"run #{run.id}")
         if needs_approval:
             ttl = duration_text(self._config.approval_ttl)
             await self._announce(
@@ -215,7 +216,7 @@ class Remediation:
         self, action: str, alert: AlertState, target: Target, actor: str, automatic: bool, what: str
     ) -> ActionRun:
         run = await self._add_run(action, alert, target, actor, automatic, DRY_RUN, detail=f"would run: {what}")
-        await self._audit.record(actor, f"run {action}", target_text(run), "dry-run", f"would run: {what}")
+        await self._audit.step(actor, "run", run, "dry-run", f"would run: {what}")
         await self._announce(run, f"Dry run of {action} (run #{run.id}, {actor}): would run {what}")
         return run
 
@@ -241,46 +242,14 @@ class Remediation:
         return await self._store.add_action_run(run)
 
     # --- circuit breaker ----------------------------------------------------------------------------
-    async def _check_breaker(self, action: str, alert: AlertState, target: Target) -> None:
-        breaker = await self._store.get_breaker()
-        if breaker is not None:
-            await self._refuse_request(
-                AUTOMATIC_ACTOR,
-                action,
-                target.host,
-                alert,
-                f"circuit breaker open since "
-                f"{breaker.opened_at:%Y-%m-%d %H:%M} UTC ({breaker.reason}); an admin resets it",
-            )
-        limits = self._config.circuit_breaker
-        since = self._clock.now() - timedelta(seconds=limits.window)
-        recent = await self._store.action_runs(since)
-        hosts = {run.target for run in recent if run.automatic and not run.dry_run and run.requested_at >= since}
-        hosts.add(target.host)
-        if len(hosts) > limits.max_hosts:
-            reason = (
-                f"{len(hosts)} hosts needed an automatic action within {duration_text(limits.window)} "
-                f"(limit {limits.max_hosts}): a fleet-wide problem"
-            )
-            await self._store.set_breaker(BreakerState(self._clock.now(), reason))
-            self._show_breaker(open_=True)
-            await self._audit.record(AUTOMATIC_ACTOR, "circuit-breaker", "remediation", "opened", reason)
-            await self._refuse_request(AUTOMATIC_ACTOR, action, target.host, alert, f"circuit breaker opened: {reason}")
-
     async def breaker(self) -> BreakerState | None:
-        return await self._store.get_breaker()
+        return await self._breaker.state()
 
     async def reset_breaker(self, actor: str) -> None:
         if not await self._authorizer.is_admin(actor):
             await self._audit.record(actor, "circuit-breaker", "remediation", "refused", "not an admin")
             raise ActionRefused(f"{actor} is not a remediation admin")
-        await self._store.set_breaker(None)
-        self._show_breaker(open_=False)
-        await self._audit.record(actor, "circuit-breaker", "remediation", "reset")
-
-    def _show_breaker(self, open_: bool) -> None:
-        if self._metrics is not None:
-            self._metrics.remediation_breaker_open.set(1 if open_ else 0)
+        await self._breaker.reset(actor)
 
     # --- approval -----------------------------------------------------------------------------------
     async def approve(self, run_id: int, actor: str) -> ActionRun:
@@ -293,10 +262,10 @@ class Remediation:
         needed = 2 if self._config.second_approver and ACTIONS[run.action].safety == "dangerous" else 1
         state = APPROVED if len(approvals) >= needed else REQUESTED
         moved = await self._decide(run, state, approvals=approvals)
-        await self._audit.record(
+        await self._audit.step(
             actor,
-            f"approve {run.action}",
-            target_text(run),
+            "approve",
+            run,
             "approved",
             f"run #{run.id}, approval {len(approvals)} of {needed}",
         )
@@ -314,7 +283,7 @@ class Remediation:
         if not await self._authorizer.may_approve(actor, run.action):
             await self._refuse_decision(run, actor, "refuse", f"{actor} may not decide on {run.action}")
         moved = await self._decide(run, REFUSED, detail=f"refused by {actor}")
-        await self._audit.record(actor, f"refuse {run.action}", target_text(run), "refused", f"run #{run.id}")
+        await self._audit.step(actor, "refuse", run, "refused", f"run #{run.id}")
         await self._announce(moved, f"{actor} refused run #{run.id} ({run.action} on {run.target})")
         await self._tell_watchers(moved)
         return moved
@@ -339,7 +308,7 @@ class Remediation:
             await self._refuse_decision(run, actor, verb, f"run #{run.id} is {run.state}, not waiting for approval")
         if self._expired(run):
             await self._expire(run)
-            await self._audit.record(actor, f"{verb} {run.action}", target_text(run), "expired", f"run #{run.id}")
+            await self._audit.step(actor, verb, run, "expired", f"run #{run.id}")
             raise ActionRefused(f"run #{run.id} expired: approvals last {duration_text(self._config.approval_ttl)}")
         return run
 
@@ -360,16 +329,16 @@ class Remediation:
         for run in await self._store.action_runs(since, (REQUESTED,)):
             if self._expired(run):
                 await self._expire(run)
-                await self._audit.record(
+                await self._audit.step(
                     AUTOMATIC_ACTOR,
-                    f"run {run.action}",
-                    target_text(run),
+                    "run",
+                    run,
                     "expired",
                     f"run #{run.id}, not approved in time",
                 )
 
     async def _refuse_decision(self, run: ActionRun, actor: str, verb: str, reason: str) -> NoReturn:
-        await self._audit.record(actor, f"{verb} {run.action}", target_text(run), "refused", reason)
+        await self._audit.step(actor, verb, run, "refused", reason)
         await self._announce(run, f"{verb} refused: {reason}")
         raise ActionRefused(reason)
 
@@ -396,7 +365,7 @@ class Remediation:
         finished = await self._store.transition_action_run(
             run.id, RUNNING, state, self._clock.now(), detail=result.summary
         )
-        await self._audit.record(run.requested_by, f"run {run.action}", target_text(run), state, result.summary)
+        await self._audit.step(run.requested_by, "run", run, state, result.summary)
         await self._announce(running, f"{run.action} on {run.target} {state} (run #{run.id}):{output_block(result)}")
         alert = await self._store.get_alert(run.alert_key)
         if finished is not None and result.ok and alert is not None:
@@ -405,7 +374,7 @@ class Remediation:
     async def _not_run(self, run: ActionRun, reason: str) -> None:
         refused = await self._store.transition_action_run(run.id, APPROVED, REFUSED, self._clock.now(), detail=reason)
         if refused is not None:
-            await self._audit.record(run.requested_by, f"run {run.action}", target_text(run), "refused", reason)
+            await self._audit.step(run.requested_by, "run", run, "refused", reason)
             await self._announce(refused, f"{run.action} on {run.target} not run (run #{run.id}): {reason}")
 
     async def _cooldown(self, run: ActionRun) -> str | None:
@@ -443,7 +412,7 @@ class Remediation:
             helped, seen = False, f"could not check: {type(exc).__name__}: {exc}"
         state = VERIFIED if helped else ESCALATED
         moved = await self._store.transition_action_run(run.id, DONE, state, self._clock.now(), detail=seen)
-        await self._audit.record(AUTOMATIC_ACTOR, f"verify {run.action}", target_text(run), state, seen)
+        await self._audit.step(AUTOMATIC_ACTOR, "verify", run, state, seen)
         if moved is None:
             return
         if helped:
@@ -459,7 +428,7 @@ class Remediation:
     async def resume(self) -> None:
         """After a restart: run what was approved, verify what was done, and report (never repeat) what was
         running when the process stopped, since it may or may not have reached the host."""
-        self._show_breaker(open_=await self._store.get_breaker() is not None)
+        self._breaker.show(open_=await self._breaker.state() is not None)
         since = self._clock.now() - timedelta(days=1)
         for run in await self._store.action_runs(since, (APPROVED, RUNNING, DONE)):
             if run.state == APPROVED:
@@ -469,7 +438,7 @@ class Remediation:
                 moved = await self._store.transition_action_run(
                     run.id, RUNNING, FAILED, self._clock.now(), detail=detail
                 )
-                await self._audit.record(AUTOMATIC_ACTOR, f"run {run.action}", target_text(run), "failed", detail)
+                await self._audit.step(AUTOMATIC_ACTOR, "run", run, "failed", detail)
                 if moved is not None:
                     await self._announce(moved, f"{run.action} on {run.target} (run #{run.id}): {detail}")
             else:

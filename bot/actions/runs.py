@@ -34,6 +34,10 @@ class CountingAudit:
         if self._metrics is not None and name in ACTIONS:
             self._metrics.remediation_steps.labels(name, outcome).inc()
 
+    async def step(self, actor: str, verb: str, run: ActionRun, outcome: str, detail: str = "") -> None:
+        """Record one step of a run: `verb` (run, approve, refuse, verify) and its action, on its target."""
+        await self.record(actor, f"{verb} {run.action}", target_text(run), outcome, detail)
+
 
 def output_block(result: ExecResult) -> str:
     """Multi-line output (diagnostics) as a code block, which Slack shows collapsed under "Show more"."""
