@@ -16,6 +16,7 @@ from typing import Any, NoReturn, Protocol
 
 from bot.actions.breaker import CircuitBreaker
 from bot.actions.executor import ExecResult, Executor, ExecutorError
+from bot.actions.rails import ExecutionRails
 from bot.actions.runs import (
     APPROVED,
     AUTOMATIC_ACTOR,
@@ -28,7 +29,6 @@ from bot.actions.runs import (
     REFUSED,
     REQUESTED,
     RUNNING,
-    STARTED_STATES,
     VERIFIED,
     ActionRefused,
     CountingAudit,
@@ -123,7 +123,7 @@ class Remediation:
         self._next_step = next_step or (lambda alert: "")
         if metrics is not None:
             metrics.init_remediation(self.executable_actions())
-        self._active: set[tuple[str, str]] = set()  # (action, host) running now
+        self._rails = ExecutionRails(store, config.max_concurrent, self.policy, clock)
         self._tasks: set[asyncio.Task[None]] = set()
         self._approval_watchers: list[ApprovalWatcher] = []
 
@@ -344,23 +344,15 @@ class Remediation:
 
     # --- execution ----------------------------------------------------------------------------------
     async def _execute(self, run: ActionRun) -> None:
-        slot = (run.action, run.target)
-        blocked = await self._cooldown(run)
-        if blocked is None and slot in self._active:
-            blocked = f"{run.action} is already running on {run.target}"
-        if blocked is None and len(self._active) >= self._config.max_concurrent:
-            blocked = f"{len(self._active)} actions are running (limit {self._config.max_concurrent}); ask again later"
+        blocked = await self._rails.blocked(run)
         if blocked is not None:
             await self._not_run(run, blocked)
             return
-        self._active.add(slot)  # no await since the checks: concurrent runs see it
-        try:
+        with self._rails.hold(run):  # no await since the checks: concurrent runs see it
             running = await self._store.transition_action_run(run.id, APPROVED, RUNNING, self._clock.now())
             if running is None:
                 return  # another worker took it
             result = await self._run_executor(running)
-        finally:
-            self._active.discard(slot)
         state = DONE if result.ok else FAILED
         finished = await self._store.transition_action_run(
             run.id, RUNNING, state, self._clock.now(), detail=result.summary
@@ -376,20 +368,6 @@ class Remediation:
         if refused is not None:
             await self._audit.step(run.requested_by, "run", run, "refused", reason)
             await self._announce(refused, f"{run.action} on {run.target} not run (run #{run.id}): {reason}")
-
-    async def _cooldown(self, run: ActionRun) -> str | None:
-        cooldown = self.policy(run.action).cooldown
-        since = self._clock.now() - timedelta(seconds=cooldown)
-        earlier = [
-            other
-            for other in await self._store.action_runs(since, STARTED_STATES)
-            if other.id != run.id and other.action == run.action and other.target == run.target
-        ]
-        if not earlier:
-            return None
-        last = max(other.updated_at for other in earlier)
-        until = last + timedelta(seconds=cooldown)
-        return f"cooldown: {run.action} ran on {run.target} at {last:%H:%M:%S} UTC, next allowed after {until:%H:%M:%S}"
 
     async def _run_executor(self, run: ActionRun) -> ExecResult:
         executor = self._executors.get(run.target, {}).get(run.action)
