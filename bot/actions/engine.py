@@ -61,23 +61,6 @@ class Authorizer(Protocol):
     async def is_admin(self, actor: str) -> bool: ...
 
 
-class ConfigAuthorizer:
-    """Approvers and admins listed in `remediation.approvers` / `remediation.admins` (actor ids such as
-    `cli:alice` or `slack:U024BE7LH`). Dangerous actions need an admin."""
-
-    def __init__(self, config: RemediationConfig) -> None:
-        self._approvers = frozenset(config.approvers)
-        self._admins = frozenset(config.admins)
-
-    async def may_approve(self, actor: str, action: str) -> bool:
-        if ACTIONS[action].safety == "dangerous":
-            return actor in self._admins
-        return actor in self._approvers or actor in self._admins
-
-    async def is_admin(self, actor: str) -> bool:
-        return actor in self._admins
-
-
 class Verification(Protocol):
     async def __call__(self, run: ActionRun, alert: AlertState, within: float) -> tuple[bool, str]:
         """Whether the action helped, checked until `within` seconds have passed, and what was seen."""
