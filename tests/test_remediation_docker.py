@@ -13,9 +13,10 @@ import pytest
 import trustme
 from pydantic import ValidationError
 
+from bot.actions.authorization import ConfigAuthorizer
 from bot.actions.build import alert_finder, build_executors
 from bot.actions.docker import DockerExecutor
-from bot.actions.engine import ConfigAuthorizer, Remediation
+from bot.actions.engine import Remediation
 from bot.actions.executor import ExecutorError
 from bot.config import DockerExecutorConfig, RemediationConfig
 from tests.fakes.docker import API_VERSION, FakeDocker

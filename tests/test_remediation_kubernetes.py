@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from bot.actions.authorization import ConfigAuthorizer
 from bot.actions.build import alert_finder, build_executors
-from bot.actions.engine import ConfigAuthorizer, Remediation
+from bot.actions.engine import Remediation
 from bot.actions.executor import ExecutorError
 from bot.actions.kubernetes import KubernetesExecutor
 from bot.config import KubernetesExecutorConfig, RemediationConfig

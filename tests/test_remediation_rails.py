@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from bot.actions.engine import ActionRefused
 from bot.actions.kubernetes import NODE_ACTIONS
 from bot.actions.policy import AutomaticPolicy
 from bot.actions.registry import ACTIONS
+from bot.actions.runs import ActionRefused
 from bot.actions.ssh import SSH_VERBS
 from bot.config import DOCKER_ACTIONS
 from bot.evidence import Enrichment, EnrichmentSection

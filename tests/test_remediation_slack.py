@@ -11,8 +11,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from bot.actions.authorization import ConfigAuthorizer
 from bot.actions.build import alert_finder
-from bot.actions.engine import ConfigAuthorizer, Remediation
+from bot.actions.engine import Remediation
 from bot.actions.executor import Executor
 from bot.audit import AuditLog
 from bot.config import InteractivityConfig

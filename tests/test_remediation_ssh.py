@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from bot.actions.authorization import ConfigAuthorizer
 from bot.actions.build import alert_finder, build_executors
-from bot.actions.engine import ActionRefused, ConfigAuthorizer, Remediation
+from bot.actions.engine import Remediation
 from bot.actions.executor import ExecutorError
+from bot.actions.runs import ActionRefused
 from bot.actions.ssh import SshExecutor
 from bot.config import RemediationConfig, SshExecutorConfig
 from tests.support.clock import FakeClock

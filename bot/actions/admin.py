@@ -14,7 +14,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bot.actions.build import RemediationService
-from bot.actions.engine import ActionRefused
+from bot.actions.runs import ActionRefused
 from bot.ingest import json_error
 from bot.store.base import ActionRun, StoreUnavailable
 

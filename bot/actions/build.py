@@ -7,7 +7,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bot.actions.engine import AlertFinder, Authorizer, ConfigAuthorizer, Remediation, Verification
+from bot.actions.authorization import ConfigAuthorizer
+from bot.actions.engine import AlertFinder, Authorizer, Remediation, Verification
 from bot.actions.executor import Executor
 from bot.actions.policy import AutomaticPolicy
 from bot.actions.verify import ExporterRestartCheck

@@ -14,8 +14,28 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from datetime import timedelta
 from typing import Any, NoReturn, Protocol
 
+from bot.actions.breaker import CircuitBreaker
 from bot.actions.executor import ExecResult, Executor, ExecutorError
+from bot.actions.rails import ExecutionRails
 from bot.actions.registry import ACTIONS
+from bot.actions.runs import (
+    APPROVED,
+    AUTOMATIC_ACTOR,
+    CONVERSATION_ACTIONS,
+    DONE,
+    DRY_RUN,
+    ESCALATED,
+    EXPIRED,
+    FAILED,
+    REFUSED,
+    REQUESTED,
+    RUNNING,
+    VERIFIED,
+    ActionRefused,
+    CountingAudit,
+    duration_text,
+    output_block,
+)
 from bot.actions.targets import Target, TargetRefused, select_target
 from bot.audit import AuditLog
 from bot.clock import SYSTEM_CLOCK, Clock
@@ -25,18 +45,6 @@ from bot.models import AlertState
 from bot.store.base import ActionRun, BreakerState, Store
 
 log = logging.getLogger(__name__)
-
-REQUESTED, APPROVED, RUNNING, DONE, FAILED = "requested", "approved", "running", "done", "failed"
-VERIFIED, ESCALATED, REFUSED, EXPIRED, DRY_RUN = "verified", "escalated", "refused", "expired", "dry-run"
-# A run in one of these states has touched the target: it counts for the cooldown.
-_STARTED = (RUNNING, DONE, FAILED, VERIFIED, ESCALATED)
-# Actions the Slack layer owns (acknowledge, silence): not remediation.
-_CONVERSATION_ACTIONS = frozenset({"ack", "silence-1h", "silence-4h", "silence-24h"})
-AUTOMATIC_ACTOR = "bot"
-
-
-class ActionRefused(Exception):
-    """The request, approval or refusal was not accepted; the message says why (it is audited)."""
 
 
 class Announcer(Protocol):
@@ -51,23 +59,6 @@ class Authorizer(Protocol):
     async def may_approve(self, actor: str, action: str) -> bool: ...
 
     async def is_admin(self, actor: str) -> bool: ...
-
-
-class ConfigAuthorizer:
-    """Approvers and admins listed in `remediation.approvers` / `remediation.admins` (actor ids such as
-    `cli:alice` or `slack:U024BE7LH`). Dangerous actions need an admin."""
-
-    def __init__(self, config: RemediationConfig) -> None:
-        self._approvers = frozenset(config.approvers)
-        self._admins = frozenset(config.admins)
-
-    async def may_approve(self, actor: str, action: str) -> bool:
-        if ACTIONS[action].safety == "dangerous":
-            return actor in self._admins
-        return actor in self._approvers or actor in self._admins
-
-    async def is_admin(self, actor: str) -> bool:
-        return actor in self._admins
 
 
 class Verification(Protocol):
@@ -110,12 +101,12 @@ class Remediation:
         self._find_alert = find_alert
         self._verifiers = verifiers or {}
         self._clock = clock
-        self._audit = _CountingAudit(AuditLog(store, clock), metrics)
-        self._metrics = metrics
+        self._audit = CountingAudit(AuditLog(store, clock), metrics)
+        self._breaker = CircuitBreaker(store, config.circuit_breaker, self._audit, clock, metrics)
         self._next_step = next_step or (lambda alert: "")
         if metrics is not None:
             metrics.init_remediation(self.executable_actions())
-        self._active: set[tuple[str, str]] = set()  # (action, host) running now
+        self._rails = ExecutionRails(store, config.max_concurrent, self.policy, clock)
         self._tasks: set[asyncio.Task[None]] = set()
         self._approval_watchers: list[ApprovalWatcher] = []
 
@@ -163,28 +154,14 @@ class Remediation:
             await self._refuse_request(actor, action, target.host, alert, str(exc))
         if dry_run or self._config.dry_run or self.policy(action).dry_run:
             return await self._dry_run(action, alert, target, actor, automatic, what)
-        if automatic:
-            await self._check_breaker(action, alert, target)
+        refusal = await self._breaker.refusal(target.host) if automatic else None
+        if refusal is not None:
+            await self._refuse_request(AUTOMATIC_ACTOR, action, target.host, alert, refusal)
         needs_approval = self.policy(action).approval or ACTIONS[action].safety == "dangerous"
-        now = self._clock.now()
-        run = await self._store.add_action_run(
-            ActionRun(
-                0,
-                action,
-                alert.key,
-                target.host,
-                target.gpu,
-                actor,
-                automatic,
-                False,
-                REQUESTED if needs_approval else APPROVED,
-                now,
-                now,
-            )
-        )
-        await self._audit.record(actor, f"run {action}", _target_text(run), "requested", f"run #{run.id}")
+        run = await self._add_run(action, alert, target, actor, automatic, REQUESTED if needs_approval else APPROVED)
+        await self._audit.step(actor, "run", run, "requested", f"run #{run.id}")
         if needs_approval:
-            ttl = _duration_text(self._config.approval_ttl)
+            ttl = duration_text(self._config.approval_ttl)
             await self._announce(
                 run,
                 f"{actor} asks to {action} on {target.host} (run #{run.id}): waiting for "
@@ -198,7 +175,7 @@ class Remediation:
         return run
 
     async def _checked_target(self, action: str, alert: AlertState, actor: str) -> Target:
-        if action not in ACTIONS or action in _CONVERSATION_ACTIONS:
+        if action not in ACTIONS or action in CONVERSATION_ACTIONS:
             await self._refuse_request(actor, action, alert.key, alert, f"{action!r} is not a remediation action")
         if not self._enabled(action):
             await self._refuse_request(actor, action, alert.key, alert, f"{action} is not enabled in the config")
@@ -221,68 +198,41 @@ class Remediation:
     async def _dry_run(
         self, action: str, alert: AlertState, target: Target, actor: str, automatic: bool, what: str
     ) -> ActionRun:
-        now = self._clock.now()
-        run = await self._store.add_action_run(
-            ActionRun(
-                0,
-                action,
-                alert.key,
-                target.host,
-                target.gpu,
-                actor,
-                automatic,
-                True,
-                DRY_RUN,
-                now,
-                now,
-                detail=f"would run: {what}",
-            )
-        )
-        await self._audit.record(actor, f"run {action}", _target_text(run), "dry-run", f"would run: {what}")
+        run = await self._add_run(action, alert, target, actor, automatic, DRY_RUN, detail=f"would run: {what}")
+        await self._audit.step(actor, "run", run, "dry-run", f"would run: {what}")
         await self._announce(run, f"Dry run of {action} (run #{run.id}, {actor}): would run {what}")
         return run
 
-    # --- circuit breaker ----------------------------------------------------------------------------
-    async def _check_breaker(self, action: str, alert: AlertState, target: Target) -> None:
-        breaker = await self._store.get_breaker()
-        if breaker is not None:
-            await self._refuse_request(
-                AUTOMATIC_ACTOR,
-                action,
-                target.host,
-                alert,
-                f"circuit breaker open since "
-                f"{breaker.opened_at:%Y-%m-%d %H:%M} UTC ({breaker.reason}); an admin resets it",
-            )
-        limits = self._config.circuit_breaker
-        since = self._clock.now() - timedelta(seconds=limits.window)
-        recent = await self._store.action_runs(since)
-        hosts = {run.target for run in recent if run.automatic and not run.dry_run and run.requested_at >= since}
-        hosts.add(target.host)
-        if len(hosts) > limits.max_hosts:
-            reason = (
-                f"{len(hosts)} hosts needed an automatic action within {_duration_text(limits.window)} "
-                f"(limit {limits.max_hosts}): a fleet-wide problem"
-            )
-            await self._store.set_breaker(BreakerState(self._clock.now(), reason))
-            self._show_breaker(open_=True)
-            await self._audit.record(AUTOMATIC_ACTOR, "circuit-breaker", "remediation", "opened", reason)
-            await self._refuse_request(AUTOMATIC_ACTOR, action, target.host, alert, f"circuit breaker opened: {reason}")
+    async def _add_run(
+        self, action: str, alert: AlertState, target: Target, actor: str, automatic: bool, state: str, detail: str = ""
+    ) -> ActionRun:
+        """Persist a new run of `action` on the alert's target; a dry run is one in state DRY_RUN."""
+        now = self._clock.now()
+        run = ActionRun(
+            id=0,
+            action=action,
+            alert_key=alert.key,
+            target=target.host,
+            gpu=target.gpu,
+            requested_by=actor,
+            automatic=automatic,
+            dry_run=state == DRY_RUN,
+            state=state,
+            requested_at=now,
+            updated_at=now,
+            detail=detail,
+        )
+        return await self._store.add_action_run(run)
 
+    # --- circuit breaker ----------------------------------------------------------------------------
     async def breaker(self) -> BreakerState | None:
-        return await self._store.get_breaker()
+        return await self._breaker.state()
 
     async def reset_breaker(self, actor: str) -> None:
         if not await self._authorizer.is_admin(actor):
             await self._audit.record(actor, "circuit-breaker", "remediation", "refused", "not an admin")
             raise ActionRefused(f"{actor} is not a remediation admin")
-        await self._store.set_breaker(None)
-        self._show_breaker(open_=False)
-        await self._audit.record(actor, "circuit-breaker", "remediation", "reset")
-
-    def _show_breaker(self, open_: bool) -> None:
-        if self._metrics is not None:
-            self._metrics.remediation_breaker_open.set(1 if open_ else 0)
+        await self._breaker.reset(actor)
 
     # --- approval -----------------------------------------------------------------------------------
     async def approve(self, run_id: int, actor: str) -> ActionRun:
@@ -294,15 +244,11 @@ class Remediation:
         approvals = (*run.approvals, actor)
         needed = 2 if self._config.second_approver and ACTIONS[run.action].safety == "dangerous" else 1
         state = APPROVED if len(approvals) >= needed else REQUESTED
-        moved = await self._store.transition_action_run(
-            run.id, REQUESTED, state, self._clock.now(), approvals=approvals
-        )
-        if moved is None:
-            raise ActionRefused(f"run #{run.id} changed meanwhile; look again")
-        await self._audit.record(
+        moved = await self._decide(run, state, approvals=approvals)
+        await self._audit.step(
             actor,
-            f"approve {run.action}",
-            _target_text(run),
+            "approve",
+            run,
             "approved",
             f"run #{run.id}, approval {len(approvals)} of {needed}",
         )
@@ -319,14 +265,21 @@ class Remediation:
         run = await self._pending(run_id, actor, "refuse")
         if not await self._authorizer.may_approve(actor, run.action):
             await self._refuse_decision(run, actor, "refuse", f"{actor} may not decide on {run.action}")
+        moved = await self._decide(run, REFUSED, detail=f"refused by {actor}")
+        await self._audit.step(actor, "refuse", run, "refused", f"run #{run.id}")
+        await self._announce(moved, f"{actor} refused run #{run.id} ({run.action} on {run.target})")
+        await self._tell_watchers(moved)
+        return moved
+
+    async def _decide(
+        self, run: ActionRun, state: str, approvals: tuple[str, ...] | None = None, detail: str | None = None
+    ) -> ActionRun:
+        """Move a run waiting for approval to `state`; refused when someone else decided on it meanwhile."""
         moved = await self._store.transition_action_run(
-            run.id, REQUESTED, REFUSED, self._clock.now(), detail=f"refused by {actor}"
+            run.id, REQUESTED, state, self._clock.now(), detail=detail, approvals=approvals
         )
         if moved is None:
             raise ActionRefused(f"run #{run.id} changed meanwhile; look again")
-        await self._audit.record(actor, f"refuse {run.action}", _target_text(run), "refused", f"run #{run.id}")
-        await self._announce(moved, f"{actor} refused run #{run.id} ({run.action} on {run.target})")
-        await self._tell_watchers(moved)
         return moved
 
     async def _pending(self, run_id: int, actor: str, verb: str) -> ActionRun:
@@ -338,8 +291,8 @@ class Remediation:
             await self._refuse_decision(run, actor, verb, f"run #{run.id} is {run.state}, not waiting for approval")
         if self._expired(run):
             await self._expire(run)
-            await self._audit.record(actor, f"{verb} {run.action}", _target_text(run), "expired", f"run #{run.id}")
-            raise ActionRefused(f"run #{run.id} expired: approvals last {_duration_text(self._config.approval_ttl)}")
+            await self._audit.step(actor, verb, run, "expired", f"run #{run.id}")
+            raise ActionRefused(f"run #{run.id} expired: approvals last {duration_text(self._config.approval_ttl)}")
         return run
 
     def _expired(self, run: ActionRun) -> bool:
@@ -359,44 +312,36 @@ class Remediation:
         for run in await self._store.action_runs(since, (REQUESTED,)):
             if self._expired(run):
                 await self._expire(run)
-                await self._audit.record(
+                await self._audit.step(
                     AUTOMATIC_ACTOR,
-                    f"run {run.action}",
-                    _target_text(run),
+                    "run",
+                    run,
                     "expired",
                     f"run #{run.id}, not approved in time",
                 )
 
     async def _refuse_decision(self, run: ActionRun, actor: str, verb: str, reason: str) -> NoReturn:
-        await self._audit.record(actor, f"{verb} {run.action}", _target_text(run), "refused", reason)
+        await self._audit.step(actor, verb, run, "refused", reason)
         await self._announce(run, f"{verb} refused: {reason}")
         raise ActionRefused(reason)
 
     # --- execution ----------------------------------------------------------------------------------
     async def _execute(self, run: ActionRun) -> None:
-        slot = (run.action, run.target)
-        blocked = await self._cooldown(run)
-        if blocked is None and slot in self._active:
-            blocked = f"{run.action} is already running on {run.target}"
-        if blocked is None and len(self._active) >= self._config.max_concurrent:
-            blocked = f"{len(self._active)} actions are running (limit {self._config.max_concurrent}); ask again later"
+        blocked = await self._rails.blocked(run)
         if blocked is not None:
             await self._not_run(run, blocked)
             return
-        self._active.add(slot)  # no await since the checks: concurrent runs see it
-        try:
+        with self._rails.hold(run):  # no await since the checks: concurrent runs see it
             running = await self._store.transition_action_run(run.id, APPROVED, RUNNING, self._clock.now())
             if running is None:
                 return  # another worker took it
             result = await self._run_executor(running)
-        finally:
-            self._active.discard(slot)
         state = DONE if result.ok else FAILED
         finished = await self._store.transition_action_run(
             run.id, RUNNING, state, self._clock.now(), detail=result.summary
         )
-        await self._audit.record(run.requested_by, f"run {run.action}", _target_text(run), state, result.summary)
-        await self._announce(running, f"{run.action} on {run.target} {state} (run #{run.id}):{_output_block(result)}")
+        await self._audit.step(run.requested_by, "run", run, state, result.summary)
+        await self._announce(running, f"{run.action} on {run.target} {state} (run #{run.id}):{output_block(result)}")
         alert = await self._store.get_alert(run.alert_key)
         if finished is not None and result.ok and alert is not None:
             await self._verify(finished, alert)
@@ -404,22 +349,8 @@ class Remediation:
     async def _not_run(self, run: ActionRun, reason: str) -> None:
         refused = await self._store.transition_action_run(run.id, APPROVED, REFUSED, self._clock.now(), detail=reason)
         if refused is not None:
-            await self._audit.record(run.requested_by, f"run {run.action}", _target_text(run), "refused", reason)
+            await self._audit.step(run.requested_by, "run", run, "refused", reason)
             await self._announce(refused, f"{run.action} on {run.target} not run (run #{run.id}): {reason}")
-
-    async def _cooldown(self, run: ActionRun) -> str | None:
-        cooldown = self.policy(run.action).cooldown
-        since = self._clock.now() - timedelta(seconds=cooldown)
-        earlier = [
-            other
-            for other in await self._store.action_runs(since, _STARTED)
-            if other.id != run.id and other.action == run.action and other.target == run.target
-        ]
-        if not earlier:
-            return None
-        last = max(other.updated_at for other in earlier)
-        until = last + timedelta(seconds=cooldown)
-        return f"cooldown: {run.action} ran on {run.target} at {last:%H:%M:%S} UTC, next allowed after {until:%H:%M:%S}"
 
     async def _run_executor(self, run: ActionRun) -> ExecResult:
         executor = self._executors.get(run.target, {}).get(run.action)
@@ -442,7 +373,7 @@ class Remediation:
             helped, seen = False, f"could not check: {type(exc).__name__}: {exc}"
         state = VERIFIED if helped else ESCALATED
         moved = await self._store.transition_action_run(run.id, DONE, state, self._clock.now(), detail=seen)
-        await self._audit.record(AUTOMATIC_ACTOR, f"verify {run.action}", _target_text(run), state, seen)
+        await self._audit.step(AUTOMATIC_ACTOR, "verify", run, state, seen)
         if moved is None:
             return
         if helped:
@@ -458,7 +389,7 @@ class Remediation:
     async def resume(self) -> None:
         """After a restart: run what was approved, verify what was done, and report (never repeat) what was
         running when the process stopped, since it may or may not have reached the host."""
-        self._show_breaker(open_=await self._store.get_breaker() is not None)
+        self._breaker.show(open_=await self._breaker.state() is not None)
         since = self._clock.now() - timedelta(days=1)
         for run in await self._store.action_runs(since, (APPROVED, RUNNING, DONE)):
             if run.state == APPROVED:
@@ -468,7 +399,7 @@ class Remediation:
                 moved = await self._store.transition_action_run(
                     run.id, RUNNING, FAILED, self._clock.now(), detail=detail
                 )
-                await self._audit.record(AUTOMATIC_ACTOR, f"run {run.action}", _target_text(run), "failed", detail)
+                await self._audit.step(AUTOMATIC_ACTOR, "run", run, "failed", detail)
                 if moved is not None:
                     await self._announce(moved, f"{run.action} on {run.target} (run #{run.id}): {detail}")
             else:
@@ -499,33 +430,3 @@ class Remediation:
             await self._announcer.announce(alert_key, text)
         except Exception:  # the audit log has it; a thread message must not stop the action
             log.exception("could not announce a remediation step", extra={"alert_key": alert_key})
-
-
-class _CountingAudit:
-    """The audit log, each remediation step also counted in `gpu_alert_bot_remediation_steps_total`."""
-
-    def __init__(self, audit: AuditLog, metrics: Metrics | None) -> None:
-        self._audit = audit
-        self._metrics = metrics
-
-    async def record(self, actor: str, action: str, target: str, outcome: str, detail: str = "") -> None:
-        await self._audit.record(actor, action, target, outcome, detail)
-        name = action.rsplit(" ", 1)[-1]  # "run restart-dcgm-exporter", "approve reset-gpu"
-        if self._metrics is not None and name in ACTIONS:
-            self._metrics.remediation_steps.labels(name, outcome).inc()
-
-
-def _output_block(result: ExecResult) -> str:
-    """Multi-line output (diagnostics) as a code block, which Slack shows collapsed under "Show more"."""
-    fence = "`" * 3
-    summary = result.summary.replace(fence, "'" * 3)
-    return f"\n{fence}\n{summary}\n{fence}" if "\n" in summary else f" {summary}"
-
-
-def _target_text(run: ActionRun) -> str:
-    return run.target if run.gpu is None else f"{run.target} gpu {run.gpu}"
-
-
-def _duration_text(seconds: float) -> str:
-    minutes = round(seconds / 60)
-    return f"{minutes} min" if minutes < 120 else f"{round(seconds / 3600)} h"

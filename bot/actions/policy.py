@@ -8,7 +8,8 @@ from __future__ import annotations
 import contextlib
 from datetime import timedelta
 
-from bot.actions.engine import AUTOMATIC_ACTOR, ActionRefused, Remediation
+from bot.actions.engine import Remediation
+from bot.actions.runs import AUTOMATIC_ACTOR, ActionRefused
 from bot.clock import Clock
 from bot.evidence import Enrichment
 from bot.models import AlertState

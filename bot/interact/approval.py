@@ -14,7 +14,7 @@ import logging
 from pydantic import BaseModel
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.actions.engine import APPROVED, EXPIRED, REFUSED, REQUESTED
+from bot.actions.runs import APPROVED, EXPIRED, REFUSED, REQUESTED
 from bot.config import BotConfig
 from bot.interact.remediation import SLACK_ACTOR, run_target
 from bot.interact.service import Interactivity

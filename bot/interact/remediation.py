@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from bot.actions.engine import ActionRefused, Authorizer, Remediation
+from bot.actions.engine import Authorizer, Remediation
 from bot.actions.registry import ACTIONS
+from bot.actions.runs import ActionRefused
 from bot.interact.access import Access
 from bot.interact.dispatch import ButtonSpec, CommandSpec, Dispatcher, Invocation, Outcome, UsageError
 from bot.render.slack import APPROVE_RUN, REFUSE_RUN, escape

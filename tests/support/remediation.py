@@ -7,8 +7,9 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+from bot.actions.authorization import ConfigAuthorizer
 from bot.actions.build import alert_finder
-from bot.actions.engine import ConfigAuthorizer, Remediation
+from bot.actions.engine import Remediation
 from bot.actions.executor import ExecResult, Executor
 from bot.config import RemediationConfig
 from bot.metrics import Metrics

@@ -1,0 +1,57 @@
+"""The rails an approved run passes before it touches its host: the action's cooldown on that host is over, the
+same action is not already running there, and fewer than `max_concurrent` actions run at once."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+
+from bot.actions.runs import STARTED_STATES
+from bot.clock import Clock
+from bot.config import ActionPolicyConfig
+from bot.store.base import ActionRun, Store
+
+
+class ExecutionRails:
+    def __init__(
+        self, store: Store, max_concurrent: int, policy: Callable[[str], ActionPolicyConfig], clock: Clock
+    ) -> None:
+        self._store = store
+        self._max_concurrent = max_concurrent
+        self._policy = policy
+        self._clock = clock
+        self._active: set[tuple[str, str]] = set()  # (action, host) running now
+
+    async def blocked(self, run: ActionRun) -> str | None:
+        """Why `run` may not start now; None when it may. Take its slot with `hold` before the next await."""
+        blocked = await self._cooldown(run)
+        if blocked is None and (run.action, run.target) in self._active:
+            blocked = f"{run.action} is already running on {run.target}"
+        if blocked is None and len(self._active) >= self._max_concurrent:
+            blocked = f"{len(self._active)} actions are running (limit {self._max_concurrent}); ask again later"
+        return blocked
+
+    @contextlib.contextmanager
+    def hold(self, run: ActionRun) -> Iterator[None]:
+        """`run` counts as running on its host while inside."""
+        slot = (run.action, run.target)
+        self._active.add(slot)
+        try:
+            yield
+        finally:
+            self._active.discard(slot)
+
+    async def _cooldown(self, run: ActionRun) -> str | None:
+        cooldown = self._policy(run.action).cooldown
+        since = self._clock.now() - timedelta(seconds=cooldown)
+        earlier = [
+            other
+            for other in await self._store.action_runs(since, STARTED_STATES)
+            if other.id != run.id and other.action == run.action and other.target == run.target
+        ]
+        if not earlier:
+            return None
+        last = max(other.updated_at for other in earlier)
+        until = last + timedelta(seconds=cooldown)
+        return f"cooldown: {run.action} ran on {run.target} at {last:%H:%M:%S} UTC, next allowed after {until:%H:%M:%S}"
