@@ -7,7 +7,6 @@ import abc
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
@@ -15,6 +14,7 @@ import psycopg
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from bot.clock import SYSTEM_CLOCK, Clock
 from bot.store.base import IncomingNotification, IngestResult, Store, StoreUnavailable
 from bot.store.groupcommit import GroupCommit
 from bot.store.migrations import POSTGRESQL_MIGRATIONS, POSTGRESQL_SCHEMA_VERSION, refuse_newer
@@ -29,11 +29,6 @@ _OUTBOX_CHANNEL = "gpu_alert_bot_outbox"
 _MIGRATE_LOCK = 0x6D696772617465
 _DEDUP_LOCK = 0x6465647570
 _LISTEN_RETRY = 1.0
-_DB_NOW = "extract(epoch FROM clock_timestamp())::float8"
-
-
-def _now() -> float:
-    return time.time()
 
 
 class PostgresConnection(Store):
@@ -52,12 +47,14 @@ class PostgresConnection(Store):
         dedup_window: float = 600.0,
         connect_timeout: float = 5.0,
         read_only: bool = False,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         """`read_only` is for CLI commands that inspect the store beside running replicas: no migration, no
         group commit, no listening."""
         self._dsn = dsn
         self._replica = replica
         self._dedup_window = dedup_window
+        self._clock = clock
         self._connect_timeout = connect_timeout
         self._read_only = read_only
         self._pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
@@ -77,6 +74,10 @@ class PostgresConnection(Store):
         self._listener: asyncio.Task[None] | None = None
         self._on_work: Callable[[], None] = lambda: None
         self._on_deliveries: Callable[[str], None] = lambda _receiver: None
+
+    def _now(self) -> float:
+        """What every row's time and every window, lease and retry time is measured against."""
+        return self._clock.now().timestamp()
 
     @property
     def replica(self) -> str:
@@ -189,12 +190,6 @@ class PostgresConnection(Store):
     async def _execute(self, query: str, args: Sequence[Any] = ()) -> None:
         async with self._transaction() as conn:
             await conn.execute(query.encode(), args)
-
-    @staticmethod
-    async def _db_now(conn: Conn) -> float:
-        row = await (await conn.execute(f"SELECT {_DB_NOW} AS now".encode())).fetchone()
-        assert row is not None
-        return float(row["now"])
 
     # --- LISTEN/NOTIFY -------------------------------------------------------------------------------
     async def _listen_loop(self) -> None:

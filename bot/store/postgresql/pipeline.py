@@ -16,13 +16,11 @@ from bot.models import Delivery, Event, EventKind, NewDelivery, short_id
 from bot.store import core
 from bot.store.base import IncomingNotification, IngestResult, Planner
 from bot.store.postgresql.connection import (
-    _DB_NOW,
     _DEDUP_LOCK,
     _OUTBOX_CHANNEL,
     _WORK_CHANNEL,
     Conn,
     PostgresConnection,
-    _now,
 )
 
 log = logging.getLogger(__name__)
@@ -36,7 +34,7 @@ class PostgresAlertPath(PostgresConnection):
     async def _ingest_batch(self, batch: list[IncomingNotification]) -> list[IngestResult]:
         candidates = core.split_copies(batch, set()).fresh
         async with self._ingest_transaction() as conn:
-            now = await self._db_now(conn)
+            now = self._now()
             # A key is taken (its notification is a copy) when it was accepted within the window and after its
             # group last resolved. The unique key makes a concurrent replica's insert wait for this commit.
             rows = await (
@@ -133,7 +131,7 @@ class PostgresAlertPath(PostgresConnection):
             await conn.execute("SELECT * FROM alerts WHERE key = ANY(%s)", ([a.key for a in alerts],))
         ).fetchall()
         known = {state.key: state for state in map(core.alert_from_row, rows)}
-        now = _now()
+        now = self._now()
         plan = core.plan_notification(payload, alerts, known, planner, now)
         cursor = conn.cursor()
         marks = ", ".join(["%s"] * 16)
@@ -154,7 +152,7 @@ class PostgresAlertPath(PostgresConnection):
             await conn.execute(
                 """INSERT INTO group_resolves (group_key, resolved_at) VALUES (%s, %s)
                    ON CONFLICT (group_key) DO UPDATE SET resolved_at = excluded.resolved_at""",
-                (plan.resolved_group, await self._db_now(conn)),
+                (plan.resolved_group, now),
             )
         await conn.execute("UPDATE notifications SET state = 'done' WHERE id = %s", (notification_id,))
 
@@ -165,11 +163,11 @@ class PostgresAlertPath(PostgresConnection):
                 await conn.execute(
                     f"""WITH claimed AS (
                             SELECT e.id FROM events e
-                            WHERE e.state = 'pending' AND e.lease_until <= {_DB_NOW} AND {core.EVENT_NOT_BLOCKED}
+                            WHERE e.state = 'pending' AND e.lease_until <= %(now)s AND {core.EVENT_NOT_BLOCKED}
                             ORDER BY e.id LIMIT %(limit)s FOR UPDATE OF e SKIP LOCKED)
-                        UPDATE events SET lease_until = {_DB_NOW} + %(lease)s, attempts = events.attempts + 1
+                        UPDATE events SET lease_until = %(now)s + %(lease)s, attempts = events.attempts + 1
                         FROM claimed WHERE events.id = claimed.id RETURNING events.id""".encode(),  # noqa: S608
-                    {"limit": limit, "lease": lease_seconds},
+                    {"limit": limit, "lease": lease_seconds, "now": self._now()},
                 )
             ).fetchall()
             if not rows:
@@ -208,7 +206,7 @@ class PostgresAlertPath(PostgresConnection):
                 await conn.execute(
                     "UPDATE alerts SET enrichment = %s WHERE key = %s", (json.dumps(enrichment), row["alert_key"])
                 )
-            now = _now()
+            now = self._now()
             await conn.cursor().executemany(
                 """INSERT INTO deliveries (event_id, alert_key, receiver, message, next_attempt_at, created_at)
                    VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (event_id, receiver) DO NOTHING""",
@@ -226,18 +224,18 @@ class PostgresAlertPath(PostgresConnection):
             )
         else:
             await self._execute(
-                f"UPDATE events SET lease_until = {_DB_NOW} + %s, error = %s WHERE id = %s",  # noqa: S608
-                (retry_in, error[: core.MAX_ERROR_CHARS], event_id),
+                "UPDATE events SET lease_until = %s, error = %s WHERE id = %s",
+                (self._now() + retry_in, error[: core.MAX_ERROR_CHARS], event_id),
             )
 
     # --- outbox ----------------------------------------------------------------------------------------
     async def hold_receiver(self, receiver: str, lease_seconds: float) -> bool:
         row = await self._fetchone_in_transaction(
-            f"""INSERT INTO receiver_leases AS l (receiver, holder, until) VALUES (%(r)s, %(me)s, {_DB_NOW} + %(s)s)
+            """INSERT INTO receiver_leases AS l (receiver, holder, until) VALUES (%(r)s, %(me)s, %(now)s + %(s)s)
                 ON CONFLICT (receiver) DO UPDATE SET holder = excluded.holder, until = excluded.until
-                WHERE l.until < {_DB_NOW} OR l.holder = excluded.holder
-                RETURNING l.holder""",  # noqa: S608
-            {"r": receiver, "me": self._replica, "s": lease_seconds},
+                WHERE l.until < %(now)s OR l.holder = excluded.holder
+                RETURNING l.holder""",
+            {"r": receiver, "me": self._replica, "s": lease_seconds, "now": self._now()},
         )
         return row is not None
 
@@ -248,14 +246,14 @@ class PostgresAlertPath(PostgresConnection):
 
     async def receiver_holders(self) -> dict[str, str]:
         """Which replica holds each receiver's lease now (expired leases are left out)."""
-        rows = await self._fetchall(f"SELECT receiver, holder FROM receiver_leases WHERE until >= {_DB_NOW}")  # noqa: S608
+        rows = await self._fetchall("SELECT receiver, holder FROM receiver_leases WHERE until >= %s", (self._now(),))
         return {row["receiver"]: row["holder"] for row in rows}
 
     async def due_deliveries(self, receiver: str, limit: int) -> list[Delivery]:
         rows = await self._fetchall(
             f"""SELECT * FROM deliveries d WHERE d.receiver = %s AND d.state = 'pending' AND d.next_attempt_at <= %s
                  AND {core.DELIVERY_NOT_BLOCKED} ORDER BY d.id LIMIT %s""",  # noqa: S608
-            (receiver, _now(), limit),
+            (receiver, self._now(), limit),
         )
         deliveries: list[Delivery] = []
         for row in rows:
@@ -285,7 +283,7 @@ class PostgresAlertPath(PostgresConnection):
         await self._execute(
             "UPDATE deliveries SET state = 'delivered', attempts = attempts + 1, finished_at = %s, error = NULL "
             "WHERE id = %s",
-            (_now(), delivery_id),
+            (self._now(), delivery_id),
         )
 
     async def delivery_retry(self, delivery_id: int, error: str, next_attempt_at: datetime) -> None:
@@ -298,7 +296,7 @@ class PostgresAlertPath(PostgresConnection):
         await self._execute(
             "UPDATE deliveries SET state = 'failed', attempts = attempts + 1, finished_at = %s, error = %s "
             "WHERE id = %s",
-            (_now(), error[: core.MAX_ERROR_CHARS], delivery_id),
+            (self._now(), error[: core.MAX_ERROR_CHARS], delivery_id),
         )
 
     async def next_delivery_due(self, receiver: str) -> datetime | None:
@@ -321,5 +319,5 @@ class PostgresAlertPath(PostgresConnection):
         await self._execute(
             """INSERT INTO sink_state (receiver, key, value, updated_at) VALUES (%s, %s, %s, %s)
                ON CONFLICT (receiver, key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at""",
-            (receiver, key, json.dumps(value), _now()),
+            (receiver, key, json.dumps(value), self._now()),
         )

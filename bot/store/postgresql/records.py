@@ -21,7 +21,7 @@ from bot.store.base import (
     UnknownAlert,
     WatchdogRecord,
 )
-from bot.store.postgresql.connection import _WORK_CHANNEL, Conn, PostgresConnection, _now
+from bot.store.postgresql.connection import _WORK_CHANNEL, Conn, PostgresConnection
 
 
 class PostgresRecords(PostgresConnection):
@@ -48,7 +48,7 @@ class PostgresRecords(PostgresConnection):
     async def add_note(self, alert_key: str, text: str) -> int:
         async with self._transaction() as conn:
             await _require_alert(conn, alert_key)
-            return await _insert_note(conn, alert_key, text)
+            return await _insert_note(conn, alert_key, text, self._now())
 
     async def ack(self, alert_key: str, by: str, at: datetime) -> bool:
         async with self._transaction() as conn:
@@ -58,7 +58,7 @@ class PostgresRecords(PostgresConnection):
                 await conn.execute(core.ALERT_ACK.format(p="%s").encode(), (by, at.timestamp(), alert_key))
             ).rowcount
             if changed:
-                await _insert_event(conn, alert_key, EventKind.ACK)
+                await _insert_event(conn, alert_key, EventKind.ACK, self._now())
         return bool(changed)
 
     async def unack(self, alert_key: str, note: str) -> bool:
@@ -66,7 +66,7 @@ class PostgresRecords(PostgresConnection):
             await _require_alert(conn, alert_key)
             changed = (await conn.execute(core.ALERT_UNACK.format(p="%s").encode(), (alert_key,))).rowcount
             if changed:
-                await _insert_note(conn, alert_key, note)
+                await _insert_note(conn, alert_key, note, self._now())
         return bool(changed)
 
     async def set_silence(
@@ -77,7 +77,7 @@ class PostgresRecords(PostgresConnection):
             await conn.execute(
                 core.ALERT_SET_SILENCE.format(p="%s").encode(), (silence_id, by, core.ts(until), alert_key)
             )
-            return await _insert_note(conn, alert_key, note)
+            return await _insert_note(conn, alert_key, note, self._now())
 
     async def silenced_alerts(self) -> list[AlertState]:
         return [core.alert_from_row(row) for row in await self._fetchall(core.SILENCED_ALERTS)]
@@ -231,12 +231,12 @@ async def _require_alert(conn: Conn, alert_key: str) -> None:
         raise UnknownAlert(alert_key)
 
 
-async def _insert_event(conn: Conn, alert_key: str, kind: EventKind) -> int:
+async def _insert_event(conn: Conn, alert_key: str, kind: EventKind, now: float) -> int:
     """Queue an event and wake the replicas' workers (the NOTIFY goes out at commit)."""
     row = await (
         await conn.execute(
             "INSERT INTO events (alert_key, kind, created_at) VALUES (%s, %s, %s) RETURNING id",
-            (alert_key, kind.value, _now()),
+            (alert_key, kind.value, now),
         )
     ).fetchone()
     assert row is not None
@@ -244,7 +244,7 @@ async def _insert_event(conn: Conn, alert_key: str, kind: EventKind) -> int:
     return int(row["id"])
 
 
-async def _insert_note(conn: Conn, alert_key: str, text: str) -> int:
-    event_id = await _insert_event(conn, alert_key, EventKind.NOTE)
+async def _insert_note(conn: Conn, alert_key: str, text: str, now: float) -> int:
+    event_id = await _insert_event(conn, alert_key, EventKind.NOTE, now)
     await conn.execute("INSERT INTO event_notes (event_id, text) VALUES (%s, %s)", (event_id, text))
     return event_id

@@ -3,13 +3,14 @@
 What makes it safe for replicas (the decisions themselves are in core.py, shared with SQLite):
 - a webhook is answered only after its transaction commits with `synchronous_commit = on`; concurrent webhooks
   of one replica share one transaction (group commit);
-- the idempotency key is unique in the database and the dedup window is evaluated there, with the database's
-  clock: HA copies reaching two replicas at the same moment store one notification (`INSERT ... ON CONFLICT`);
+- the idempotency key is unique in the database and the dedup window is evaluated there: HA copies reaching two
+  replicas at the same moment store one notification (`INSERT ... ON CONFLICT`);
 - stored notifications are applied by one replica at a time (a transaction advisory lock), so their order and
   the alert records stay exactly as with one process; events are claimed with `FOR UPDATE SKIP LOCKED` and
-  leases on the database's clock, so a killed replica's events are redone by another once the lease expires;
+  leases, so a killed replica's events are redone by another once the lease expires;
 - each receiver is dispatched by the replica holding its lease (`hold_receiver`);
 - `LISTEN/NOTIFY` wakes the other replicas' workers and dispatchers at once; polling stays as the fallback.
+Every time written or compared (windows, leases, retries) comes from the store's clock, as on SQLite.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from psycopg import sql
 
 from bot.store import core
 from bot.store.base import StoreStats, StoreUnavailable
-from bot.store.postgresql.connection import _DB_NOW
 from bot.store.postgresql.pipeline import PostgresAlertPath
 from bot.store.postgresql.records import PostgresRecords
 
@@ -33,9 +33,9 @@ class PostgresStore(PostgresAlertPath, PostgresRecords):
         if self._group_commit.stopped:
             raise StoreUnavailable("the ingest committer stopped")
         await self._execute(
-            f"""INSERT INTO heartbeat (replica, at) VALUES (%s, {_DB_NOW})
-                ON CONFLICT (replica) DO UPDATE SET at = excluded.at""",  # noqa: S608
-            (self._replica,),
+            """INSERT INTO heartbeat (replica, at) VALUES (%s, %s)
+                ON CONFLICT (replica) DO UPDATE SET at = excluded.at""",
+            (self._replica, self._now()),
         )
 
     async def export_rows(self, table: str) -> list[dict[str, Any]]:
@@ -101,7 +101,7 @@ class PostgresStore(PostgresAlertPath, PostgresRecords):
             await conn.execute(
                 "DELETE FROM alert_short_ids s WHERE NOT EXISTS (SELECT 1 FROM alerts a WHERE a.key = s.alert_key)"
             )
-            expired = {"cutoff": await self._db_now(conn) - self._dedup_window}
+            expired = {"cutoff": self._now() - self._dedup_window}
             for statement in (
                 "DELETE FROM notification_keys WHERE accepted_at < %(cutoff)s",
                 "DELETE FROM group_resolves WHERE resolved_at < %(cutoff)s",

@@ -8,12 +8,12 @@ import contextlib
 import functools
 import os
 import sqlite3
-import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from bot.clock import SYSTEM_CLOCK, Clock
 from bot.store.base import IncomingNotification, IngestResult, Store, StoreUnavailable
 from bot.store.groupcommit import GroupCommit
 from bot.store.migrations import SQLITE_SCHEMA_VERSION, refuse_newer
@@ -49,10 +49,6 @@ def _dt(value: float | None) -> datetime | None:
     return None if value is None else datetime.fromtimestamp(value, UTC)
 
 
-def _now() -> float:
-    return time.time()
-
-
 class SqliteConnection(Store):
     """Lifecycle and statement plumbing; the queries are in the subclasses."""
 
@@ -61,13 +57,20 @@ class SqliteConnection(Store):
         """Write one group-committed batch of webhooks durably, one result per notification in order."""
 
     def __init__(
-        self, path: Path, *, synchronous: Synchronous = "full", dedup_window: float = 600.0, read_only: bool = False
+        self,
+        path: Path,
+        *,
+        synchronous: Synchronous = "full",
+        dedup_window: float = 600.0,
+        read_only: bool = False,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         """`read_only` opens an existing store for inspection (CLI commands) beside a running bot."""
         self._path = path
         self._read_only = read_only
         self._synchronous = synchronous
         self._dedup_window = dedup_window
+        self._clock = clock
         self._thread = _StoreThread()
         self._checkpointer = _Checkpointer(path)
         self._conn: sqlite3.Connection | None = None
@@ -149,6 +152,10 @@ class SqliteConnection(Store):
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+    def _now(self) -> float:
+        """What every row's time and every window, lease and retry time is measured against."""
+        return self._clock.now().timestamp()
 
     @property
     def path(self) -> Path:

@@ -24,7 +24,7 @@ from bot.store.core import (
     split_copies,
 )
 from bot.store.core import alert_from_row as _alert_from_row
-from bot.store.sqlite.connection import SqliteConnection, _dt, _now
+from bot.store.sqlite.connection import SqliteConnection, _dt
 from bot.store.sqlite.threads import _URGENT
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class SqliteAlertPath(SqliteConnection):
         return self._transaction(functools.partial(self._ingest_batch, batch=batch), acknowledged=True)
 
     def _ingest_batch(self, conn: sqlite3.Connection, batch: list[IncomingNotification]) -> list[IngestResult]:
-        now = _now()
+        now = self._now()
         keys = {n.idempotency_key: n.group_key for n in batch}
         # A key accepted within the window, and since its group last resolved, makes a copy; so does a key
         # earlier in this same batch.
@@ -130,7 +130,7 @@ class SqliteAlertPath(SqliteConnection):
             )
             return
         known = {state.key: state for state in self._alerts_by_keys(conn, [a.key for a in alerts])}
-        now = _now()
+        now = self._now()
         self._write_plan(conn, plan_notification(payload, alerts, known, planner, now), now)
         conn.execute("UPDATE notifications SET state = 'done' WHERE id = ?", (notification_id,))
 
@@ -172,7 +172,7 @@ class SqliteAlertPath(SqliteConnection):
         # An event waits while an earlier one of the same alert is pending (a retried firing, say): a resolve
         # routed first would reach PagerDuty before the trigger and leave an incident open for good.
         def claim(conn: sqlite3.Connection) -> list[Event]:
-            now = _now()
+            now = self._now()
             rows = conn.execute(
                 f"""SELECT e.id, e.kind, e.created_at, e.attempts AS event_attempts, n.text AS note_text, a.*
                    FROM events e JOIN alerts a ON a.key = e.alert_key LEFT JOIN event_notes n ON n.event_id = e.id
@@ -215,7 +215,7 @@ class SqliteAlertPath(SqliteConnection):
                     "UPDATE alerts SET enrichment = ? WHERE key = ?",
                     (json.dumps(enrichment), row["alert_key"]),
                 )
-            now = _now()
+            now = self._now()
             conn.executemany(
                 """INSERT OR IGNORE INTO deliveries
                        (event_id, alert_key, receiver, message, next_attempt_at, created_at)
@@ -231,7 +231,7 @@ class SqliteAlertPath(SqliteConnection):
             sql, args = "UPDATE events SET state = 'failed', error = ? WHERE id = ?", (error[:2000], event_id)
         else:
             sql = "UPDATE events SET lease_until = ?, error = ? WHERE id = ?"
-            args = (_now() + retry_in, error[:2000], event_id)  # type: ignore[assignment]
+            args = (self._now() + retry_in, error[:2000], event_id)  # type: ignore[assignment]
         await self._run(self._execute, sql, args)
 
     # --- outbox ----------------------------------------------------------------------------------------
@@ -242,7 +242,7 @@ class SqliteAlertPath(SqliteConnection):
         rows = self.connection.execute(
             f"""SELECT * FROM deliveries d WHERE d.receiver = ? AND d.state = 'pending' AND d.next_attempt_at <= ?
                  AND {_NOT_BLOCKED} ORDER BY d.id LIMIT ?""",  # noqa: S608
-            (receiver, _now(), limit),
+            (receiver, self._now(), limit),
         ).fetchall()
         deliveries: list[Delivery] = []
         for row in rows:
@@ -274,7 +274,7 @@ class SqliteAlertPath(SqliteConnection):
             self._execute,
             "UPDATE deliveries SET state = 'delivered', attempts = attempts + 1, finished_at = ?, error = NULL "
             "WHERE id = ?",
-            (_now(), delivery_id),
+            (self._now(), delivery_id),
         )
 
     async def delivery_retry(self, delivery_id: int, error: str, next_attempt_at: datetime) -> None:
@@ -288,7 +288,7 @@ class SqliteAlertPath(SqliteConnection):
         await self._run(
             self._execute,
             "UPDATE deliveries SET state = 'failed', attempts = attempts + 1, finished_at = ?, error = ? WHERE id = ?",
-            (_now(), error[:2000], delivery_id),
+            (self._now(), error[:2000], delivery_id),
         )
 
     async def next_delivery_due(self, receiver: str) -> datetime | None:
@@ -315,5 +315,5 @@ class SqliteAlertPath(SqliteConnection):
             self._execute,
             """INSERT INTO sink_state (receiver, key, value, updated_at) VALUES (?, ?, ?, ?)
                ON CONFLICT (receiver, key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at""",
-            (receiver, key, json.dumps(value), _now()),
+            (receiver, key, json.dumps(value), self._now()),
         )

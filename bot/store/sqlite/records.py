@@ -22,7 +22,7 @@ from bot.store.base import (
 )
 from bot.store.core import ALERT_DELIVERIES, delivery_record_from_row, gpu_event_from_row
 from bot.store.core import alert_from_row as _alert_from_row
-from bot.store.sqlite.connection import SqliteConnection, _now, _ts
+from bot.store.sqlite.connection import SqliteConnection, _ts
 
 
 class SqliteRecords(SqliteConnection):
@@ -67,7 +67,7 @@ class SqliteRecords(SqliteConnection):
     def _add_note_sync(self, alert_key: str, text: str) -> int:
         def add(conn: sqlite3.Connection) -> int:
             _require_alert(conn, alert_key)
-            return _insert_note(conn, alert_key, text)
+            return _insert_note(conn, alert_key, text, self._now())
 
         return self._transaction(add, acknowledged=True)
 
@@ -76,7 +76,7 @@ class SqliteRecords(SqliteConnection):
             _require_alert(conn, alert_key)
             changed = conn.execute(core.ALERT_ACK.format(p="?"), (by, at.timestamp(), alert_key)).rowcount
             if changed:
-                _insert_event(conn, alert_key, EventKind.ACK)
+                _insert_event(conn, alert_key, EventKind.ACK, self._now())
             return bool(changed)
 
         return await self._run(functools.partial(self._transaction, acknowledge, acknowledged=True))
@@ -86,7 +86,7 @@ class SqliteRecords(SqliteConnection):
             _require_alert(conn, alert_key)
             changed = conn.execute(core.ALERT_UNACK.format(p="?"), (alert_key,)).rowcount
             if changed:
-                _insert_note(conn, alert_key, note)
+                _insert_note(conn, alert_key, note, self._now())
             return bool(changed)
 
         return await self._run(functools.partial(self._transaction, withdraw, acknowledged=True))
@@ -97,7 +97,7 @@ class SqliteRecords(SqliteConnection):
         def remember(conn: sqlite3.Connection) -> int:
             _require_alert(conn, alert_key)
             conn.execute(core.ALERT_SET_SILENCE.format(p="?"), (silence_id, by, _ts(until), alert_key))
-            return _insert_note(conn, alert_key, note)
+            return _insert_note(conn, alert_key, note, self._now())
 
         return await self._run(functools.partial(self._transaction, remember, acknowledged=True))
 
@@ -278,15 +278,15 @@ def _require_alert(conn: sqlite3.Connection, alert_key: str) -> None:
         raise UnknownAlert(alert_key)
 
 
-def _insert_event(conn: sqlite3.Connection, alert_key: str, kind: EventKind) -> int:
+def _insert_event(conn: sqlite3.Connection, alert_key: str, kind: EventKind, now: float) -> int:
     cursor = conn.execute(
-        "INSERT INTO events (alert_key, kind, created_at) VALUES (?, ?, ?)", (alert_key, kind.value, _now())
+        "INSERT INTO events (alert_key, kind, created_at) VALUES (?, ?, ?)", (alert_key, kind.value, now)
     )
     assert cursor.lastrowid is not None
     return cursor.lastrowid
 
 
-def _insert_note(conn: sqlite3.Connection, alert_key: str, text: str) -> int:
-    event_id = _insert_event(conn, alert_key, EventKind.NOTE)
+def _insert_note(conn: sqlite3.Connection, alert_key: str, text: str, now: float) -> int:
+    event_id = _insert_event(conn, alert_key, EventKind.NOTE, now)
     conn.execute("INSERT INTO event_notes (event_id, text) VALUES (?, ?)", (event_id, text))
     return event_id

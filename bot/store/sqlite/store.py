@@ -17,7 +17,6 @@ from typing import Any
 
 from bot.store.base import StoreStats, StoreUnavailable
 from bot.store.core import copied_columns
-from bot.store.sqlite.connection import _now
 from bot.store.sqlite.pipeline import SqliteAlertPath
 from bot.store.sqlite.records import SqliteRecords
 from bot.store.sqlite.threads import _HEALTH
@@ -36,7 +35,8 @@ class SqliteStore(SqliteAlertPath, SqliteRecords):
 
     def _check_writable_sync(self) -> None:
         self._execute(
-            "INSERT INTO heartbeat (id, at) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET at = excluded.at", (_now(),)
+            "INSERT INTO heartbeat (id, at) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET at = excluded.at",
+            (self._now(),),
         )
         conn = self.connection
         conn.execute("BEGIN IMMEDIATE")
@@ -103,7 +103,7 @@ class SqliteStore(SqliteAlertPath, SqliteRecords):
                 "DELETE FROM alert_short_ids WHERE NOT EXISTS (SELECT 1 FROM alerts a WHERE a.key = alert_key)"
             )
             # A key older than the dedup window no longer makes anything a duplicate.
-            expired = _now() - self._dedup_window
+            expired = self._now() - self._dedup_window
             removed += conn.execute("DELETE FROM notification_keys WHERE accepted_at < ?", (expired,)).rowcount
             removed += conn.execute("DELETE FROM group_resolves WHERE resolved_at < ?", (expired,)).rowcount
             return removed
