@@ -73,7 +73,7 @@ async def start_runtime(
     console: TextIO | None = None,
     clock: Clock = SYSTEM_CLOCK,
 ) -> Runtime:
-    store = await open_store(config.store)
+    store = await open_store(config.store, clock=clock)
     interactivity = Interactivity(config, store) if interactivity_enabled(config.interactivity) else None
 
     def notify_worker() -> None:  # the engine announces only once started, after the worker exists

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from bot.models import AlertState, AmAlert, EventKind
 
@@ -26,6 +26,7 @@ def plan_events(
     alerts: Sequence[AmAlert],
     group_key: str = "",
     *,
+    now: datetime,
     late_copy_window: float = 60.0,
 ) -> list[AlertDecision]:
     """Decide, for each alert of one notification, the event it produces (or none).
@@ -35,9 +36,9 @@ def plan_events(
     notification where something did change, unchanged alerts are only carried along with the group. Only the
     group that first told of an alert repeats it: another route's group (`continue: true`) sending the same
     alert is no reminder. A resolved episode that arrives firing within `late_copy_window` of the last news of
-    it is a late copy from a slower replica; later, it is firing again.
+    it is a late copy from a slower replica; later, it is firing again. `now` is the store's time.
     """
-    late_copy_until = datetime.now(UTC) - timedelta(seconds=late_copy_window)
+    late_copy_until = now - timedelta(seconds=late_copy_window)
     decisions = [_decide(known.get(alert.key), alert, late_copy_until) for alert in alerts]
     if any(d.event is not None for d in decisions):
         return decisions

@@ -14,13 +14,34 @@ from tests.fakes.slack import FakeSlack
 from tests.support.postgres import PostgresServer
 from tests.support.processes import Alertmanager, webhook_alertmanager_config
 from tests.support.sshd import Sshd
-from tests.support.store import Opener, postgres_store, sqlite_store
+from tests.support.store import Opener, postgres_store, slowed_stores, sqlite_store
 
 # CI must not fail on an example nobody has seen before: property tests replay the same examples
 # unless HYPOTHESIS_PROFILE=explore asks for fresh ones (run it locally to hunt for new failures).
 settings.register_profile("deterministic", derandomize=True, print_blob=True)
 settings.register_profile("explore", derandomize=False, max_examples=1000, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--store-delay",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="delay every call into the store (both backends, in the test process) by this long",
+    )
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _store_delay(pytestconfig: pytest.Config) -> Iterator[None]:
+    """`--store-delay=0.1`: the suite must not depend on how fast the store answers."""
+    delay: float = pytestconfig.getoption("--store-delay")
+    if not delay:
+        yield
+        return
+    with slowed_stores(delay):
+        yield
 
 
 @pytest.fixture

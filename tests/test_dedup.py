@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 from datetime import UTC, datetime, timedelta
@@ -12,6 +11,7 @@ import pytest
 
 from bot.dedup import plan_events
 from bot.models import AlertState, AmAlert, EventKind
+from tests.support.clock import FakeClock
 from tests.support.payloads import STARTED, am_alert, webhook
 from tests.support.store import count, ingest, ingest_and_dedup, query, sqlite_store
 
@@ -20,8 +20,11 @@ def _am(**kwargs: object) -> AmAlert:
     return AmAlert.model_validate_json(json.dumps(am_alert(**kwargs)))  # type: ignore[arg-type]
 
 
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
 def _known(alert: AmAlert, status: str, last_heard: timedelta = timedelta(0)) -> AlertState:
-    now = datetime.now(UTC) - last_heard
+    now = NOW - last_heard
     return AlertState(
         key=alert.key,
         fingerprint=alert.fingerprint,
@@ -36,49 +39,49 @@ def _known(alert: AmAlert, status: str, last_heard: timedelta = timedelta(0)) ->
 class TestPlanEvents:
     def test_a_new_episode_fires(self) -> None:
         alert = _am(gpu="0")
-        assert [d.event for d in plan_events({}, [alert])] == [EventKind.FIRING]
+        assert [d.event for d in plan_events({}, [alert], now=NOW)] == [EventKind.FIRING]
 
     def test_a_known_firing_alert_that_resolves_is_a_resolve_not_a_new_alert(self) -> None:
         firing, resolved = _am(gpu="0"), _am(gpu="0", status="resolved")
         assert firing.key == resolved.key
-        assert [d.event for d in plan_events({firing.key: _known(firing, "firing")}, [resolved])] == [
+        assert [d.event for d in plan_events({firing.key: _known(firing, "firing")}, [resolved], now=NOW)] == [
             EventKind.RESOLVED
         ]
 
     def test_a_resolve_of_an_alert_never_seen_firing_is_still_told(self) -> None:
-        assert [d.event for d in plan_events({}, [_am(status="resolved")])] == [EventKind.RESOLVED]
+        assert [d.event for d in plan_events({}, [_am(status="resolved")], now=NOW)] == [EventKind.RESOLVED]
 
     def test_an_all_unchanged_notification_is_a_repeat_of_its_firing_alerts(self) -> None:
         a, b = _am(gpu="0"), _am(gpu="1", status="resolved")
         known = {a.key: _known(a, "firing"), b.key: _known(b, "resolved")}
-        assert [d.event for d in plan_events(known, [a, b])] == [EventKind.REPEAT, None]
+        assert [d.event for d in plan_events(known, [a, b], now=NOW)] == [EventKind.REPEAT, None]
 
     def test_only_the_group_that_first_told_of_an_alert_repeats_it(self) -> None:
         alert = _am(gpu="0")
         known = {alert.key: _known(alert, "firing").model_copy(update={"group_key": "route-a"})}
-        assert [d.event for d in plan_events(known, [alert], "route-a")] == [EventKind.REPEAT]
-        assert [d.event for d in plan_events(known, [alert], "route-b")] == [None]
+        assert [d.event for d in plan_events(known, [alert], "route-a", now=NOW)] == [EventKind.REPEAT]
+        assert [d.event for d in plan_events(known, [alert], "route-b", now=NOW)] == [None]
 
     def test_unchanged_alerts_ride_along_when_another_member_is_news(self) -> None:
         a, b = _am(gpu="0"), _am(gpu="1")
-        assert [d.event for d in plan_events({a.key: _known(a, "firing")}, [a, b])] == [None, EventKind.FIRING]
+        assert [d.event for d in plan_events({a.key: _known(a, "firing")}, [a, b], now=NOW)] == [None, EventKind.FIRING]
 
     def test_a_late_firing_copy_never_reopens_a_resolved_episode(self) -> None:
         alert = _am(gpu="0")
-        decisions = plan_events({alert.key: _known(alert, "resolved")}, [alert])
+        decisions = plan_events({alert.key: _known(alert, "resolved")}, [alert], now=NOW)
         assert [(d.event, d.stale) for d in decisions] == [(None, True)]
 
     def test_the_same_episode_firing_after_the_late_copy_window_fires_again(self) -> None:
         alert = _am(gpu="0")
         known = {alert.key: _known(alert, "resolved", last_heard=timedelta(seconds=61))}
-        decisions = plan_events(known, [alert], late_copy_window=60.0)
+        decisions = plan_events(known, [alert], late_copy_window=60.0, now=NOW)
         assert [(d.event, d.stale) for d in decisions] == [(EventKind.REFIRING, False)]
 
     def test_a_new_start_of_the_same_labels_is_a_new_episode(self) -> None:
         old = _am(gpu="0")
         new = _am(gpu="0", starts_at=STARTED + timedelta(hours=1))
         assert old.fingerprint == new.fingerprint and old.key != new.key
-        assert [d.event for d in plan_events({old.key: _known(old, "resolved")}, [new])] == [EventKind.FIRING]
+        assert [d.event for d in plan_events({old.key: _known(old, "resolved")}, [new], now=NOW)] == [EventKind.FIRING]
 
 
 async def _events(store: object, key: str) -> list[str]:
@@ -86,7 +89,8 @@ async def _events(store: object, key: str) -> list[str]:
 
 
 async def test_per_episode_state_first_last_times_seen_status_resolved_at(tmp_path: Path) -> None:
-    async with sqlite_store(tmp_path, dedup_window=0.0) as store:
+    clock = FakeClock()
+    async with sqlite_store(tmp_path, dedup_window=0.0, clock=clock) as store:
         firing = webhook([am_alert(gpu="0")])
         await ingest_and_dedup(store, firing)
         key = _am(gpu="0").key
@@ -95,7 +99,7 @@ async def test_per_episode_state_first_last_times_seen_status_resolved_at(tmp_pa
         assert (first.status, first.times_seen, first.resolved_at) == ("firing", 1, None)
         assert first.first_seen == first.last_seen
 
-        await asyncio.sleep(0.01)
+        await clock.advance(1)
         await ingest_and_dedup(store, firing)  # outside the (zero) window: Alertmanager's repeat
         ends = STARTED + timedelta(minutes=7)
         await ingest_and_dedup(store, webhook([am_alert(gpu="0", status="resolved", ends_at=ends)]))
@@ -124,11 +128,13 @@ async def test_copies_within_the_window_create_no_work(tmp_path: Path) -> None:
 
 
 async def test_the_same_notification_after_the_window_is_a_repeat(tmp_path: Path) -> None:
-    async with sqlite_store(tmp_path, dedup_window=0.05) as store:
+    clock = FakeClock()
+    async with sqlite_store(tmp_path, dedup_window=600, clock=clock) as store:
         payload = webhook([am_alert(gpu="0")])
         await ingest_and_dedup(store, payload)
+        await clock.advance(600)
         assert (await ingest(store, payload)).duplicate
-        await asyncio.sleep(0.1)
+        await clock.advance(1)
         assert not (await ingest(store, payload)).duplicate
         await store.dedup_pending(plan_events, 100)
         assert await _events(store, _am(gpu="0").key) == ["firing", "repeat"]
@@ -157,13 +163,14 @@ async def test_a_late_copy_from_a_slower_replica_does_not_reopen_a_resolved_aler
 
 async def test_an_alert_firing_again_with_the_same_start_reopens_its_episode(tmp_path: Path) -> None:
     """Alertmanager resolved it (Prometheus could not reach it), then got it again with the same start."""
-    planner = functools.partial(plan_events, late_copy_window=0.05)
-    async with sqlite_store(tmp_path, dedup_window=600.0) as store:
+    planner = functools.partial(plan_events, late_copy_window=60)
+    clock = FakeClock()
+    async with sqlite_store(tmp_path, dedup_window=600.0, clock=clock) as store:
         firing = webhook([am_alert(gpu="0"), am_alert(gpu="1")])
         await ingest(store, firing)
         await ingest(store, webhook([am_alert(gpu="0", status="resolved"), am_alert(gpu="1")]))
         await store.dedup_pending(planner, 100)
-        await asyncio.sleep(0.1)
+        await clock.advance(61)
         # Identical to the first notification, within the dedup window, yet no copy: gpu 0 resolved since.
         assert not (await ingest(store, firing)).duplicate
         await store.dedup_pending(planner, 100)
@@ -202,10 +209,10 @@ async def test_an_alert_repeated_inside_one_body_is_one_alert(tmp_path: Path) ->
 async def test_a_notification_that_cannot_be_applied_is_set_aside_and_the_rest_goes_on(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def planner(known: object, alerts: list[AmAlert], group_key: str) -> object:
+    def planner(known: object, alerts: list[AmAlert], group_key: str, *, now: datetime) -> object:
         if any(a.labels.get("gpu") == "13" for a in alerts):
             raise RuntimeError("unlucky alert")
-        return plan_events(known, alerts, group_key)  # type: ignore[arg-type]
+        return plan_events(known, alerts, group_key, now=now)  # type: ignore[arg-type]
 
     async with sqlite_store(tmp_path) as store:
         for gpu in ("1", "13", "2"):

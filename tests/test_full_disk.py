@@ -21,7 +21,7 @@ from typing import BinaryIO
 import httpx
 import pytest
 
-from bot.store.sqlite import _WAL_LIMIT_BYTES
+from bot.store.sqlite.threads import _WAL_LIMIT_BYTES
 from tests.support.bot import RunningBot, eventually, running_bot
 from tests.support.payloads import body, distinct_webhooks
 from tests.support.store import ingest, sqlite_store
@@ -110,7 +110,7 @@ async def test_a_wal_past_its_limit_is_checkpointed_and_truncated(
 ) -> None:
     # A passive checkpoint alone leaves the WAL file at its size (SQLite reuses it from the start): the space a
     # full disk needs back would stay taken. Past the limit, the checkpointer truncates it.
-    monkeypatch.setattr("bot.store.sqlite._WAL_LIMIT_BYTES", 64 * 1024)
+    monkeypatch.setattr("bot.store.sqlite.threads._WAL_LIMIT_BYTES", 64 * 1024)
     async with sqlite_store(tmp_path) as store:
         for payload in distinct_webhooks(20, 20, prefix="wal"):
             await ingest(store, payload)

@@ -232,7 +232,7 @@ def _acked(alert: AmAlert) -> AlertState:
 
 def test_an_acknowledged_alert_is_not_repeated() -> None:
     alert = AmAlert.model_validate_json(json.dumps(am_alert(gpu="0")))
-    assert [d.event for d in plan_events({alert.key: _acked(alert)}, [alert])] == [None]
+    assert [d.event for d in plan_events({alert.key: _acked(alert)}, [alert], now=datetime.now(UTC))] == [None]
 
 
 async def test_ack_is_stored_with_its_event_once_and_firing_again_clears_it(opened: Opener) -> None:

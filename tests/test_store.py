@@ -15,6 +15,7 @@ from bot.dedup import plan_events
 from bot.models import EventKind, GpuEvent, NewDelivery, short_id
 from bot.store.base import StoreUnavailable, UnknownAlert, WatchdogRecord
 from bot.store.sqlite import SqliteStore, StoreInUse
+from tests.support.clock import FakeClock
 from tests.support.payloads import STARTED, am_alert, distinct_webhooks, gpu_alerts, webhook
 from tests.support.store import (
     Opener,
@@ -51,12 +52,14 @@ async def test_concurrent_ingests_share_commits_and_copies_in_one_batch_are_caug
 
 
 async def test_events_are_leased_and_a_lease_expires(opened: Opener) -> None:
-    async with opened() as store:
+    clock = FakeClock()
+    async with opened(clock=clock) as store:
         await ingest_and_dedup(store, webhook(gpu_alerts(2)))
-        first = await store.claim_events(10, lease_seconds=0.2)
+        first = await store.claim_events(10, lease_seconds=60)
         assert [e.attempts for e in first] == [1, 1]
-        assert await store.claim_events(10, lease_seconds=0.2) == []
-        await asyncio.sleep(0.25)
+        await clock.advance(59)
+        assert await store.claim_events(10, lease_seconds=60) == []
+        await clock.advance(1)
         again = await store.claim_events(10, lease_seconds=60)
         assert [e.id for e in again] == [e.id for e in first]
         assert [e.attempts for e in again] == [2, 2]
@@ -85,13 +88,15 @@ async def test_routing_is_done_once_even_if_attempted_twice(opened: Opener) -> N
 
 
 async def test_a_failed_event_is_retried_later_or_set_aside(opened: Opener) -> None:
-    async with opened() as store:
+    clock = FakeClock()
+    async with opened(clock=clock) as store:
         await ingest_and_dedup(store, webhook(gpu_alerts(2)))
         retry, give_up = await store.claim_events(10, 60)
-        await store.fail_event(retry.id, "boom", retry_in=0.1)
+        await store.fail_event(retry.id, "boom", retry_in=30)
         await store.fail_event(give_up.id, "boom for good", retry_in=None)
+        await clock.advance(29)
         assert await store.claim_events(10, 60) == []
-        await asyncio.sleep(0.15)
+        await clock.advance(1)
         assert [e.id for e in await store.claim_events(10, 60)] == [retry.id]
         [record] = await store.alert_events(give_up.alert.key)
         assert (record.state, record.error) == ("failed", "boom for good")
@@ -119,14 +124,15 @@ async def test_an_update_never_overtakes_the_pending_post_of_the_same_alert(open
 
 
 async def test_an_event_waits_while_an_earlier_event_of_the_same_alert_is_pending(opened: Opener) -> None:
-    async with opened() as store:
+    clock = FakeClock()
+    async with opened(clock=clock) as store:
         await ingest_and_dedup(store, webhook([am_alert(gpu="0"), am_alert(gpu="1")]))
         await ingest_and_dedup(store, webhook([am_alert(gpu="0", status="resolved"), am_alert(gpu="1")]))
         firing_gpu0, firing_gpu1 = await store.claim_events(10, 60)
-        await store.fail_event(firing_gpu0.id, "database is locked", retry_in=0.05)
+        await store.fail_event(firing_gpu0.id, "database is locked", retry_in=30)
         await store.route_event(firing_gpu1.id, None, [])
         assert await store.claim_events(10, 60) == []  # the resolve of gpu 0 waits for its firing
-        await asyncio.sleep(0.1)
+        await clock.advance(30)
         [retried] = await store.claim_events(10, 60)
         assert retried.id == firing_gpu0.id
         await store.route_event(retried.id, None, [])
@@ -239,12 +245,15 @@ async def test_gpu_events_are_recorded_once(opened: Opener) -> None:
 
 
 async def test_prune_keeps_pending_work_and_forgets_expired_dedup_keys(opened: Opener) -> None:
-    async with opened(dedup_window=0.05) as store:
+    clock = FakeClock()
+    async with opened(dedup_window=600, clock=clock) as store:
         await ingest_and_dedup(store, webhook(gpu_alerts(1), group_key="done"))
         await route_all(store, ["console"])
         await ingest(store, webhook(gpu_alerts(1, host="pending"), group_key="pending"))
-        await asyncio.sleep(0.1)
-        removed = await store.prune(datetime.now(UTC) + timedelta(seconds=1))
+        await clock.advance(599)
+        assert await store.prune(clock.now() - timedelta(days=1)) == 0  # within the window: every key still counts
+        await clock.advance(2)
+        removed = await store.prune(clock.now())
         assert removed == 5  # the done notification, its routed event, its alert and both expired keys
         stats = await store.stats()
         assert (stats.notifications_pending, stats.deliveries_pending) == (1, 1)

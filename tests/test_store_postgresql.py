@@ -24,15 +24,20 @@ from bot.store import open_store
 from bot.store.base import ActionRun, StoreUnavailable
 from bot.store.migrations import POSTGRESQL_MIGRATIONS, POSTGRESQL_SCHEMA_VERSION, SchemaTooNew
 from bot.store.postgresql import PostgresStore
+from tests.support.clock import FakeClock
 from tests.support.payloads import distinct_webhooks, gpu_alerts, webhook
 from tests.support.processes import REPO, free_port
 from tests.support.store import incoming, ingest, ingest_and_dedup, postgres_store, route_all
 
 
 @asynccontextmanager
-async def replicas(dsn: str, count: int = 2) -> AsyncIterator[list[PostgresStore]]:
+async def replicas(dsn: str, count: int = 2, clock: FakeClock | None = None) -> AsyncIterator[list[PostgresStore]]:
+    """`count` replicas on one database; with `clock`, all on that clock (replicas keep their clocks in step)."""
+    options = {} if clock is None else {"clock": clock}
     async with AsyncExitStack() as stack:
-        yield [await stack.enter_async_context(postgres_store(dsn, replica=f"bot-{n}")) for n in range(count)]
+        yield [
+            await stack.enter_async_context(postgres_store(dsn, replica=f"bot-{n}", **options)) for n in range(count)
+        ]
 
 
 async def test_copies_reaching_two_replicas_at_once_store_one_notification(postgres_dsn: str) -> None:
@@ -54,26 +59,32 @@ async def test_notifications_are_applied_once_whichever_replicas_dedup(postgres_
 
 
 async def test_an_event_claimed_by_one_replica_goes_to_another_when_its_lease_expires(postgres_dsn: str) -> None:
-    async with replicas(postgres_dsn) as (a, b):
+    clock = FakeClock()
+    async with replicas(postgres_dsn, clock=clock) as (a, b):
         await ingest_and_dedup(a, webhook(gpu_alerts(4)))
-        first, second = await asyncio.gather(a.claim_events(2, 0.3), b.claim_events(10, 0.3))
+        first, second = await asyncio.gather(a.claim_events(2, 30), b.claim_events(10, 30))
         assert len(first) + len(second) == 4
         assert not {e.id for e in first} & {e.id for e in second}
+        await clock.advance(29)
         assert await b.claim_events(10, 60) == []
-        await asyncio.sleep(0.4)  # replica a "died" holding its leases
+        await clock.advance(1)  # replica a "died" holding its leases
         taken_over = await b.claim_events(10, 60)
         assert sorted(e.id for e in taken_over) == sorted(e.id for e in first + second)
         assert {e.attempts for e in taken_over} == {2}
 
 
 async def test_a_receiver_is_dispatched_by_one_replica_until_its_lease_expires(postgres_dsn: str) -> None:
-    async with replicas(postgres_dsn) as (a, b):
-        assert await a.hold_receiver("slack", 0.3)
-        assert not await b.hold_receiver("slack", 0.3)
-        assert await b.hold_receiver("email", 0.3)  # one lease per receiver
-        assert await a.hold_receiver("slack", 0.3)  # renewed by its holder
-        assert await a.receiver_holders() == {"slack": "bot-0", "email": "bot-1"}
-        await asyncio.sleep(0.4)
+    clock = FakeClock()
+    async with replicas(postgres_dsn, clock=clock) as (a, b):
+        assert await a.hold_receiver("slack", 30)
+        assert not await b.hold_receiver("slack", 30)
+        assert await b.hold_receiver("email", 30)  # one lease per receiver
+        await clock.advance(20)
+        assert await a.hold_receiver("slack", 30)  # renewed by its holder
+        await clock.advance(20)
+        assert await a.receiver_holders() == {"slack": "bot-0"}  # the email lease expired, the renewed one did not
+        assert not await b.hold_receiver("slack", 30)
+        await clock.advance(11)
         assert await b.hold_receiver("slack", 30)
         assert not await a.hold_receiver("slack", 30)
         await b.release_receiver("slack")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import StoreConfig
 from bot.store.base import Store, StoreUnavailable
 from bot.store.postgresql import PostgresStore
@@ -10,9 +11,9 @@ from bot.store.sqlite import SqliteStore
 __all__ = ["Store", "StoreUnavailable", "open_store"]
 
 
-async def open_store(config: StoreConfig, *, read_only: bool = False) -> Store:
+async def open_store(config: StoreConfig, *, read_only: bool = False, clock: Clock = SYSTEM_CLOCK) -> Store:
     """The configured store, opened (and migrated). `read_only` is for CLI commands that inspect a running bot's
-    store: they never migrate it."""
+    store: they never migrate it. Every time the store writes or compares comes from `clock`."""
     if config.backend == "postgresql":
         assert config.dsn_file is not None  # StoreConfig refuses postgresql without it
         pg = PostgresStore(
@@ -22,11 +23,16 @@ async def open_store(config: StoreConfig, *, read_only: bool = False) -> Store:
             dedup_window=config.dedup_window,
             connect_timeout=config.connect_timeout,
             read_only=read_only,
+            clock=clock,
         )
         await pg.open()
         return pg
     store = SqliteStore(
-        config.path, synchronous=config.synchronous, dedup_window=config.dedup_window, read_only=read_only
+        config.path,
+        synchronous=config.synchronous,
+        dedup_window=config.dedup_window,
+        read_only=read_only,
+        clock=clock,
     )
     await store.open()
     return store

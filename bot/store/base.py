@@ -10,7 +10,7 @@ import abc
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from bot.dedup import AlertDecision
 from bot.models import AlertState, AmAlert, Delivery, Event, EventKind, GpuEvent, NewDelivery
@@ -131,8 +131,13 @@ class BreakerState:
     reason: str
 
 
-# (what the store knows of the notification's alerts, its alerts, its groupKey) -> one decision per alert
-Planner = Callable[[Mapping[str, AlertState], Sequence[AmAlert], str], list[AlertDecision]]
+class Planner(Protocol):
+    """(what the store knows of the notification's alerts, its alerts, its groupKey, the store's time now) -> one
+    decision per alert."""
+
+    def __call__(
+        self, known: Mapping[str, AlertState], alerts: Sequence[AmAlert], group_key: str, *, now: datetime
+    ) -> list[AlertDecision]: ...
 
 
 class Store(abc.ABC):

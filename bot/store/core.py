@@ -189,7 +189,7 @@ def plan_notification(
     now: float,
 ) -> NotificationPlan:
     plan = NotificationPlan()
-    for decision in planner(known, alerts, payload.group_key):
+    for decision in planner(known, alerts, payload.group_key, now=datetime.fromtimestamp(now, UTC)):
         alert = decision.alert
         previous = known.get(alert.key)
         if previous is None:

@@ -3,11 +3,16 @@ them webhooks like ingest does."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import inspect
 import sqlite3
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, closing
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, closing, contextmanager
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from bot.dedup import plan_events
 from bot.message import Message
@@ -19,6 +24,31 @@ from tests.support.payloads import STARTED, body
 
 # Opens the store under test, again and again on the same data: `async with opened(**options) as store`.
 Opener = Callable[..., AbstractAsyncContextManager[Store]]
+
+
+BACKENDS: tuple[type[Store], ...] = (SqliteStore, PostgresStore)
+
+
+@contextmanager
+def slowed_stores(delay: float) -> Iterator[None]:
+    """Every call into a store (each public coroutine method of both backends) waits `delay` seconds first, as on
+    a slow disk or a distant database: `pytest --store-delay=0.1` runs the suite so, to find tests that assume
+    the store answers fast."""
+    with pytest.MonkeyPatch.context() as patch:
+        for backend in BACKENDS:
+            for name, method in inspect.getmembers(backend, inspect.iscoroutinefunction):
+                if not name.startswith("_"):
+                    patch.setattr(backend, name, _delayed(method, delay))
+        yield
+
+
+def _delayed(method: Callable[..., Coroutine[Any, Any, Any]], delay: float) -> Callable[..., Coroutine[Any, Any, Any]]:
+    @functools.wraps(method)
+    async def slowed(*args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(delay)
+        return await method(*args, **kwargs)
+
+    return slowed
 
 
 @asynccontextmanager

@@ -1,0 +1,230 @@
+"""The SQLite store's connection: opening and closing, running statements in the store thread, transactions."""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import functools
+import os
+import sqlite3
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from bot.clock import SYSTEM_CLOCK, Clock
+from bot.store.base import IncomingNotification, IngestResult, Store, StoreUnavailable
+from bot.store.groupcommit import GroupCommit
+from bot.store.migrations import SQLITE_SCHEMA_VERSION, refuse_newer
+from bot.store.sqlite.schema import (
+    _ALERT_SILENCE_COLUMNS,
+    _SCHEMA,
+    StoreDamaged,
+    _add_missing_columns,
+    _add_missing_short_ids,
+    _check_sound,
+)
+from bot.store.sqlite.threads import (
+    _BACKGROUND,
+    _WAL_LIMIT_BYTES,
+    _Checkpointer,
+    _lock_exclusively,
+    _ShmGuard,
+    _StoreThread,
+)
+
+T = TypeVar("T")
+Synchronous = Literal["full", "normal"]
+
+# A safety net only: the checkpointer thread normally keeps the WAL far below this many pages.
+_AUTOCHECKPOINT_PAGES = 20000
+
+
+def _ts(value: datetime | None) -> float | None:
+    return None if value is None else value.timestamp()
+
+
+def _dt(value: float | None) -> datetime | None:
+    return None if value is None else datetime.fromtimestamp(value, UTC)
+
+
+class SqliteConnection(Store):
+    """Lifecycle and statement plumbing; the queries are in the subclasses."""
+
+    @abc.abstractmethod
+    async def _commit_batch(self, batch: list[IncomingNotification]) -> list[IngestResult]:
+        """Write one group-committed batch of webhooks durably, one result per notification in order."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        synchronous: Synchronous = "full",
+        dedup_window: float = 600.0,
+        read_only: bool = False,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        """`read_only` opens an existing store for inspection (CLI commands) beside a running bot."""
+        self._path = path
+        self._read_only = read_only
+        self._synchronous = synchronous
+        self._dedup_window = dedup_window
+        self._clock = clock
+        self._thread = _StoreThread()
+        self._checkpointer = _Checkpointer(path)
+        self._conn: sqlite3.Connection | None = None
+        self._shm_guard: _ShmGuard | None = None
+        self._lock_fd: int | None = None
+        self._group_commit = GroupCommit(self._commit_batch, name="sqlite-group-commit")
+
+    # --- lifecycle -----------------------------------------------------------------------------------
+    async def open(self) -> None:
+        await self._run(self._open_read_only if self._read_only else self._open_sync)
+        if not self._read_only:
+            self._checkpointer.shm_guard = self._shm_guard
+            self._checkpointer.start()
+            self._group_commit.start()
+
+    def _open_read_only(self) -> None:
+        if not self._path.exists():
+            raise sqlite3.OperationalError(f"no store at {self._path}")
+        conn = sqlite3.connect(f"file:{self._path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False)
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA busy_timeout=5000")
+        self._conn = conn
+
+    def _open_sync(self) -> None:
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = _lock_exclusively(self._path.with_name(self._path.name + ".lock"))
+        try:
+            conn = self._connect_sound()
+        except BaseException:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+            raise
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA journal_mode=WAL")
+        # The worker's own writes need no fsync of their own: they are redone from the stored notifications if
+        # lost, and the next acknowledge's fsync (or the checkpointer's) makes them durable too. See _transaction.
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA busy_timeout=5000")
+        conn.execute("PRAGMA cache_size=-8000")
+        conn.execute(f"PRAGMA wal_autocheckpoint={_AUTOCHECKPOINT_PAGES}")
+        conn.execute(f"PRAGMA journal_size_limit={_WAL_LIMIT_BYTES}")
+        refuse_newer(
+            conn.execute("PRAGMA user_version").fetchone()[0], SQLITE_SCHEMA_VERSION, f"the store {self._path}"
+        )
+        conn.executescript(_SCHEMA)
+        conn.execute(f"PRAGMA user_version = {SQLITE_SCHEMA_VERSION}")
+        _add_missing_short_ids(conn)
+        _add_missing_columns(conn, "alerts", _ALERT_SILENCE_COLUMNS)
+        # The lock above guarantees this is the only process using the store: leases left by a killed one are void.
+        conn.execute("UPDATE events SET lease_until = 0 WHERE state = 'pending'")
+        self._conn = conn
+        # Only from here: opening may legitimately truncate an -shm file left by an earlier process.
+        self._shm_guard = _ShmGuard(self._path)
+
+    def _connect_sound(self) -> sqlite3.Connection:
+        """A connection to the store, refused when an existing file is damaged: a 0-byte file (SQLite would take
+        it for a new, empty store) or one that fails PRAGMA quick_check."""
+        if self._path.exists() and self._path.stat().st_size == 0 and not self._wal_path.exists():
+            raise StoreDamaged(self._path, "the file is empty, 0 bytes")
+        conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        try:
+            _check_sound(conn, self._path)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    async def close(self) -> None:
+        await self._group_commit.stop()
+        await asyncio.to_thread(self._checkpointer.stop)
+        with contextlib.suppress(StoreUnavailable):
+            await self._run(self._close_sync)
+        self._thread.shutdown()
+
+    def _close_sync(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _now(self) -> float:
+        """What every row's time and every window, lease and retry time is measured against."""
+        return self._clock.now().timestamp()
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def _wal_path(self) -> Path:
+        return self._path.with_name(self._path.name + "-wal")
+
+    @property
+    def connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StoreUnavailable("store is closed")
+        return self._conn
+
+    async def pragma(self, statement: str) -> list[tuple[Any, ...]]:
+        """Run `PRAGMA <statement>` on the live connection, in the store's own thread.
+
+        For diagnostics, and for tests that make the real store refuse writes as a read-only file or a full disk
+        would (`query_only = 1`, `max_page_count = N`).
+        """
+        rows = await self._run(self._fetchall, f"PRAGMA {statement}", ())
+        return [tuple(row) for row in rows]
+
+    async def _run(self, fn: Callable[..., T], *args: Any, priority: int = _BACKGROUND) -> T:
+        try:
+            return await asyncio.wrap_future(self._thread.submit(priority, functools.partial(self._guarded, fn, *args)))
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        except RuntimeError as exc:  # the store thread is shut down
+            raise StoreUnavailable(str(exc)) from exc
+
+    def _guarded(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._shm_guard is not None:
+            self._shm_guard.check()
+        return fn(*args)
+
+    def _transaction(self, fn: Callable[[sqlite3.Connection], T], *, acknowledged: bool = False) -> T:
+        """Run `fn` in one write transaction. `acknowledged` writes are the ones a 2xx promises: with
+        `synchronous: full` their commit waits for the fsync of the WAL."""
+        conn = self.connection
+        fsync = acknowledged and self._synchronous == "full"
+        if fsync:
+            conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            result = fn(conn)
+            conn.execute("COMMIT")
+        except BaseException:
+            # SQLite may already have rolled back (SQLITE_FULL does); a failed COMMIT leaves the transaction open.
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            raise
+        finally:
+            if fsync:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("PRAGMA synchronous=NORMAL")
+        return result
+
+    def _execute(self, sql: str, args: Sequence[Any]) -> None:
+        self._transaction(lambda conn: conn.execute(sql, args))
+
+    def _fetchone(self, sql: str, args: Sequence[Any]) -> sqlite3.Row | None:
+        row: sqlite3.Row | None = self.connection.execute(sql, args).fetchone()
+        return row
+
+    def _fetchall(self, sql: str, args: Sequence[Any]) -> list[sqlite3.Row]:
+        return self.connection.execute(sql, args).fetchall()
+
+    def _executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        self._transaction(lambda conn: conn.executemany(sql, rows))

@@ -1,0 +1,319 @@
+"""The SQLite store's queries on the alert path: ingest, dedup, events, the outbox and the sinks' state."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import sqlite3
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from bot.message import Message
+from bot.models import AlertState, Delivery, Event, EventKind, NewDelivery, short_id
+from bot.store.base import IncomingNotification, IngestResult, Planner
+from bot.store.core import (
+    ALERT_INSERT_COLUMNS,
+    ALERT_UPDATE,
+    DELIVERY_NOT_BLOCKED,
+    EVENT_NOT_BLOCKED,
+    NotificationPlan,
+    plan_notification,
+    read_notification,
+    split_copies,
+)
+from bot.store.core import alert_from_row as _alert_from_row
+from bot.store.sqlite.connection import SqliteConnection, _dt
+from bot.store.sqlite.threads import _URGENT
+
+log = logging.getLogger(__name__)
+
+
+_NOT_BLOCKED = DELIVERY_NOT_BLOCKED
+_NEXT_DUE = (
+    "SELECT MIN(d.next_attempt_at) AS due FROM deliveries d WHERE d.receiver = ? AND d.state = 'pending' AND "  # noqa: S608
+    + _NOT_BLOCKED
+)
+
+
+class SqliteAlertPath(SqliteConnection):
+    # --- ingest ----------------------------------------------------------------------------------------
+    async def ingest(self, notification: IncomingNotification) -> IngestResult:
+        return await self._group_commit.submit(notification)
+
+    async def _commit_batch(self, batch: list[IncomingNotification]) -> list[IngestResult]:
+        return await self._run(self._ingest_batch_sync, batch, priority=_URGENT)
+
+    def _ingest_batch_sync(self, batch: list[IncomingNotification]) -> list[IngestResult]:
+        return self._transaction(functools.partial(self._ingest_batch, batch=batch), acknowledged=True)
+
+    def _ingest_batch(self, conn: sqlite3.Connection, batch: list[IncomingNotification]) -> list[IngestResult]:
+        now = self._now()
+        keys = {n.idempotency_key: n.group_key for n in batch}
+        # A key accepted within the window, and since its group last resolved, makes a copy; so does a key
+        # earlier in this same batch.
+        taken = {
+            row[0]
+            for row in conn.execute(
+                f"""WITH incoming(key, group_key) AS (VALUES {",".join("(?, ?)" for _ in keys)})
+                    SELECT k.key FROM incoming i JOIN notification_keys k ON k.key = i.key
+                    LEFT JOIN group_resolves r ON r.group_key = i.group_key
+                    WHERE k.accepted_at >= ? AND (r.resolved_at IS NULL OR k.accepted_at > r.resolved_at)""",  # noqa: S608
+                [*(value for pair in keys.items() for value in pair), now - self._dedup_window],
+            )
+        }
+        split = split_copies(batch, taken)
+        fresh, copies = split.fresh, split.copies
+        first_id = 0
+        if fresh:
+            conn.execute(
+                f"""INSERT INTO notification_keys (key, accepted_at, last_received_at, duplicates)
+                    VALUES {",".join("(?, ?, ?, 0)" for _ in fresh)}
+                    ON CONFLICT (key) DO UPDATE SET accepted_at = excluded.accepted_at,
+                        last_received_at = excluded.last_received_at, duplicates = 0""",  # noqa: S608
+                [value for n in fresh for value in (n.idempotency_key, now, now)],
+            )
+            cursor = conn.execute(
+                f"""INSERT INTO notifications (received_at, group_key, receiver, body)
+                    VALUES {",".join("(?, ?, ?, ?)" for _ in fresh)}""",  # noqa: S608
+                [value for n in fresh for value in (now, n.group_key, n.receiver, n.body)],
+            )
+            # One statement inserts the rows with consecutive rowids, the last one being lastrowid.
+            first_id = (cursor.lastrowid or 0) - len(fresh) + 1
+        if copies:
+            conn.executemany(
+                "UPDATE notification_keys SET duplicates = duplicates + ?, last_received_at = ? WHERE key = ?",
+                [(times, now, key) for key, times in copies.items()],
+            )
+        return split.results(range(first_id, first_id + len(fresh)))
+
+    # --- dedup -----------------------------------------------------------------------------------------
+    async def dedup_pending(self, planner: Planner, limit: int) -> int:
+        return await self._run(self._dedup_pending_sync, planner, limit)
+
+    def _dedup_pending_sync(self, planner: Planner, limit: int) -> int:
+        rows = self.connection.execute(
+            "SELECT id, body FROM notifications WHERE state = 'pending' ORDER BY id LIMIT ?", (limit,)
+        ).fetchall()
+        if rows:
+            # One transaction (one fsync) for the batch; each notification is applied whole or not at all.
+            self._transaction(functools.partial(self._apply_notifications, rows=rows, planner=planner))
+        return len(rows)
+
+    def _apply_notifications(self, conn: sqlite3.Connection, *, rows: list[sqlite3.Row], planner: Planner) -> None:
+        for row in rows:
+            conn.execute("SAVEPOINT notification")
+            try:
+                self._apply_notification(conn, notification_id=row["id"], body=row["body"], planner=planner)
+            except sqlite3.OperationalError:
+                raise  # the disk, not the notification: the whole batch waits for the next attempt
+            except Exception as exc:
+                # A notification that cannot be applied must not block every later one: set it aside.
+                conn.execute("ROLLBACK TO notification")
+                log.exception("cannot apply a stored notification; set aside", extra={"notification_id": row["id"]})
+                conn.execute(
+                    "UPDATE notifications SET state = 'failed', error = ? WHERE id = ?",
+                    (f"{type(exc).__name__}: {exc}"[:2000], row["id"]),
+                )
+            conn.execute("RELEASE notification")
+
+    def _apply_notification(
+        self, conn: sqlite3.Connection, *, notification_id: int, body: bytes, planner: Planner
+    ) -> None:
+        try:
+            payload, alerts = read_notification(body)
+        except ValueError as exc:
+            conn.execute(
+                "UPDATE notifications SET state = 'failed', error = ? WHERE id = ?",
+                (str(exc)[:2000], notification_id),
+            )
+            return
+        known = {state.key: state for state in self._alerts_by_keys(conn, [a.key for a in alerts])}
+        now = self._now()
+        self._write_plan(conn, plan_notification(payload, alerts, known, planner, now), now)
+        conn.execute("UPDATE notifications SET state = 'done' WHERE id = ?", (notification_id,))
+
+    @staticmethod
+    def _write_plan(conn: sqlite3.Connection, plan: NotificationPlan, now: float) -> None:
+        conn.executemany(
+            f"INSERT INTO alerts ({ALERT_INSERT_COLUMNS}) VALUES ({','.join('?' * 16)})",  # noqa: S608
+            [alert.row() for alert in plan.new_alerts],
+        )
+        conn.executemany(
+            "INSERT OR IGNORE INTO alert_short_ids (short_id, alert_key) VALUES (?, ?)",
+            [(short_id(alert.key), alert.key) for alert in plan.new_alerts],
+        )
+        conn.executemany(ALERT_UPDATE.format(p="?"), [update.row() for update in plan.updates])
+        conn.executemany(
+            "INSERT INTO events (alert_key, kind, created_at) VALUES (?, ?, ?)",
+            [(key, kind.value, now) for key, kind in plan.events],
+        )
+        if plan.resolved_group is not None:
+            conn.execute(
+                "INSERT OR REPLACE INTO group_resolves (group_key, resolved_at) VALUES (?, ?)",
+                (plan.resolved_group, now),
+            )
+
+    def _alerts_by_keys(self, conn: sqlite3.Connection, keys: Sequence[str]) -> list[AlertState]:
+        states: list[AlertState] = []
+        for start in range(0, len(keys), 500):
+            chunk = keys[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            rows = conn.execute(f"SELECT * FROM alerts WHERE key IN ({marks})", chunk).fetchall()  # noqa: S608
+            states.extend(_alert_from_row(row) for row in rows)
+        return states
+
+    # --- events ----------------------------------------------------------------------------------------
+    async def claim_events(self, limit: int, lease_seconds: float) -> list[Event]:
+        return await self._run(self._claim_events_sync, limit, lease_seconds)
+
+    def _claim_events_sync(self, limit: int, lease_seconds: float) -> list[Event]:
+        # An event waits while an earlier one of the same alert is pending (a retried firing, say): a resolve
+        # routed first would reach PagerDuty before the trigger and leave an incident open for good.
+        def claim(conn: sqlite3.Connection) -> list[Event]:
+            now = self._now()
+            rows = conn.execute(
+                f"""SELECT e.id, e.kind, e.created_at, e.attempts AS event_attempts, n.text AS note_text, a.*
+                   FROM events e JOIN alerts a ON a.key = e.alert_key LEFT JOIN event_notes n ON n.event_id = e.id
+                   WHERE e.state = 'pending' AND e.lease_until <= ? AND {EVENT_NOT_BLOCKED}
+                   ORDER BY e.id LIMIT ?""",  # noqa: S608
+                (now, limit),
+            ).fetchall()
+            conn.executemany(
+                "UPDATE events SET lease_until = ?, attempts = attempts + 1 WHERE id = ?",
+                [(now + lease_seconds, row["id"]) for row in rows],
+            )
+            return [
+                Event(
+                    id=row["id"],
+                    kind=EventKind(row["kind"]),
+                    created_at=datetime.fromtimestamp(row["created_at"], UTC),
+                    alert=_alert_from_row(row),
+                    attempts=row["event_attempts"] + 1,
+                    note=row["note_text"] or "",
+                )
+                for row in rows
+            ]
+
+        return self._transaction(claim)
+
+    async def route_event(
+        self, event_id: int, enrichment: dict[str, Any] | None, deliveries: Sequence[NewDelivery]
+    ) -> None:
+        await self._run(self._route_event_sync, event_id, enrichment, deliveries)
+
+    def _route_event_sync(
+        self, event_id: int, enrichment: dict[str, Any] | None, deliveries: Sequence[NewDelivery]
+    ) -> None:
+        def route(conn: sqlite3.Connection) -> None:
+            row = conn.execute("SELECT alert_key, state FROM events WHERE id = ?", (event_id,)).fetchone()
+            if row is None or row["state"] != "pending":
+                return
+            if enrichment is not None:
+                conn.execute(
+                    "UPDATE alerts SET enrichment = ? WHERE key = ?",
+                    (json.dumps(enrichment), row["alert_key"]),
+                )
+            now = self._now()
+            conn.executemany(
+                """INSERT OR IGNORE INTO deliveries
+                       (event_id, alert_key, receiver, message, next_attempt_at, created_at)
+                   VALUES (?, ?, ?, ?, ?, ?)""",
+                [(event_id, row["alert_key"], d.receiver, d.message.model_dump_json(), now, now) for d in deliveries],
+            )
+            conn.execute("UPDATE events SET state = 'routed', error = NULL WHERE id = ?", (event_id,))
+
+        self._transaction(route)
+
+    async def fail_event(self, event_id: int, error: str, retry_in: float | None) -> None:
+        if retry_in is None:
+            sql, args = "UPDATE events SET state = 'failed', error = ? WHERE id = ?", (error[:2000], event_id)
+        else:
+            sql = "UPDATE events SET lease_until = ?, error = ? WHERE id = ?"
+            args = (self._now() + retry_in, error[:2000], event_id)  # type: ignore[assignment]
+        await self._run(self._execute, sql, args)
+
+    # --- outbox ----------------------------------------------------------------------------------------
+    async def due_deliveries(self, receiver: str, limit: int) -> list[Delivery]:
+        return await self._run(self._due_deliveries_sync, receiver, limit)
+
+    def _due_deliveries_sync(self, receiver: str, limit: int) -> list[Delivery]:
+        rows = self.connection.execute(
+            f"""SELECT * FROM deliveries d WHERE d.receiver = ? AND d.state = 'pending' AND d.next_attempt_at <= ?
+                 AND {_NOT_BLOCKED} ORDER BY d.id LIMIT ?""",  # noqa: S608
+            (receiver, self._now(), limit),
+        ).fetchall()
+        deliveries: list[Delivery] = []
+        for row in rows:
+            try:
+                message = Message.model_validate_json(row["message"])
+            except ValueError as exc:
+                # Written by a version whose messages this one cannot read: set aside, never block the queue.
+                log.error("cannot read a stored delivery; set aside", extra={"delivery_id": row["id"]})
+                self._execute(
+                    "UPDATE deliveries SET state = 'failed', error = ? WHERE id = ?",
+                    (f"unreadable message: {exc}"[:2000], row["id"]),
+                )
+                continue
+            deliveries.append(
+                Delivery(
+                    id=row["id"],
+                    event_id=row["event_id"],
+                    alert_key=row["alert_key"],
+                    receiver=row["receiver"],
+                    message=message,
+                    attempts=row["attempts"],
+                    created_at=datetime.fromtimestamp(row["created_at"], UTC),
+                )
+            )
+        return deliveries
+
+    async def delivery_succeeded(self, delivery_id: int) -> None:
+        await self._run(
+            self._execute,
+            "UPDATE deliveries SET state = 'delivered', attempts = attempts + 1, finished_at = ?, error = NULL "
+            "WHERE id = ?",
+            (self._now(), delivery_id),
+        )
+
+    async def delivery_retry(self, delivery_id: int, error: str, next_attempt_at: datetime) -> None:
+        await self._run(
+            self._execute,
+            "UPDATE deliveries SET attempts = attempts + 1, next_attempt_at = ?, error = ? WHERE id = ?",
+            (next_attempt_at.timestamp(), error[:2000], delivery_id),
+        )
+
+    async def delivery_failed(self, delivery_id: int, error: str) -> None:
+        await self._run(
+            self._execute,
+            "UPDATE deliveries SET state = 'failed', attempts = attempts + 1, finished_at = ?, error = ? WHERE id = ?",
+            (self._now(), error[:2000], delivery_id),
+        )
+
+    async def next_delivery_due(self, receiver: str) -> datetime | None:
+        row = await self._run(
+            self._fetchone,
+            # Only deliveries free to go: one waiting behind an earlier delivery is not due, whatever its time.
+            _NEXT_DUE,
+            (receiver,),
+        )
+        return None if row is None else _dt(row["due"])
+
+    # --- sink state ------------------------------------------------------------------------------------
+    async def get_sink_state(self, receiver: str, key: str) -> dict[str, Any] | None:
+        row = await self._run(
+            self._fetchone, "SELECT value FROM sink_state WHERE receiver = ? AND key = ?", (receiver, key)
+        )
+        if row is None:
+            return None
+        value: dict[str, Any] = json.loads(row["value"])
+        return value
+
+    async def put_sink_state(self, receiver: str, key: str, value: dict[str, Any]) -> None:
+        await self._run(
+            self._execute,
+            """INSERT INTO sink_state (receiver, key, value, updated_at) VALUES (?, ?, ?, ?)
+               ON CONFLICT (receiver, key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at""",
+            (receiver, key, json.dumps(value), self._now()),
+        )
