@@ -33,6 +33,11 @@ def _first(labels: Mapping[str, Any], names: Sequence[str]) -> str | None:
     return None
 
 
+def _text(value: str | None) -> str | None:
+    """A known value, stripped; None for a missing or blank one."""
+    return value.strip() or None if value is not None else None
+
+
 def same_host(one: str, other: str) -> bool:
     """Hosts match when either is unknown, or their short names agree (`k-ai-01` and `k-ai-01.lan`)."""
     if not one or not other:
@@ -66,15 +71,14 @@ class GpuIdentity:
     @classmethod
     def from_data(cls, found: GpuIdentityData) -> GpuIdentity:
         """From the `gpu` section's evidence (or the Xid section's `gpu`)."""
-        data = found.model_dump()
-        pci_text = _first(data, ("pci_bus_id",))
+        pci_text = _text(found.pci_bus_id)
         return cls(
-            host=_first(data, ("host",)) or "",
-            index=_first(data, ("index",)),
-            uuid=_first(data, ("uuid",)),
+            host=_text(found.host) or "",
+            index=_text(found.index),
+            uuid=_text(found.uuid),
             pci=None if pci_text is None else PciAddress.parse(pci_text),
-            model=_first(data, ("model",)),
-            serial=_first(data, ("serial",)),
+            model=_text(found.model),
+            serial=_text(found.serial),
         )
 
     @property
