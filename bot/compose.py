@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bot.evidence import Enrichment
+from bot.evidence import Enrichment, GpuEvidence, LokiEvidence, PrometheusEvidence, RelatedEvidence, SectionData
 from bot.message import Fact, Link, Message, Section, format_duration
 from bot.models import Event, EventKind, host_from_labels
 from bot.playbooks import Advice
@@ -40,7 +40,7 @@ def compose_message(event: Event, enrichment: Enrichment, advice: Advice) -> Mes
         resolved_at=alert.resolved_at if alert.status == "resolved" else None,
         times_seen=alert.times_seen,
         acked_by=alert.acked_by,
-        related_to=enrichment.data("related").get("root"),
+        related_to=_root(enrichment.evidence(RelatedEvidence)),
         facts=_facts(event, host, gpu, enrichment, advice),
         sections=_sections(event, enrichment, advice),
         links=_links(alert.annotations, alert.generator_url, advice),
@@ -67,8 +67,14 @@ def _title(name: str, host: str, gpu: str, verdict: str) -> str:
     return title
 
 
+def _root(related: RelatedEvidence | None) -> str | None:
+    return related.root if related is not None else None
+
+
 def _gpu_text(labels: dict[str, str], enrichment: Enrichment) -> str:
-    return str(enrichment.data("gpu").get("index", labels.get("gpu", "")))
+    identity = enrichment.evidence(GpuEvidence)
+    index = identity.index if identity is not None else None
+    return index if index is not None else labels.get("gpu", "")
 
 
 def _summary(annotations: dict[str, str], advice: Advice) -> str:
@@ -84,11 +90,12 @@ def _facts(event: Event, host: str, gpu: str, enrichment: Enrichment, advice: Ad
     facts: list[Fact] = []
     if host:
         facts.append(Fact(label="Host", value=host))
-    identity = enrichment.data("gpu")
-    if gpu or identity:
-        parts = [p for p in (gpu, identity.get("model"), identity.get("uuid"), identity.get("pci_bus_id")) if p]
-        facts.append(Fact(label="GPU", value=" · ".join(str(p) for p in parts)))
-    value = _value_text(enrichment.data("prometheus"))
+    identity = enrichment.evidence(GpuEvidence)
+    if gpu or identity is not None:
+        known = (identity.model, identity.uuid, identity.pci_bus_id) if identity is not None else ()
+        parts = [p for p in (gpu, *known) if p]
+        facts.append(Fact(label="GPU", value=" · ".join(parts)))
+    value = _value_text(enrichment.evidence(PrometheusEvidence))
     if value:
         facts.append(Fact(label="Value", value=value))
     if advice.severity and advice.severity != alert.severity:
@@ -106,13 +113,13 @@ def _facts(event: Event, host: str, gpu: str, enrichment: Enrichment, advice: Ad
     return facts
 
 
-def _value_text(prometheus: dict[str, Any]) -> str:
+def _value_text(prometheus: PrometheusEvidence | None) -> str:
     """The alert's value with what it measures; nothing where the number misleads (see value_meaning)."""
-    history = prometheus.get("history") or {}
-    meaning = prometheus.get("value_meaning", "")
-    if not history.get("current_text") or meaning is None:
+    history = prometheus.history if prometheus is not None else None
+    if prometheus is None or history is None or not history.current_text or prometheus.value_meaning is None:
         return ""
-    return f"{history['current_text']} ({meaning})" if meaning else str(history["current_text"])
+    meaning = prometheus.value_meaning
+    return f"{history.current_text} ({meaning})" if meaning else history.current_text
 
 
 def _sections(event: Event, enrichment: Enrichment, advice: Advice) -> list[Section]:
@@ -125,7 +132,7 @@ def _sections(event: Event, enrichment: Enrichment, advice: Advice) -> list[Sect
         if found.status == "ok":
             lines = ([found.summary] if found.summary else []) + found.lines
             if lines:
-                kind = "code" if found.data.get("render") == "code" else "text"
+                kind = "code" if isinstance(found.data, LokiEvidence) and found.data.render == "code" else "text"
                 sections.append(Section(title=found.title, kind=kind, lines=lines))
         elif found.status == "unavailable":
             sections.append(
@@ -162,10 +169,14 @@ def _links(annotations: dict[str, str], generator_url: str, advice: Advice) -> l
 def _details(annotations: dict[str, str], enrichment: Enrichment, advice: Advice) -> dict[str, Any]:
     details: dict[str, Any] = {"annotations": annotations, "playbook": advice.playbook}
     for found in enrichment.sections:
-        details[found.name] = _bounded(found.data) if found.status == "ok" else {"unavailable": found.reason}
+        details[found.name] = _bounded(_dumped(found.data)) if found.status == "ok" else {"unavailable": found.reason}
     if advice.judgements:
         details["judgements"] = advice.judgements
     return details
+
+
+def _dumped(data: SectionData | None) -> dict[str, Any]:
+    return data.model_dump(mode="json") if data is not None else {}
 
 
 def _bounded(data: Any) -> Any:

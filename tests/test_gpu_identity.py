@@ -62,7 +62,7 @@ def test_a_kernel_event_and_a_metric_series_join() -> None:
 )
 def test_both_label_spellings(labels: dict[str, str]) -> None:
     identity = GpuIdentity.from_labels(labels)
-    assert identity.to_data() == {
+    assert identity.to_data().model_dump() == {
         "index": "3",
         "uuid": UUID_3B,
         "pci_bus_id": "00000000:3B:00.0",
@@ -121,7 +121,7 @@ def section(result: Enrichment) -> EnrichmentSection:
 async def test_alert_labels_alone() -> None:
     result = await run(alert_state({"gpu": "3", "UUID": UUID_3B, "modelName": "NVIDIA H100"}), GpuEnricher())
     gpu = section(result)
-    assert gpu.data == {
+    assert gpu.data is not None and gpu.data.model_dump() == {
         "index": "3",
         "uuid": UUID_3B,
         "model": "NVIDIA H100",
@@ -138,19 +138,19 @@ async def test_inventory_fills_what_an_old_exporter_left_out() -> None:
         GpuEnricher(),
     )
     gpu = section(result)
-    assert (gpu.data["uuid"], gpu.data["model"], gpu.data["index"]) == (UUID_86, "NVIDIA H100", "5")
-    assert gpu.data["sources"] == ["alert labels", "dcgm-exporter inventory"]
+    assert (gpu.data.uuid, gpu.data.model, gpu.data.index) == (UUID_86, "NVIDIA H100", "5")
+    assert gpu.data.sources == ["alert labels", "dcgm-exporter inventory"]
 
 
 async def test_index_only_alert_joins_the_inventory_by_index() -> None:
     result = await run(alert_state({"gpu": "3"}), Static(prometheus_section(gpus=inventory())), GpuEnricher())
-    assert section(result).data["pci_bus_id"] == "00000000:3B:00.0"
+    assert section(result).data.pci_bus_id == "00000000:3B:00.0"
 
 
 async def test_inventory_rows_with_the_renamed_labels() -> None:
     rows = [{"gpu": "3", "uuid": UUID_3B, "pci_bus_id": "00000000:3B:00.0", "modelName": "L40S", "hostname": HOST}]
     result = await run(alert_state({"gpu": "3"}), Static(prometheus_section(gpus=rows)), GpuEnricher())
-    assert (section(result).data["uuid"], section(result).data["model"]) == (UUID_3B, "L40S")
+    assert (section(result).data.uuid, section(result).data.model) == (UUID_3B, "L40S")
 
 
 async def test_kernel_gpu_at_line_gives_the_uuid_and_serial() -> None:
@@ -163,8 +163,8 @@ async def test_kernel_gpu_at_line_gives_the_uuid_and_serial() -> None:
         alert_state({"gpu": "3", "pci_bus_id": "00000000:3B:00.0"}), Static(loki_section(lines)), GpuEnricher()
     )
     gpu = section(result)
-    assert (gpu.data["uuid"], gpu.data["serial"]) == (UUID_3B, "1650423013443")
-    assert gpu.data["sources"] == ["alert labels", "kernel log"]
+    assert (gpu.data.uuid, gpu.data.serial) == (UUID_3B, "1650423013443")
+    assert gpu.data.sources == ["alert labels", "kernel log"]
     assert gpu.lines == ["Board serial 1650423013443 (from the kernel log; quote it in an RMA)"]
 
 
@@ -176,7 +176,7 @@ async def test_kernel_and_alert_disagree_on_the_uuid() -> None:
         GpuEnricher(),
     )
     gpu = section(result)
-    assert gpu.data["uuid"] == UUID_3B
+    assert gpu.data.uuid == UUID_3B
     assert gpu.lines == [
         f"The kernel log names {UUID_86} at 00000000:3B:00.0 while the alert names {UUID_3B}: was the GPU replaced?"
     ]
@@ -189,7 +189,7 @@ async def test_sources_unavailable_degrade_to_the_labels() -> None:
     )
     gpu = section(result)
     assert gpu.status == "ok"
-    assert gpu.data["sources"] == ["alert labels"]
+    assert gpu.data.sources == ["alert labels"]
 
 
 async def test_host_level_alert_is_skipped() -> None:

@@ -180,7 +180,7 @@ async def test_tenant_and_bearer_token_are_sent(tmp_path: Path) -> None:
         sent = loki.range_queries[0]
     assert sent.org_id == "team-a"
     assert sent.authorization == "Bearer s3cret-token"
-    assert [line for _, line in section.data["entries"]] == [XID]
+    assert [line for _, line in section.data.entries] == [XID]
 
 
 async def test_missing_tenant_is_reported_with_lokis_words() -> None:
@@ -259,7 +259,7 @@ async def test_section_holds_the_hosts_nvrm_lines_of_the_window(loki: FakeLoki) 
     finally:
         await enricher.close()
     assert section.status == "ok" and section.name == "loki" and section.title == "Kernel log (Loki)"
-    data = section.data
+    data = section.data.model_dump(mode="json")  # the JSON the store keeps
     assert data["host"] == "k-ai-01"
     assert data["query"] == '{job="syslog", host="k-ai-01"} |= "NVRM:"'
     assert data["start"] == (T - timedelta(minutes=15)).isoformat()
@@ -289,7 +289,7 @@ async def test_hostile_host_values_are_data_not_logql(loki: FakeLoki, hostile: s
     finally:
         await enricher.close()
     assert section.status == "ok", section.reason
-    assert [line for _, line in section.data["entries"]] == ["NVRM: for the hostile host"]
+    assert [line for _, line in section.data.entries] == ["NVRM: for the hostile host"]
     parsed = parse_logql(loki.range_queries[0].query)
     assert [(m.name, m.op, m.value) for m in parsed.matchers] == [("job", "=", "syslog"), ("host", "=", hostile)]
 
@@ -303,8 +303,8 @@ async def test_regex_selectors_match_the_host_literally(loki: FakeLoki) -> None:
         section = await enrich(enricher, make_alert({"Hostname": "k.ai"}))
     finally:
         await enricher.close()
-    assert [line for _, line in section.data["entries"]] == ["NVRM: fqdn"]
-    assert section.data["query"] == '{job="syslog", host=~"k\\\\.ai(\\\\..+)?"} |= "NVRM:"'
+    assert [line for _, line in section.data.entries] == ["NVRM: fqdn"]
+    assert section.data.query == '{job="syslog", host=~"k\\\\.ai(\\\\..+)?"} |= "NVRM:"'
 
 
 async def test_instance_loses_its_port_and_host_map_translates_it(loki: FakeLoki) -> None:
@@ -315,8 +315,8 @@ async def test_instance_loses_its_port_and_host_map_translates_it(loki: FakeLoki
         section = await enrich(enricher, make_alert({"Hostname": "", "instance": "10.0.0.11:9400"}))
     finally:
         await enricher.close()
-    assert section.data["host"] == "k-ai-01"
-    assert [line for _, line in section.data["entries"]] == [XID]
+    assert section.data.host == "k-ai-01"
+    assert [line for _, line in section.data.entries] == [XID]
 
 
 async def test_an_alert_without_a_host_is_skipped(loki: FakeLoki) -> None:
@@ -338,8 +338,8 @@ async def test_truncation_and_the_number_of_lines_shown(loki: FakeLoki) -> None:
         section = await enrich(enricher, make_alert())
     finally:
         await enricher.close()
-    assert section.data["truncated"] is True
-    assert [line for _, line in section.data["entries"]] == [f"NVRM: {i:02d}" for i in range(5, 30)]
+    assert section.data.truncated is True
+    assert [line for _, line in section.data.entries] == [f"NVRM: {i:02d}" for i in range(5, 30)]
     assert [line.split(" ", 1)[1] for line in section.lines] == ["NVRM: 26", "NVRM: 27", "NVRM: 28", "NVRM: 29"]
     assert "truncated: Loki's limit of 25 reached, newest kept" in section.summary
     assert section.summary.endswith("; last 4 shown")
@@ -365,8 +365,8 @@ async def test_alerts_of_one_incident_share_one_query_per_host(loki: FakeLoki) -
         '{job="syslog", host="k-ai-02"} |= "NVRM:"',
     ]
     for alert, section in zip(alerts, sections, strict=True):
-        assert [line for _, line in section.data["entries"]] == [f"NVRM: Xid on {alert.labels['Hostname']}"]
-        assert section.data["start"] == (alert.starts_at - timedelta(minutes=15)).isoformat()
+        assert [line for _, line in section.data.entries] == [f"NVRM: Xid on {alert.labels['Hostname']}"]
+        assert section.data.start == (alert.starts_at - timedelta(minutes=15)).isoformat()
     assert again.data == sections[3].data
 
 
@@ -381,7 +381,7 @@ async def test_an_answer_is_not_reused_for_an_alert_that_started_after_it_was_as
     finally:
         await enricher.close()
     assert len(loki.range_queries) == 2
-    assert [line for _, line in later.data["entries"]] == [XID]
+    assert [line for _, line in later.data.entries] == [XID]
 
 
 async def test_a_failed_query_is_shared_by_the_alerts_waiting_for_it(loki: FakeLoki) -> None:
@@ -458,4 +458,4 @@ async def test_one_alert_giving_up_does_not_cancel_the_query_it_shares() -> None
             section = await patient
         finally:
             await enricher.close()
-        assert section.status == "ok" and [line for _, line in section.data["entries"]] == [XID]
+        assert section.status == "ok" and [line for _, line in section.data.entries] == [XID]

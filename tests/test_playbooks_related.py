@@ -54,9 +54,9 @@ async def test_an_oom_kill_before_a_restart_loop_is_found_and_becomes_the_root(t
         section = await enrich(store, loop)
 
     assert section.status == "ok"
-    assert [a["key"] for a in section.data["alerts"]] == [oom.key]
-    assert section.data["alerts"][0]["offset_seconds"] == -180
-    assert section.data["root"] == oom.key
+    assert [a.key for a in section.data.alerts] == [oom.key]
+    assert section.data.alerts[0].offset_seconds == -180
+    assert section.data.root == oom.key
     assert section.lines == ["OOMKillerFired on k-ai-01.lan: started 3 min before this alert, still firing"]
 
     enrichment = Enrichment(sections=[section])
@@ -72,8 +72,8 @@ async def test_a_later_alert_is_related_but_never_the_root(tmp_path: Path) -> No
         oom = await store_alert(store, "OOMKillerFired", T0, instance="k-ai-01.lan:9100")
         await store_alert(store, "ContainerRestartLoop", T0 + timedelta(minutes=5), instance="k-ai-01.lan:8080")
         section = await enrich(store, oom)
-    assert [a["alertname"] for a in section.data["alerts"]] == ["ContainerRestartLoop"]
-    assert section.data["root"] is None
+    assert [a.alertname for a in section.data.alerts] == ["ContainerRestartLoop"]
+    assert section.data.root is None
     assert "started 5 min after this alert" in section.lines[0]
 
 
@@ -92,8 +92,8 @@ async def test_the_root_of_a_threaded_alert_is_inherited(tmp_path: Path) -> None
             related_alerts=[RelatedAlert(alert="ContainerRestartLoop")],
         )
         section = await enrich(store, hang, only_loop)
-    assert [a["key"] for a in section.data["alerts"]] == [loop.key]
-    assert section.data["root"] == oom.key
+    assert [a.key for a in section.data.alerts] == [loop.key]
+    assert section.data.root == oom.key
 
 
 async def test_two_alerts_of_the_same_instant_never_thread_under_each_other(tmp_path: Path) -> None:
@@ -101,7 +101,7 @@ async def test_two_alerts_of_the_same_instant_never_thread_under_each_other(tmp_
         oom = await store_alert(store, "OOMKillerFired", T0, instance="k-ai-01.lan:9100")
         loop = await store_alert(store, "ContainerRestartLoop", T0, instance="k-ai-01.lan:8080")
         roots = await asyncio.gather(enrich(store, oom), enrich(store, loop))
-    assert sorted(r.data["root"] is None for r in roots) == [False, True]
+    assert sorted(r.data.root is None for r in roots) == [False, True]
     assert roots[0].lines[0].endswith("started at the same time, still firing")
 
 

@@ -173,11 +173,11 @@ def test_the_lenient_fallback_needs_a_shared_label_to_choose_among_several_serie
 def test_series_summary_gives_current_min_max_changes_and_a_sparkline() -> None:
     raw = _series({"__name__": "t", "gpu": "2"}, [62, 62, 70, 80, 93, 91])
     summary = series_summary("t", raw, start=1000, end=1050, step=10)
-    assert summary["labels"] == {"gpu": "2"}
-    assert summary["current"] == 91 and summary["current_text"] == "91"
-    assert (summary["min"], summary["max"], summary["changes"]) == (62, 93, 4)
-    assert summary["values"][0] == [1000.0, 62]
-    assert summary["sparkline"] == "▁▁▃▅██"  # one slot per point: no gaps between the samples of the grid
+    assert summary.labels == {"gpu": "2"}
+    assert summary.current == 91 and summary.current_text == "91"
+    assert (summary.min, summary.max, summary.changes) == (62, 93, 4)
+    assert summary.values[0] == (1000.0, 62)
+    assert summary.sparkline == "▁▁▃▅██"  # one slot per point: no gaps between the samples of the grid
 
 
 def test_a_minute_of_data_in_a_30_minute_window_shows_its_rise() -> None:
@@ -185,7 +185,7 @@ def test_a_minute_of_data_in_a_30_minute_window_shows_its_rise() -> None:
     rise = [60, 66, 72, 80, 86, 93]
     raw = RawSeries({"gpu": "2"}, [(end - 50 + 10 * i, float(v)) for i, v in enumerate(rise)])
     summary = series_summary("DCGM_FI_DEV_GPU_TEMP", raw, start=1000, end=end, step=10)
-    assert summary["sparkline"] == "▁▂▃▅▇█"
+    assert summary.sparkline == "▁▂▃▅▇█"
     assert describe(summary, "30 min").startswith("current 93 (min 60, max 93 over 50 s) ")
     assert sparkline(raw.samples, 1000, end).strip() == "█"  # over the whole window the minute is one block
 
@@ -217,23 +217,23 @@ def test_any_expression_gets_a_meaning_or_none_never_an_error(query: str) -> Non
 def test_a_series_that_stopped_before_now_has_no_current_value() -> None:
     raw = _series({"__name__": "ipmi_temperature_celsius"}, [31, 32, 33])  # points at 1000, 1010, 1020
     summary = series_summary("t", raw, start=1000, end=1050, step=10)
-    assert summary["current"] is None and summary["current_text"] == "no data since 00:17 UTC"
-    assert summary["max"] == 33  # its history stays
+    assert summary.current is None and summary.current_text == "no data since 00:17 UTC"
+    assert summary.max == 33  # its history stays
 
 
 def test_nan_and_infinities_are_kept_out_of_values_but_shown_as_current() -> None:
     raw = RawSeries({}, [(1.0, 3.0), (2.0, math.nan), (3.0, 5.0), (4.0, math.inf)])
     summary = series_summary("q", raw, start=0, end=4, step=1)
-    assert summary["values"] == [[1.0, 3.0], [3.0, 5.0]]
-    assert summary["current"] is None and summary["current_text"] == "+Inf"
-    assert (summary["min"], summary["max"]) == (3.0, 5.0)
-    json.dumps(summary, allow_nan=False)  # storable as strict JSON
+    assert summary.values == [(1.0, 3.0), (3.0, 5.0)]
+    assert summary.current is None and summary.current_text == "+Inf"
+    assert (summary.min, summary.max) == (3.0, 5.0)
+    json.dumps(summary.model_dump(mode="json"), allow_nan=False)  # storable as strict JSON
 
 
 def test_all_nan_gives_no_numbers_and_an_empty_sparkline() -> None:
     summary = series_summary("q", RawSeries({}, [(1.0, math.nan), (2.0, math.nan)]), start=0, end=2, step=1)
-    assert (summary["current"], summary["min"], summary["max"], summary["current_text"]) == (None, None, None, "NaN")
-    assert summary["sparkline"] == ""
+    assert (summary.current, summary.min, summary.max, summary.current_text) == (None, None, None, "NaN")
+    assert summary.sparkline == ""
 
 
 def test_sparkline_rises_with_the_values_leaves_gaps_and_handles_flat_lines() -> None:
@@ -386,9 +386,9 @@ async def test_expression_comes_from_the_generator_url_and_the_configured_promet
     assert (method, path) == ("POST", "/api/v1/query_range")
     assert form["query"] == "DCGM_FI_DEV_GPU_TEMP"
     assert float(form["step"]) >= 1 and (float(form["end"]) - float(form["start"])) / float(form["step"]) <= 240
-    history = section.data["history"]
-    assert history["labels"]["gpu"] == "3"
-    assert (history["current"], history["min"], history["max"]) == (91.0, 62.0, 91.0)
+    history = section.data.history
+    assert history.labels["gpu"] == "3"
+    assert (history.current, history.min, history.max) == (91.0, 62.0, 91.0)
     assert section.summary.startswith("current 91 (min 62, max 91 over 1 min) ")  # the minute with data
     assert section.summary.endswith(" · fires when > 87")
     assert all(path != "/api/v1/rules" for _, path, _ in stub.requests)
@@ -404,8 +404,8 @@ async def test_without_a_generator_url_the_rule_comes_from_the_rules_api_by_name
         sections = await asyncio.gather(*(enricher.enrich(EnrichmentRequest(a, None, {})) for a in alerts))
     finally:
         await enricher.close()
-    assert {s.data["expr"] for s in sections} == {"DCGM_FI_DEV_GPU_TEMP > 87"}  # the rule with severity critical
-    assert {s.data["expr_source"] for s in sections} == {"rules"}
+    assert {s.data.expr for s in sections} == {"DCGM_FI_DEV_GPU_TEMP > 87"}  # the rule with severity critical
+    assert {s.data.expr_source for s in sections} == {"rules"}
     # Prometheus 2.42 has no rule_name[] filter: one unfiltered call, shared by the alerts arriving together.
     rule_calls = [fields for _, path, fields in stub.requests if path == "/api/v1/rules"]
     assert rule_calls == [{"type": "alert"}]
@@ -415,7 +415,7 @@ async def test_an_alert_no_rule_explains_has_no_history_but_still_a_section() ->
     stub = StubPrometheus(temperatures)
     section = await run(stub, make_alert({"alertname": "Synthetic", "Hostname": "k-ai-01"}))
     assert section.status == "ok"
-    assert section.data["history"] is None
+    assert section.data.history is None
     assert section.summary == (
         "History unavailable: the alert's generatorURL is empty and Prometheus has no alerting rule named 'Synthetic'"
     )
@@ -435,7 +435,7 @@ async def test_related_queries_are_filled_escaped_and_never_sent_half_filled() -
     sent = stub.queries()
     assert 'DCGM_FI_DEV_GPU_TEMP{Hostname="k-ai-01\\"} or vector(1) or {a=\\"", gpu="3"}' in sent
     assert not any("pod=" in q for q in sent)
-    assert section.data["unavailable"]["needs_pod"] == "the alert has no label pod"
+    assert section.data.unavailable["needs_pod"] == "the alert has no label pod"
     assert "needs_pod: unavailable (the alert has no label pod)" in section.lines
 
 

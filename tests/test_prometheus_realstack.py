@@ -170,7 +170,7 @@ async def test_rules_fallback_related_queries_and_inventory_against_real_prometh
     finally:
         await enricher.close()
     assert section.status == "ok", section
-    data = section.data
+    data = section.data.model_dump(mode="json")  # the JSON the store keeps
     # No generatorURL (amtool, curl): the expression comes from /api/v1/rules by alert name.
     assert data["expr_source"] == "rules"
     assert data["expr"] == "DCGM_FI_DEV_POWER_USAGE > 590"
@@ -193,11 +193,11 @@ async def test_node_alert_finds_the_hosts_gpus_from_its_instance(stack: Stack) -
         await enricher.close()
     # No node_exporter series here: no history, which is said, not a failure of the section.
     assert section.status == "ok"
-    assert section.data["history"] is None
+    assert section.data.history is None
     assert section.summary.startswith("History unavailable: ")
     assert "no data" in section.summary
     # instance k-ai-01:9100 names host k-ai-01, whose dcgm-exporter series say Hostname="k-ai-01".
-    assert [g["gpu"] for g in section.data["gpus"]] == [str(i) for i in range(8)]
+    assert [g["gpu"] for g in section.data.gpus] == [str(i) for i in range(8)]
 
 
 async def test_hostile_label_values_reach_real_prometheus_as_data(stack: Stack) -> None:
@@ -217,6 +217,6 @@ async def test_hostile_label_values_reach_real_prometheus_as_data(stack: Stack) 
         await enricher.close()
     # Escaped, every query is valid PromQL (no HTTP 400) and selects nothing (an injected `or vector(1)` would).
     assert section.status == "ok", section
-    assert section.data["unavailable"] == {"exact": "no data", "regex": "no data"}
-    assert section.data["gpus"] == []
+    assert section.data.unavailable == {"exact": "no data", "regex": "no data"}
+    assert section.data.gpus == []
     assert not any("HTTP 400" in line for line in section.lines)

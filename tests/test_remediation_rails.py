@@ -16,10 +16,10 @@ from bot.actions.registry import ACTIONS
 from bot.actions.runs import ActionRefused
 from bot.actions.ssh import SSH_VERBS
 from bot.config import DOCKER_ACTIONS
-from bot.evidence import Enrichment, EnrichmentSection
+from bot.evidence import Enrichment, EnrichmentSection, Verdict, XidEvidence
 from bot.metrics import Metrics
 from bot.store.base import Store
-from bot.verdict import STALE_XID_GAUGE, Verdict
+from bot.verdict import STALE_XID_GAUGE
 from tests.support.clock import FakeClock
 from tests.support.remediation import RecordingExecutor, Thread, engine, firing_alert, remediation_config
 from tests.support.store import sqlite_store
@@ -362,9 +362,11 @@ async def _enrich_firing_events(store: Store, enrichment: Enrichment) -> None:
 async def test_the_policy_restarts_the_exporter_for_an_xid_alert_judged_a_stale_gauge(tmp_path: Path) -> None:
     clock = FakeClock()
     executor = RecordingExecutor("gpu01", [RESTART])
-    stale = Verdict(STALE_XID_GAUGE, "probably a stale gauge", "no Xid in the kernel log")
+    stale = Verdict(name=STALE_XID_GAUGE, headline="probably a stale gauge", line="no Xid in the kernel log")
     judged = Enrichment(
-        sections=[EnrichmentSection(name="xid", title="Kernel Xid", status="ok", data={"verdict": stale.to_data()})]
+        sections=[
+            EnrichmentSection(name="xid", title="Kernel Xid", status="ok", data=XidEvidence(scope="gpu", verdict=stale))
+        ]
     )
     async with sqlite_store(tmp_path) as store:
         fresh = await firing_alert(store, "GPUXIDError", instance="gpu01:9400", gpu="1")

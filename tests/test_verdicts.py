@@ -7,17 +7,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from bot.compose import compose_message
 from bot.enrich.xid import STALE_GAUGE_TEXT, XidEnricher
-from bot.evidence import Enrichment, EnrichmentSection
+from bot.evidence import Enrichment, EnrichmentSection, Verdict
 from bot.message import Message
 from bot.models import AlertState, Event, EventKind
 from bot.playbooks import Evidence, PlaybookSet
 from bot.render.email import render_email
 from bot.render.pagerduty import pagerduty_event
 from bot.render.slack import slack_payload
-from bot.verdict import STALE_XID_GAUGE, Verdict, verdicts_of
+from bot.verdict import STALE_XID_GAUGE, verdicts_of
 from bot.xid_catalog import XidCatalog, load_catalog
 from tests.support.processes import REPO
 from tests.test_pagerduty import ROUTING_KEY, receiver
@@ -224,7 +225,7 @@ cases:
 
 
 def test_a_verdict_condition_holds_only_for_its_own_verdict() -> None:
-    stale_verdict = Verdict(STALE_XID_GAUGE, "stale", "a stale gauge")
+    stale_verdict = Verdict(name=STALE_XID_GAUGE, headline="stale", line="a stale gauge")
     evidence = Evidence(labels={}, series={}, related=[], verdicts=[stale_verdict])
     playbook = PLAYBOOKS.get("GPUXIDError")
     assert playbook is not None
@@ -232,16 +233,16 @@ def test_a_verdict_condition_holds_only_for_its_own_verdict() -> None:
     assert not playbook.cases[0].holds(Evidence(labels={}, series={}, related=[]))
 
 
-def test_verdicts_of_reads_only_well_formed_verdicts_of_sections_that_answered() -> None:
+def test_verdicts_of_reads_the_verdict_of_the_xid_section_that_answered() -> None:
     good = {"name": STALE_XID_GAUGE, "headline": "h", "line": "l"}
-    enrichment = Enrichment(
-        sections=[
-            EnrichmentSection(name="a", title="A", status="ok", data={"verdict": good}),
-            EnrichmentSection(name="b", title="B", status="ok", data={"verdict": {"name": "x", "headline": ""}}),
-            EnrichmentSection(name="c", title="C", status="ok", data={"verdict": None}),
-        ]
-    )
-    assert verdicts_of(enrichment) == [Verdict(STALE_XID_GAUGE, "h", "l")]
+    answered = EnrichmentSection(name="xid", title="Xid", status="ok", data={"scope": "gpu", "verdict": good})
+    assert verdicts_of(Enrichment(sections=[answered])) == [Verdict(name=STALE_XID_GAUGE, headline="h", line="l")]
+    assert verdicts_of(Enrichment(sections=[answered.model_copy(update={"status": "skipped"})])) == []
+    none = EnrichmentSection(name="xid", title="Xid", status="ok", data={"scope": "gpu", "verdict": None})
+    assert verdicts_of(Enrichment(sections=[none])) == []
+    # A malformed verdict no longer reaches a reader: the section holding it does not validate.
+    with pytest.raises(ValidationError):
+        EnrichmentSection(name="xid", title="X", status="ok", data={"scope": "gpu", "verdict": {"name": "x"}})
 
 
 @pytest.mark.parametrize(

@@ -558,7 +558,7 @@ async def test_enricher_shows_a_few_details_per_event_and_keeps_them_all(catalog
     result = await run(alert_state(GPU_LABELS), Static(loki_section(lines)), XidEnricher(catalog))
     xid = result.get("xid")
     assert xid is not None and xid.status == "ok"
-    first, second = xid.data["events"]
+    first, second = [e.model_dump() for e in xid.data.events]
     assert len(first["details"]) == 5 > MAX_DETAILS_SHOWN
     assert first["link"] == 3
     text = xid.lines

@@ -145,17 +145,17 @@ async def test_decodes_the_xids_of_the_alerts_gpu_only(catalog: XidCatalog) -> N
     )
     xid = section(result)
     assert xid.status == "ok"
-    [event] = xid.data["events"]
+    [event] = [e.model_dump() for e in xid.data.events]
     assert (event["xid"], event["pci_bus_id"], event["uuid"], event["count"]) == (79, "00000000:3B:00.0", UUID_3B, 2)
     assert (event["name"], event["severity"]) == ("ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS", "fatal")
     assert xid.summary.startswith("Xid 79 GPU has fallen off the bus (fatal): Cordon and drain the node")
-    assert (xid.data["alert_xid"], xid.data["alert_xid_source"], xid.data["alert_xid_label"]) == (
+    assert (xid.data.alert_xid, xid.data.alert_xid_source, xid.data.alert_xid_label) == (
         79,
         "the alert's err_code label",
         "err_code",
     )
-    assert xid.data["stale_gauge"] is False
-    assert xid.data["catalog"]["79"]["title"] == "GPU has fallen off the bus"
+    assert xid.data.stale_gauge is False
+    assert xid.data.catalog["79"]["title"] == "GPU has fallen off the bus"
     assert any(line.startswith("  -> Cordon and drain the node") for line in xid.lines)
 
 
@@ -166,7 +166,7 @@ async def test_pci_in_the_alert_matches_the_kernel_tag_as_numbers(catalog: XidCa
         Static(loki_section(lines)),
         XidEnricher(catalog),
     )
-    assert [e["xid"] for e in section(result).data["events"]] == [149]
+    assert [e.xid for e in section(result).data.events] == [149]
 
 
 async def test_154_overrides_and_45_points_at_its_cause(catalog: XidCatalog) -> None:
@@ -179,12 +179,12 @@ async def test_154_overrides_and_45_points_at_its_cause(catalog: XidCatalog) -> 
         (at(-28), "NVRM: Xid (PCI:0000:3b:00): 45, pid=991, name=python3, Ch 00000001"),
     ]
     result = await run(alert_state(GPU_LABELS), Static(loki_section(lines)), XidEnricher(catalog))
-    pmu, recovery, cleanup = section(result).data["events"]
+    pmu, recovery, cleanup = [e.model_dump() for e in section(result).data.events]
     assert pmu["basis"] == "recovery_action" and "GPU Reset Required" in pmu["action"]
     assert recovery["recovery_action"]["name"] == "GPU Reset Required"
     assert recovery["action"].startswith("Drain the GPU's workloads and reset the GPU")
     assert (cleanup["caused_by"], cleanup["severity"]) == (62, "info")
-    assert section(result).data["worst"]["xid"] == 62  # the fault leads, not the directive that follows it
+    assert section(result).data.worst.xid == 62  # the fault leads, not the directive that follows it
     assert section(result).summary.startswith("Xid 62 Internal micro-controller (PMU) halt (critical): Drain the GPU")
 
 
@@ -196,13 +196,13 @@ async def test_stale_gauge_when_unchanged_and_no_kernel_line(catalog: XidCatalog
         XidEnricher(catalog),
     )
     xid = section(result)
-    assert xid.data["stale_gauge"] is True
+    assert xid.data.stale_gauge is True
     assert xid.summary == STALE_GAUGE_TEXT
     assert STALE_GAUGE_TEXT.lower().startswith(
         "probable stale xid gauge: dcgm_fi_dev_xid_errors keeps its last value until the exporter restarts; "
         "no nvrm xid line for this gpu in the window"
     )
-    assert xid.data["events"] == []
+    assert xid.data.events == []
 
 
 async def test_not_stale_when_the_gauge_moved(catalog: XidCatalog) -> None:
@@ -213,7 +213,7 @@ async def test_not_stale_when_the_gauge_moved(catalog: XidCatalog) -> None:
         XidEnricher(catalog),
     )
     xid = section(result)
-    assert xid.data["stale_gauge"] is False
+    assert xid.data.stale_gauge is False
     assert "has no NVRM line for this GPU in the window" in "\n".join(xid.lines)
 
 
@@ -226,7 +226,7 @@ async def test_a_new_xid_series_is_not_a_stale_gauge(catalog: XidCatalog) -> Non
         Static(prometheus_section(related={"xid_gauge": new_series})),
         XidEnricher(catalog),
     )
-    assert section(result).data["stale_gauge"] is False
+    assert section(result).data.stale_gauge is False
 
 
 async def test_a_truncated_kernel_log_cannot_prove_a_gauge_stale(catalog: XidCatalog) -> None:
@@ -237,7 +237,7 @@ async def test_a_truncated_kernel_log_cannot_prove_a_gauge_stale(catalog: XidCat
         XidEnricher(catalog),
     )
     xid = section(result)
-    assert xid.data["stale_gauge"] is None
+    assert xid.data.stale_gauge is None
     assert "Loki's answer was cut at its line limit" in "\n".join(xid.lines) + xid.summary
 
 
@@ -248,18 +248,18 @@ async def test_not_stale_when_the_kernel_logged_an_xid_for_this_gpu(catalog: Xid
         Static(prometheus_section(related={"xid_gauge": series([79] * 30)})),
         XidEnricher(catalog),
     )
-    assert section(result).data["stale_gauge"] is False
+    assert section(result).data.stale_gauge is False
 
 
 async def test_the_alerts_own_history_serves_when_its_expression_is_the_gauge(catalog: XidCatalog) -> None:
     prometheus = prometheus_section(expr='DCGM_FI_DEV_XID_ERRORS{gpu="3"} > 0', history=series([48] * 30))
     result = await run(alert_state(GPU_LABELS), Static(loki_section([])), Static(prometheus), XidEnricher(catalog))
     xid = section(result)
-    assert (xid.data["stale_gauge"], xid.data["alert_xid"]) == (True, 48)
-    assert (xid.data["alert_xid_source"], xid.data["alert_xid_label"]) == ("the DCGM_FI_DEV_XID_ERRORS value", None)
+    assert (xid.data.stale_gauge, xid.data.alert_xid) == (True, 48)
+    assert (xid.data.alert_xid_source, xid.data.alert_xid_label) == ("the DCGM_FI_DEV_XID_ERRORS value", None)
     rate = prometheus_section(expr="increase(DCGM_FI_DEV_XID_ERRORS[5m]) > 0", history=series([1.0] * 30))
     result = await run(alert_state(GPU_LABELS), Static(loki_section([])), Static(rate), XidEnricher(catalog))
-    assert section(result).data["stale_gauge"] is None
+    assert section(result).data.stale_gauge is None
 
 
 async def test_loki_unavailable_says_so_instead_of_claiming_staleness(catalog: XidCatalog) -> None:
@@ -271,8 +271,8 @@ async def test_loki_unavailable_says_so_instead_of_claiming_staleness(catalog: X
     )
     xid = section(result)
     assert xid.status == "ok"
-    assert xid.data["stale_gauge"] is None
-    assert xid.data["kernel_log"].startswith("unavailable: cannot reach Loki")
+    assert xid.data.stale_gauge is None
+    assert xid.data.kernel_log.startswith("unavailable: cannot reach Loki")
     assert xid.summary.startswith(
         "Xid 48 Uncorrectable double-bit ECC error (critical, from the alert's err_code label)"
     )
@@ -285,8 +285,8 @@ async def test_loki_unavailable_says_so_instead_of_claiming_staleness(catalog: X
 async def test_loki_not_configured_still_decodes_the_label(catalog: XidCatalog) -> None:
     result = await run(alert_state({**GPU_LABELS, "xid": "31"}), XidEnricher(catalog))
     xid = section(result)
-    assert (xid.data["alert_xid"], xid.data["kernel_log"], xid.data["stale_gauge"]) == (31, "not configured", None)
-    assert (xid.data["alert_xid_source"], xid.data["alert_xid_label"]) == ("the alert's xid label", "xid")
+    assert (xid.data.alert_xid, xid.data.kernel_log, xid.data.stale_gauge) == (31, "not configured", None)
+    assert (xid.data.alert_xid_source, xid.data.alert_xid_label) == ("the alert's xid label", "xid")
     assert "GPU memory page fault" in xid.summary
 
 
@@ -301,9 +301,9 @@ async def test_host_level_alert_keeps_every_gpu(catalog: XidCatalog) -> None:
         XidEnricher(catalog),
     )
     xid = section(result)
-    assert xid.data["scope"] == "host"
-    assert [e["pci_bus_id"] for e in xid.data["events"]] == ["00000000:3B:00.0", "00000000:86:00.0"]
-    assert xid.data["worst"]["xid"] == 79
+    assert xid.data.scope == "host"
+    assert [e.pci_bus_id for e in xid.data.events] == ["00000000:3B:00.0", "00000000:86:00.0"]
+    assert xid.data.worst.xid == 79
 
 
 async def test_unrelated_alert_without_xid_lines_is_skipped(catalog: XidCatalog) -> None:
@@ -331,10 +331,10 @@ async def test_with_the_real_loki_enricher_and_the_loki_fake(catalog: XidCatalog
             GpuEnricher(),
             XidEnricher(catalog),
         )
-    [event] = section(result).data["events"]
+    [event] = [e.model_dump() for e in section(result).data.events]
     assert (event["xid"], event["source"], event["uuid"]) == (79, "bus", UUID_3B)
     gpu = section(result, "gpu")
-    assert (gpu.data["uuid"], gpu.data["serial"]) == (UUID_3B, "1653923026510")
+    assert (gpu.data.uuid, gpu.data.serial) == (UUID_3B, "1653923026510")
 
 
 async def test_uuid_only_alert_is_matched_through_the_gpu_at_line(catalog: XidCatalog) -> None:
@@ -344,10 +344,10 @@ async def test_uuid_only_alert_is_matched_through_the_gpu_at_line(catalog: XidCa
         (at(-50), "NVRM: Xid (PCI:0000:3b:00): 13, pid=7, name=python3, Graphics Exception: ESR 0x1=0x2"),
     ]
     matched = await run(alert_state({"UUID": UUID_86}), Static(loki_section(lines)), XidEnricher(catalog))
-    assert section(matched).data["scope"] == "gpu"
-    assert [e["xid"] for e in section(matched).data["events"]] == [94]
+    assert section(matched).data.scope == "gpu"
+    assert [e.xid for e in section(matched).data.events] == [94]
     unmapped = await run(alert_state({"UUID": UUID_86}), Static(loki_section(lines[1:])), XidEnricher(catalog))
     xid = section(unmapped)
-    assert xid.data["scope"] == "host"
-    assert [e["xid"] for e in xid.data["events"]] == [94, 13]
+    assert xid.data.scope == "host"
+    assert [e.xid for e in xid.data.events] == [94, 13]
     assert "The alert's GPU has no known PCI address to match kernel lines: every GPU's Xids shown" in xid.lines

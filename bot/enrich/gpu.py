@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from bot.enrich.base import EnrichmentRequest
-from bot.evidence import EnrichmentSection
+from bot.evidence import EnrichmentSection, GpuEvidence, GpuIdentityData, LokiEvidence, PrometheusEvidence, evidence_of
 from bot.models import DEFAULT_HOST_LABELS, host_from_labels
 from bot.nvrm import KernelLogReport, PciAddress, parse_kernel_log
 
@@ -31,6 +31,11 @@ def _first(labels: Mapping[str, Any], names: Sequence[str]) -> str | None:
         if isinstance(value, str) and value.strip():
             return value.strip()
     return None
+
+
+def _text(value: str | None) -> str | None:
+    """A known value, stripped; None for a missing or blank one."""
+    return value.strip() or None if value is not None else None
 
 
 def same_host(one: str, other: str) -> bool:
@@ -64,16 +69,16 @@ class GpuIdentity:
         )
 
     @classmethod
-    def from_data(cls, data: Mapping[str, Any]) -> GpuIdentity:
-        """From the `gpu` section's data."""
-        pci_text = _first(data, ("pci_bus_id",))
+    def from_data(cls, found: GpuIdentityData) -> GpuIdentity:
+        """From the `gpu` section's evidence (or the Xid section's `gpu`)."""
+        pci_text = _text(found.pci_bus_id)
         return cls(
-            host=_first(data, ("host",)) or "",
-            index=_first(data, ("index",)),
-            uuid=_first(data, ("uuid",)),
+            host=_text(found.host) or "",
+            index=_text(found.index),
+            uuid=_text(found.uuid),
             pci=None if pci_text is None else PciAddress.parse(pci_text),
-            model=_first(data, ("model",)),
-            serial=_first(data, ("serial",)),
+            model=_text(found.model),
+            serial=_text(found.serial),
         )
 
     @property
@@ -108,17 +113,16 @@ class GpuIdentity:
             serial=self.serial or other.serial,
         )
 
-    def to_data(self) -> dict[str, str]:
-        """The `gpu` section's shape; keys present when known."""
-        values = {
-            "index": self.index,
-            "uuid": self.uuid,
-            "pci_bus_id": self.pci_bus_id,
-            "model": self.model,
-            "host": self.host or None,
-            "serial": self.serial,
-        }
-        return {key: value for key, value in values.items() if value}
+    def to_data(self) -> GpuIdentityData:
+        """The `gpu` section's identity; the parts not known are None."""
+        return GpuIdentityData(
+            index=self.index or None,
+            uuid=self.uuid or None,
+            pci_bus_id=self.pci_bus_id or None,
+            model=self.model or None,
+            host=self.host or None,
+            serial=self.serial or None,
+        )
 
     def store_keys(self) -> list[str]:
         """Keys the store may hold this GPU's history under, best first: the UUID, then host + PCI bus id,
@@ -143,19 +147,17 @@ def kernel_report(section: EnrichmentSection | None) -> KernelLogReport | None:
     """The parsed kernel lines of the `loki` section; None when there is no usable section."""
     if section is None or section.status != "ok":
         return None
-    entries = section.data.get("entries") or []
-    return parse_kernel_log(_entry(item) for item in entries if isinstance(item, list | tuple) and len(item) >= 2)
+    loki = evidence_of(section, LokiEvidence)
+    entries = loki.entries if loki is not None else []
+    return parse_kernel_log(_entry(stamp, line) for stamp, line in entries)
 
 
-def _entry(item: Sequence[Any]) -> tuple[datetime | None, str]:
-    stamp, line = item[0], item[1]
-    timestamp: datetime | None = None
-    if isinstance(stamp, str):
-        try:
-            timestamp = datetime.fromisoformat(stamp)
-        except ValueError:
-            timestamp = None
-    return (timestamp if timestamp is not None and timestamp.tzinfo is not None else None), str(line)
+def _entry(stamp: str, line: str) -> tuple[datetime | None, str]:
+    try:
+        timestamp = datetime.fromisoformat(stamp)
+    except ValueError:
+        return None, line
+    return (timestamp if timestamp.tzinfo is not None else None), line
 
 
 def from_inventory(identity: GpuIdentity, rows: Sequence[Mapping[str, Any]]) -> GpuIdentity | None:
@@ -185,8 +187,9 @@ async def resolve_identity(request: EnrichmentRequest) -> GpuIdentity:
     """The alert's GPU: the `gpu` section when it has one, else the alert's own labels."""
     section = await request.section("gpu")
     from_labels = GpuIdentity.from_labels(request.alert.labels)
-    if section is not None and section.status == "ok":
-        return GpuIdentity.from_data(section.data).merged(from_labels)
+    found = evidence_of(section, GpuEvidence)
+    if found is not None:
+        return GpuIdentity.from_data(found).merged(from_labels)
     return from_labels
 
 
@@ -206,9 +209,9 @@ class GpuEnricher:
             )
         sources = ["alert labels"]
         lines: list[str] = []
-        prometheus = await request.section("prometheus")
-        if prometheus is not None and prometheus.status == "ok":
-            joined = from_inventory(identity, prometheus.data.get("gpus") or [])
+        inventory = evidence_of(await request.section("prometheus"), PrometheusEvidence)
+        if inventory is not None:
+            joined = from_inventory(identity, inventory.gpus)
             if joined is not None:
                 identity = joined
                 sources.append("dcgm-exporter inventory")
@@ -221,7 +224,7 @@ class GpuEnricher:
                 sources.append("kernel log")
         if identity.serial:
             lines.append(f"Board serial {identity.serial} (from the kernel log; quote it in an RMA)")
-        data: dict[str, Any] = {**identity.to_data(), "sources": sources}
+        data = GpuEvidence(**identity.to_data().model_dump(), sources=sources)
         return EnrichmentSection(name=self.name, title=self.title, status="ok", lines=lines, data=data)
 
     async def close(self) -> None:

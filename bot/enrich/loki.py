@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field, ValidationError
 from bot.config import LokiConfig
 from bot.enrich.base import EnrichmentRequest
 from bot.enrich.queryapi import Deadline, QueryError, bearer_auth, body_text, send
-from bot.evidence import EnrichmentSection
+from bot.evidence import EnrichmentSection, LokiEvidence
 from bot.models import host_from_labels
 from bot.querytemplate import TemplateError, fill_query, quoted
 
@@ -225,15 +225,14 @@ class LokiEnricher:
             status="ok",
             summary=self._summary(host, start, end, len(entries), len(shown), truncated),
             lines=[f"{from_ns(ns):%H:%M:%S.%f}"[:-3] + f" {_cut(line)}" for ns, line in shown],
-            data={
-                "host": host,
-                "query": query,
-                "start": start.astimezone(UTC).isoformat(),
-                "end": end.astimezone(UTC).isoformat(),
-                "entries": [[from_ns(ns).isoformat(), line] for ns, line in entries],
-                "truncated": truncated,
-                "render": "code",
-            },
+            data=LokiEvidence(
+                host=host,
+                query=query,
+                start=start.astimezone(UTC).isoformat(),
+                end=end.astimezone(UTC).isoformat(),
+                entries=[(from_ns(ns).isoformat(), line) for ns, line in entries],
+                truncated=truncated,
+            ),
         )
 
     def _summary(self, host: str, start: datetime, end: datetime, found: int, shown: int, truncated: bool) -> str:

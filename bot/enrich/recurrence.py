@@ -16,14 +16,14 @@ enricher judged a stale gauge (no kernel line in the window) is not recorded at 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from bot.enrich.base import EnrichmentRequest
 from bot.enrich.gpu import GpuIdentity, resolve_identity
-from bot.evidence import EnrichmentSection
+from bot.evidence import DecodedXidRecord, EnrichmentSection, RecurrenceEvidence, XidEvidence, evidence_of
 from bot.models import AlertState, GpuEvent
 from bot.nvrm import PciAddress
 from bot.selftest.marking import is_selftest
@@ -85,9 +85,8 @@ class RecurrenceEnricher:
         if is_selftest(alert.labels):
             return EnrichmentSection.skipped(self.name, self.title, "a self-test alert is no GPU incident")
         identity = await resolve_identity(request)
-        xid = await request.section("xid")
-        xid_data = xid.data if xid is not None and xid.status == "ok" else {}
-        records = _records(alert, identity, xid_data.get("events") or [], _label_xid(xid_data))
+        xid = evidence_of(await request.section("xid"), XidEvidence)
+        records = _records(alert, identity, xid.events if xid is not None else [], _label_xid(xid))
         if records:
             await self._store.record_gpu_events(records)
         targets = _targets(identity, records)
@@ -95,13 +94,13 @@ class RecurrenceEnricher:
             return EnrichmentSection.skipped(self.name, self.title, "no GPU named by the alert or its Xid lines")
         since = alert.starts_at - timedelta(seconds=self._window)
         now = max([datetime.now(UTC), alert.starts_at, *(r.at for r in records)])
-        alert_xid = xid_data.get("alert_xid")
+        alert_xid = xid.alert_xid if xid is not None else None
         summaries = []
         for target in targets:
             history = await self._history(target, since)
             own = [r for r in records if r.kind == "xid" and target.same_gpu(_identity_of(r))]
             codes = {code for r in own if (code := parse_xid_code(r.code)) is not None and code not in FOLLOWER_XIDS}
-            if isinstance(alert_xid, int) and target.same_gpu(identity):
+            if alert_xid is not None and target.same_gpu(identity):
                 codes.add(alert_xid)
             summaries.append(self._summarise(target, alert, history, codes, own, now))
         return self._section(summaries, len(records))
@@ -149,14 +148,14 @@ class RecurrenceEnricher:
             status="ok",
             summary=summary,
             lines=lines,
-            data={
-                "window": window,
-                "window_seconds": self._window,
-                "gpus": [s.to_dict() for s in summaries],
-                "verdicts": [v.to_dict() for v in verdicts],
-                "escalate": bool(verdicts),
-                "recorded": recorded,
-            },
+            data=RecurrenceEvidence(
+                window=window,
+                window_seconds=self._window,
+                gpus=[s.to_dict() for s in summaries],
+                verdicts=[v.to_dict() for v in verdicts],
+                escalate=bool(verdicts),
+                recorded=recorded,
+            ),
         )
 
     async def close(self) -> None:
@@ -188,7 +187,7 @@ class _GpuSummary:
     def to_dict(self) -> dict[str, Any]:
         return {
             "gpu_key": self.identity.gpu_key,
-            **self.identity.to_data(),
+            **self.identity.to_data().model_dump(),
             "xids": {str(code): count for code, count in self.xids.items()},
             "alert": {"name": self.alertname, "count": self.alert_count},
             "verdicts": [v.to_dict() for v in self.verdicts],
@@ -211,19 +210,18 @@ def _gpu_name(identity: GpuIdentity) -> str:
     return identity.uuid or identity.pci_bus_id or (f"index {identity.index}" if identity.index else "?")
 
 
-def _label_xid(xid_data: Mapping[str, Any]) -> int | None:
+def _label_xid(xid: XidEvidence | None) -> int | None:
     """The Xid the alert's own label reports, unless the Xid enricher found it a stale gauge (then it is an old
     Xid, recorded when it was new). A code read from the gauge's value is left out: it is read when the bot
     enriches, not when the alert started, and an alert on a gauge without the label (DCGMXidGaugeStuck on an
     older dcgm-exporter) starts an hour after the Xid, too late to be matched with it."""
-    xid = xid_data.get("alert_xid")
-    if not isinstance(xid, int) or not xid_data.get("alert_xid_label") or xid_data.get("stale_gauge") is True:
+    if xid is None or xid.alert_xid is None or not xid.alert_xid_label or xid.stale_gauge is True:
         return None
-    return xid
+    return xid.alert_xid
 
 
 def _records(
-    alert: AlertState, identity: GpuIdentity, events: Sequence[Mapping[str, Any]], label_xid: int | None
+    alert: AlertState, identity: GpuIdentity, events: Sequence[DecodedXidRecord], label_xid: int | None
 ) -> list[GpuEvent]:
     records = []
     for event in events:
@@ -251,13 +249,12 @@ def _alert_record(alert: AlertState, identity: GpuIdentity, kind: Literal["xid",
     )
 
 
-def _xid_record(alert: AlertState, identity: GpuIdentity, event: Mapping[str, Any]) -> GpuEvent | None:
+def _xid_record(alert: AlertState, identity: GpuIdentity, event: DecodedXidRecord) -> GpuEvent | None:
     """One kernel Xid as a store record, under its own GPU (a bus drop naming no GPU is not recorded)."""
-    xid = event.get("xid")
-    pci = PciAddress.parse(str(event.get("pci_bus_id") or ""))
-    if not isinstance(xid, int) or pci is None:
+    pci = PciAddress.parse(event.pci_bus_id or "")
+    if pci is None:
         return None
-    own = GpuIdentity(host=identity.host, uuid=event.get("uuid") or None, pci=pci)
+    own = GpuIdentity(host=identity.host, uuid=event.uuid or None, pci=pci)
     gpu = identity.merged(own) if identity.same_gpu(own) else own
     return GpuEvent(
         gpu_key=gpu.gpu_key,
@@ -265,14 +262,14 @@ def _xid_record(alert: AlertState, identity: GpuIdentity, event: Mapping[str, An
         pci_bus_id=pci.bus_id,
         uuid=gpu.uuid or "",
         kind="xid",
-        code=xid_code(xid, nonfatal=event.get("basis") == "nonfatal"),
-        at=_time(event.get("timestamp")) or alert.starts_at,
+        code=xid_code(event.xid, nonfatal=event.basis == "nonfatal"),
+        at=_time(event.timestamp) or alert.starts_at,
         alert_key="",
     )
 
 
-def _time(value: Any) -> datetime | None:
-    if not isinstance(value, str):
+def _time(value: str | None) -> datetime | None:
+    if value is None:
         return None
     try:
         parsed = datetime.fromisoformat(value)

@@ -11,10 +11,9 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from typing import Any
 
 from bot.enrich.base import EnrichmentRequest
-from bot.evidence import EnrichmentSection
+from bot.evidence import Enrichment, EnrichmentSection, RelatedAlertFound, RelatedEvidence
 from bot.message import format_duration
 from bot.models import AlertState, host_from_labels
 from bot.store.base import Store
@@ -78,7 +77,7 @@ class RelatedAlertsEnricher:
             status="ok",
             summary=f"{len(found)} related alert(s) on this host" if found else "",
             lines=[_describe(alert, other) for other in found],
-            data={"alerts": [_summary(alert, other) for other in found], "root": root},
+            data=RelatedEvidence(alerts=[_summary(alert, other) for other in found], root=root),
         )
 
     @staticmethod
@@ -104,24 +103,23 @@ def _root(alert: AlertState, found: Sequence[AlertState]) -> str | None:
 
 
 def _stored_root(alert: AlertState) -> str | None:
-    for section in (alert.enrichment or {}).get("sections", []):
-        if section.get("name") == RelatedAlertsEnricher.name and section.get("status") == "ok":
-            root = section.get("data", {}).get("root")
-            return root if isinstance(root, str) and root else None
-    return None
+    if alert.enrichment is None:
+        return None
+    related = Enrichment.model_validate(alert.enrichment).evidence(RelatedEvidence)
+    return related.root if related is not None and related.root else None
 
 
-def _summary(alert: AlertState, other: AlertState) -> dict[str, Any]:
-    return {
-        "key": other.key,
-        "alertname": other.alertname,
-        "host": host_from_labels(other.labels),
-        "status": other.status,
-        "severity": other.severity,
-        "starts_at": other.starts_at.isoformat(),
-        "offset_seconds": (other.starts_at - alert.starts_at).total_seconds(),
-        "summary": other.annotations.get("summary", ""),
-    }
+def _summary(alert: AlertState, other: AlertState) -> RelatedAlertFound:
+    return RelatedAlertFound(
+        key=other.key,
+        alertname=other.alertname,
+        host=host_from_labels(other.labels),
+        status=other.status,
+        severity=other.severity,
+        starts_at=other.starts_at.isoformat(),
+        offset_seconds=(other.starts_at - alert.starts_at).total_seconds(),
+        summary=other.annotations.get("summary", ""),
+    )
 
 
 def _describe(alert: AlertState, other: AlertState) -> str:

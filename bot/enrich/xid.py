@@ -16,10 +16,20 @@ from typing import Any
 
 from bot.enrich.base import EnrichmentRequest
 from bot.enrich.gpu import GpuIdentity, from_kernel, kernel_report, resolve_identity
-from bot.evidence import EnrichmentSection
+from bot.evidence import (
+    DecodedXidRecord,
+    EnrichmentSection,
+    LokiEvidence,
+    PrometheusEvidence,
+    PrometheusSeries,
+    Verdict,
+    XidEvidence,
+    XidWorst,
+    evidence_of,
+)
 from bot.models import AlertState
 from bot.nvrm import XidEvent
-from bot.verdict import STALE_XID_GAUGE, XID_GAUGE_UNJUDGED, Verdict
+from bot.verdict import STALE_XID_GAUGE, XID_GAUGE_UNJUDGED
 from bot.xid_catalog import DecodedXid, XidCatalog, decode_events, severity_rank, worst
 
 XID_GAUGE = "DCGM_FI_DEV_XID_ERRORS"
@@ -54,7 +64,7 @@ class XidEnricher:
         alert = request.alert
         identity = await resolve_identity(request)
         loki = await request.section("loki")
-        prometheus = await request.section("prometheus")
+        prometheus = evidence_of(await request.section("prometheus"), PrometheusEvidence)
         report = kernel_report(loki)
         if report is not None:
             identity, _ = from_kernel(identity, report)
@@ -74,23 +84,23 @@ class XidEnricher:
             status="ok",
             summary=self._summary(mine, alert_xid, alert_xid_source, stale, have_log=report is not None),
             lines=self._lines(mine, alert_xid, identity, scope, loki, stale_note),
-            data={
-                "scope": scope,
-                "gpu": identity.to_data(),
-                "alert_xid": alert_xid,
-                "alert_xid_source": alert_xid_source,
-                "alert_xid_label": alert_xid_label,
-                "events": [item.to_dict() for item in kept],
-                "events_total": len(mine),
-                "catalog": self._catalog_entries({item.event.xid for item in mine} | _codes(alert_xid)),
-                "worst": _worst_data(mine),
-                "stale_gauge": stale,
-                "stale_reason": stale_note,
-                "verdict": _verdict(stale, stale_note, loki),
-                "kernel_log": _kernel_log_state(loki),
-                "gpus": {} if report is None else {pci.bus_id: uuid for pci, uuid in report.uuids.items()},
-                "truncated": bool(loki is not None and loki.status == "ok" and loki.data.get("truncated")),
-            },
+            data=XidEvidence(
+                scope=scope,
+                gpu=identity.to_data(),
+                alert_xid=alert_xid,
+                alert_xid_source=alert_xid_source,
+                alert_xid_label=alert_xid_label,
+                events=[DecodedXidRecord.model_validate(item.to_dict()) for item in kept],
+                events_total=len(mine),
+                catalog=self._catalog_entries({item.event.xid for item in mine} | _codes(alert_xid)),
+                worst=_worst_data(mine),
+                stale_gauge=stale,
+                stale_reason=stale_note,
+                verdict=_verdict(stale, stale_note, loki),
+                kernel_log=_kernel_log_state(loki),
+                gpus={} if report is None else {pci.bus_id: uuid for pci, uuid in report.uuids.items()},
+                truncated=_truncated(loki),
+            ),
         )
 
     def _summary(
@@ -163,7 +173,7 @@ def _on_gpu(event: XidEvent, identity: GpuIdentity) -> bool:
 
 
 def _alert_xid(
-    labels: Mapping[str, str], prometheus: EnrichmentSection | None
+    labels: Mapping[str, str], prometheus: PrometheusEvidence | None
 ) -> tuple[int | None, str | None, str | None]:
     """The Xid the alert is about, in words where it came from, and the label that gave it: dcgm-exporter's
     `err_code` (DCGM_FI_DEV_XID_ERRORS) or `xid` (DCGM_EXP_XID_ERRORS_COUNT) label, else the gauge's value
@@ -173,8 +183,8 @@ def _alert_xid(
         if value.isdigit() and int(value) > 0:
             return int(value), f"the alert's {label} label", label
     series = _gauge_series(prometheus)
-    current = None if series is None else series.get("current")
-    if isinstance(current, int | float) and current > 0 and float(current).is_integer():
+    current = None if series is None else series.current
+    if current is not None and current > 0 and current.is_integer():
         return int(current), f"the {XID_GAUGE} value", None
     return None, None, None
 
@@ -183,29 +193,27 @@ def _codes(xid: int | None) -> set[int]:
     return set() if xid is None else {xid}
 
 
-def _about_xid(alert: AlertState, prometheus: EnrichmentSection | None) -> bool:
-    expr = prometheus.data.get("expr") if prometheus is not None and prometheus.status == "ok" else None
-    return "XID" in alert.alertname.upper() or (isinstance(expr, str) and "XID" in expr.upper())
+def _about_xid(alert: AlertState, prometheus: PrometheusEvidence | None) -> bool:
+    expr = prometheus.expr if prometheus is not None else None
+    return "XID" in alert.alertname.upper() or (expr is not None and "XID" in expr.upper())
 
 
-def _gauge_series(prometheus: EnrichmentSection | None) -> Mapping[str, Any] | None:
+def _gauge_series(prometheus: PrometheusEvidence | None) -> PrometheusSeries | None:
     """The DCGM_FI_DEV_XID_ERRORS series: the playbook's `xid_gauge` query, or the alert's own history when
     its expression is that gauge itself (optionally compared to a number)."""
-    if prometheus is None or prometheus.status != "ok":
+    if prometheus is None:
         return None
-    related = prometheus.data.get("related") or {}
-    series = related.get(GAUGE_QUERY_NAME)
-    if isinstance(series, Mapping):
+    series = prometheus.related.get(GAUGE_QUERY_NAME)
+    if series is not None:
         return series
-    expr = prometheus.data.get("expr")
-    history = prometheus.data.get("history")
-    if isinstance(expr, str) and _PLAIN_GAUGE_EXPR.match(expr) and isinstance(history, Mapping):
+    expr, history = prometheus.expr, prometheus.history
+    if expr is not None and _PLAIN_GAUGE_EXPR.match(expr) and history is not None:
         return history
     return None
 
 
 def _stale_gauge(
-    prometheus: EnrichmentSection | None,
+    prometheus: PrometheusEvidence | None,
     loki: EnrichmentSection | None,
     mine: Sequence[DecodedXid],
     alert_start: datetime,
@@ -233,31 +241,35 @@ def _kernel_log_gap(loki: EnrichmentSection | None) -> str:
         return "not configured"
     if loki.status != "ok":
         return loki.reason or loki.status
-    return "Loki's answer was cut at its line limit" if loki.data.get("truncated") else ""
+    return "Loki's answer was cut at its line limit" if _truncated(loki) else ""
 
 
-def _verdict(stale: bool | None, stale_note: str, loki: EnrichmentSection | None) -> dict[str, str] | None:
+def _truncated(loki: EnrichmentSection | None) -> bool:
+    found = evidence_of(loki, LokiEvidence)
+    return found is not None and found.truncated
+
+
+def _verdict(stale: bool | None, stale_note: str, loki: EnrichmentSection | None) -> Verdict | None:
     """The stale-gauge judgement as a verdict: stale, or held but not judgeable (the note says why)."""
     if stale:
-        return Verdict(STALE_XID_GAUGE, STALE_GAUGE_HEADLINE, STALE_GAUGE_TEXT).to_data()
+        return Verdict(name=STALE_XID_GAUGE, headline=STALE_GAUGE_HEADLINE, line=STALE_GAUGE_TEXT)
     if stale is None and stale_note:
         gap = "kernel log cut at Loki's line limit" if loki is not None and loki.status == "ok" else "no kernel log"
         headline = f"Xid gauge unchanged since before the alert, stale or fresh cannot be told ({gap})"
-        return Verdict(XID_GAUGE_UNJUDGED, headline, stale_note).to_data()
+        return Verdict(name=XID_GAUGE_UNJUDGED, headline=headline, line=stale_note)
     return None
 
 
-def _held_since_before(series: Mapping[str, Any], alert_start: datetime) -> bool:
+def _held_since_before(series: PrometheusSeries, alert_start: datetime) -> bool:
     """The gauge shows one non-zero value, unchanged since well before the alert started.
 
     dcgm-exporter 3.3.6+ puts the code in an `err_code` label: a new Xid is a new series whose values never
     change, so "unchanged" alone would call every new Xid stale. A stale value was there before the alert.
     """
-    values = series.get("values") or []
-    current = series.get("current")
-    if len(values) < 2 or series.get("changes") != 0 or not isinstance(current, int | float) or current <= 0:
+    values, current = series.values, series.current
+    if len(values) < 2 or series.changes != 0 or current is None or current <= 0:
         return False
-    return float(values[0][0]) <= (alert_start - NEW_SERIES_MARGIN).timestamp()
+    return values[0][0] <= (alert_start - NEW_SERIES_MARGIN).timestamp()
 
 
 def _kernel_log_state(loki: EnrichmentSection | None) -> str:
@@ -276,11 +288,11 @@ def _most_severe(decoded: Sequence[DecodedXid], limit: int) -> list[DecodedXid]:
     return [decoded[i] for i in sorted(ranked)]
 
 
-def _worst_data(decoded: Sequence[DecodedXid]) -> dict[str, Any] | None:
+def _worst_data(decoded: Sequence[DecodedXid]) -> XidWorst | None:
     top = worst(decoded)
     if top is None:
         return None
-    return {"xid": top.event.xid, "title": top.entry.title, "severity": top.severity, "action": top.action}
+    return XidWorst(xid=top.event.xid, title=top.entry.title, severity=top.severity, action=top.action)
 
 
 def _detail_lines(details: Sequence[str]) -> list[str]:

@@ -7,16 +7,20 @@ evidence without loading the enrichers, their HTTP clients or the store.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from bot.evidence.outputs import SECTION_MODELS, SectionData
 
 SectionStatus = Literal["ok", "unavailable", "skipped"]
+Found = TypeVar("Found", bound=SectionData)
 
 
 class EnrichmentSection(BaseModel):
     """What one enricher found. `summary` is one line for compact sinks; `lines` are the detail shown under it;
-    `data` is structured (for judgements, PagerDuty custom_details and later enrichers)."""
+    `data` is the enricher's typed output (for judgements, PagerDuty custom_details and later enrichers); it
+    is read back from the store's JSON by the section's name."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -28,7 +32,27 @@ class EnrichmentSection(BaseModel):
     reason: str = ""
     summary: str = ""
     lines: list[str] = Field(default_factory=list)
-    data: dict[str, Any] = Field(default_factory=dict)
+    data: SectionData | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _data_model_of_the_section(cls, values: Any) -> Any:
+        """JSON data takes the model of the section's enricher; `{}` (a skipped or failed section) is no data."""
+        if not isinstance(values, dict) or not isinstance(values.get("data"), dict):
+            return values
+        raw = values["data"]
+        if not raw:
+            return {**values, "data": None}
+        model = SECTION_MODELS.get(str(values.get("name")))
+        if model is None:
+            raise ValueError(f"no evidence model for a section named {values.get('name')!r}")
+        return {**values, "data": model.model_validate(raw)}
+
+    @model_validator(mode="after")
+    def _data_of_this_section(self) -> EnrichmentSection:
+        if self.data is not None and self.data.section != self.name:
+            raise ValueError(f"the {self.name!r} section holds {self.data.section!r} evidence")
+        return self
 
     @classmethod
     def unavailable(cls, name: str, title: str, reason: str) -> EnrichmentSection:
@@ -47,9 +71,16 @@ class Enrichment(BaseModel):
     def get(self, name: str) -> EnrichmentSection | None:
         return next((s for s in self.sections if s.name == name), None)
 
-    def data(self, name: str) -> dict[str, Any]:
-        section = self.get(name)
-        return section.data if section is not None and section.status == "ok" else {}
+    def evidence(self, kind: type[Found]) -> Found | None:
+        """What the enricher of this kind found; None when it did not run, failed or skipped the alert."""
+        return evidence_of(self.get(kind.section), kind)
+
+
+def evidence_of(section: EnrichmentSection | None, kind: type[Found]) -> Found | None:
+    """A section's findings when it is ok and of this kind."""
+    if section is None or section.status != "ok" or not isinstance(section.data, kind):
+        return None
+    return section.data
 
 
 class RelatedAlertHint(Protocol):

@@ -7,15 +7,15 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, TypeGuard
+from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from bot.config import Duration
-from bot.evidence import Enrichment
+from bot.evidence import Enrichment, PrometheusEvidence, RelatedAlertFound, RelatedEvidence, Verdict
 from bot.models import AlertState
 from bot.playbooks.base import FileModel
-from bot.verdict import KNOWN_VERDICTS, Verdict, verdicts_of
+from bot.verdict import KNOWN_VERDICTS, verdicts_of
 
 
 @dataclass(frozen=True)
@@ -25,23 +25,20 @@ class Evidence:
 
     labels: Mapping[str, str]
     series: Mapping[str, float]
-    related: Sequence[Mapping[str, Any]]
+    related: Sequence[RelatedAlertFound]
     verdicts: Sequence[Verdict] = ()
 
     @classmethod
     def of(cls, alert: AlertState, enrichment: Enrichment) -> Evidence:
-        found = enrichment.data("prometheus").get("related") or {}
+        prometheus = enrichment.evidence(PrometheusEvidence)
+        found = prometheus.related if prometheus is not None else {}
         series = {
-            name: float(value["current"])
+            name: value.current
             for name, value in found.items()
-            if isinstance(value, dict) and _is_number(value.get("current"))
+            if value.current is not None and math.isfinite(value.current)
         }
-        related = [a for a in enrichment.data("related").get("alerts") or [] if isinstance(a, dict)]
-        return cls(alert.labels, series, related, verdicts_of(enrichment))
-
-
-def _is_number(value: Any) -> TypeGuard[float]:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        related = enrichment.evidence(RelatedEvidence)
+        return cls(alert.labels, series, related.alerts if related is not None else [], verdicts_of(enrichment))
 
 
 class SeriesCondition(FileModel):
@@ -112,11 +109,10 @@ class RelatedCondition(FileModel):
     def holds(self, evidence: Evidence) -> bool:
         return any(self._matches(found) for found in evidence.related)
 
-    def _matches(self, found: Mapping[str, Any]) -> bool:
-        raw = found.get("offset_seconds")
-        if found.get("alertname") != self.related or not _is_number(raw):
+    def _matches(self, found: RelatedAlertFound) -> bool:
+        offset = found.offset_seconds
+        if found.alertname != self.related or not math.isfinite(offset):
             return False
-        offset = float(raw)
         if self.within is not None and abs(offset) > self.within:
             return False
         if self.order == "before":

@@ -17,7 +17,7 @@ from bot.enrich.prometheus.client import AlertRule, PrometheusClient, RawSeries,
 from bot.enrich.prometheus.formatting import describe, series_summary
 from bot.enrich.prometheus.promql import ValueExpression, expression_from_generator_url, value_expression, value_meaning
 from bot.enrich.queryapi import Deadline, QueryError
-from bot.evidence import EnrichmentSection
+from bot.evidence import EnrichmentSection, PrometheusEvidence, PrometheusSeries, PrometheusWindow
 from bot.message import format_duration
 from bot.models import AlertState, host_from_labels
 from bot.querytemplate import TemplateError, fill_query, quoted, regex_literal
@@ -79,7 +79,7 @@ class _History:
     expr: str
     source: Literal["generatorURL", "rules"]
     graphed: ValueExpression
-    series: dict[str, Any] | None
+    series: PrometheusSeries | None
 
 
 class _Part:
@@ -214,26 +214,26 @@ class PrometheusEnricher:
     ) -> EnrichmentSection:
         found: _History | None = history.value
         series = found.series if found is not None else None
-        data: dict[str, Any] = {
-            "expr": found.expr if found else None,
-            "expr_source": found.source if found else None,
-            "graphed": found.graphed.query if found else None,
-            "comparison": found.graphed.comparison if found else None,
-            "window": {"start": window.start, "end": window.end, "step": window.step},
-            "history": series,
-            "value_meaning": value_meaning(found.graphed.query) if found else "",
-            "related": {name: part.value for name, part in related.items() if part.value is not None},
-            "unavailable": {name: _problem(part) for name, part in related.items() if part.value is None},
-            "gpus": gpus.value or [],
-        }
+        data = PrometheusEvidence(
+            expr=found.expr if found else None,
+            expr_source=found.source if found else None,
+            graphed=found.graphed.query if found else None,
+            comparison=found.graphed.comparison if found else None,
+            window=PrometheusWindow(start=window.start, end=window.end, step=window.step),
+            history=series,
+            value_meaning=value_meaning(found.graphed.query) if found else "",
+            related={name: part.value for name, part in related.items() if part.value is not None},
+            unavailable={name: _problem(part) for name, part in related.items() if part.value is None},
+            gpus=gpus.value or [],
+        )
         if series is not None:
             summary = describe(series, window.span)
-            if data["value_meaning"] is None:
-                summary = f"{data['graphed']}: {summary} · a function of a code, not a count"
-            elif data["value_meaning"]:
-                summary = f"{data['value_meaning']}: {summary}"
-            if data["comparison"]:
-                summary += f" · fires when {data['comparison']}"
+            if data.value_meaning is None:
+                summary = f"{data.graphed}: {summary} · a function of a code, not a count"
+            elif data.value_meaning:
+                summary = f"{data.value_meaning}: {summary}"
+            if data.comparison:
+                summary += f" · fires when {data.comparison}"
         else:
             summary = f"History unavailable: {_problem(history)}"
         lines = [

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any
 
 from bot.enrich.prometheus.client import RawSeries
+from bot.evidence import PrometheusSeries
 from bot.message import format_duration
 
 SPARK_BLOCKS = "▁▂▃▄▅▆▇█"
@@ -73,8 +73,8 @@ def sparkline(
 
 def series_summary(
     query: str, raw: RawSeries, start: float, end: float, step: float, pick: Callable[[list[float]], float] = max
-) -> dict[str, Any]:
-    """The `Series` shape of the enrichment contract. NaN and ±Inf samples are left out of `values` (they
+) -> PrometheusSeries:
+    """One series of the enrichment's evidence. NaN and ±Inf samples are left out of `values` (they
     cannot be stored as JSON numbers) but a non-finite latest sample shows as `current_text`. A series that
     stopped before `end` (the grid's last point, now) has no current value: its last one is history, and a
     judgement must not read it as the present."""
@@ -83,24 +83,24 @@ def series_summary(
     latest_at, latest = raw.samples[-1] if raw.samples else (end, None)
     stopped = latest_at < end - step / 2
     current_text = f"no data since {datetime.fromtimestamp(latest_at, UTC):%H:%M} UTC" if stopped else None
-    return {
-        "query": query,
-        "labels": {k: v for k, v in raw.labels.items() if k != "__name__"},
-        "values": [[ts, v] for ts, v in finite],
-        "current": latest if latest is not None and math.isfinite(latest) and not stopped else None,
-        "current_text": current_text or format_value(latest),
-        "min": min(values) if values else None,
-        "max": max(values) if values else None,
-        "changes": sum(1 for a, b in itertools.pairwise(values) if a != b),
-        "sparkline": fitted_sparkline(raw.samples, start, end, step, pick),
+    return PrometheusSeries(
+        query=query,
+        labels={k: v for k, v in raw.labels.items() if k != "__name__"},
+        values=finite,
+        current=latest if latest is not None and math.isfinite(latest) and not stopped else None,
+        current_text=current_text or format_value(latest),
+        min=min(values) if values else None,
+        max=max(values) if values else None,
+        changes=sum(1 for a, b in itertools.pairwise(values) if a != b),
+        sparkline=fitted_sparkline(raw.samples, start, end, step, pick),
         # How much of the window the data covers: a series that began a minute ago has a minute's min and max.
-        "covered_seconds": round(end - max(start, finite[0][0])) if finite else None,
-    }
+        covered_seconds=round(end - max(start, finite[0][0])) if finite else None,
+    )
 
 
-def describe(series: Mapping[str, Any], span: str) -> str:
+def describe(series: PrometheusSeries, span: str) -> str:
     """`current 91 (min 62, max 93 over 30 min) ▁▂▃▅▇█`; the span is the part of the window with data."""
-    text = f"current {series['current_text']} (min {format_value(series['min'])}, max {format_value(series['max'])}"
-    covered = series.get("covered_seconds")
-    text += f" over {format_duration(covered) if isinstance(covered, int | float) else span})"
-    return f"{text} {series['sparkline']}" if series["sparkline"] else text
+    text = f"current {series.current_text} (min {format_value(series.min)}, max {format_value(series.max)}"
+    covered = series.covered_seconds
+    text += f" over {format_duration(covered) if covered is not None else span})"
+    return f"{text} {series.sparkline}" if series.sparkline else text
