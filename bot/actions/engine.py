@@ -324,10 +324,7 @@ class Remediation:
                 return  # another worker took it
             result = await self._run_executor(running)
         state = DONE if result.ok else FAILED
-        finished = await self._store.transition_action_run(
-            run.id, RUNNING, state, self._clock.now(), detail=result.summary
-        )
-        await self._audit.step(run.requested_by, "run", run, state, result.summary)
+        finished = await self._move_and_audit(run, RUNNING, state, result.summary, run.requested_by, "run")
         await self._talk.announce(
             running, f"{run.action} on {run.target} {state} (run #{run.id}):{output_block(result)}"
         )
@@ -340,6 +337,15 @@ class Remediation:
         if refused is not None:
             await self._audit.step(run.requested_by, "run", run, "refused", reason)
             await self._talk.announce(refused, f"{run.action} on {run.target} not run (run #{run.id}): {reason}")
+
+    async def _move_and_audit(
+        self, run: ActionRun, expected: str, state: str, detail: str, actor: str, verb: str
+    ) -> ActionRun | None:
+        """Move the run from `expected` to `state` and audit the step, even when another worker moved it first
+        (None then)."""
+        moved = await self._store.transition_action_run(run.id, expected, state, self._clock.now(), detail=detail)
+        await self._audit.step(actor, verb, run, state, detail)
+        return moved
 
     async def _run_executor(self, run: ActionRun) -> ExecResult:
         executor = self._executors.get(run.target, {}).get(run.action)
@@ -361,8 +367,7 @@ class Remediation:
             log.warning("verification failed", extra={"run": run.id, "error": str(exc)})
             helped, seen = False, f"could not check: {type(exc).__name__}: {exc}"
         state = VERIFIED if helped else ESCALATED
-        moved = await self._store.transition_action_run(run.id, DONE, state, self._clock.now(), detail=seen)
-        await self._audit.step(AUTOMATIC_ACTOR, "verify", run, state, seen)
+        moved = await self._move_and_audit(run, DONE, state, seen, AUTOMATIC_ACTOR, "verify")
         if moved is None:
             return
         if helped:
@@ -385,10 +390,7 @@ class Remediation:
                 self._spawn(self._execute(run))
             elif run.state == RUNNING:
                 detail = "interrupted by a restart of the bot; not repeated: check the host"
-                moved = await self._store.transition_action_run(
-                    run.id, RUNNING, FAILED, self._clock.now(), detail=detail
-                )
-                await self._audit.step(AUTOMATIC_ACTOR, "run", run, "failed", detail)
+                moved = await self._move_and_audit(run, RUNNING, FAILED, detail, AUTOMATIC_ACTOR, "run")
                 if moved is not None:
                     await self._talk.announce(moved, f"{run.action} on {run.target} (run #{run.id}): {detail}")
             else:
