@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import Any, NoReturn, Protocol
 
 from bot.actions.breaker import CircuitBreaker
+from bot.actions.conversation import Announcer, ApprovalWatcher, RunConversation
 from bot.actions.executor import ExecResult, Executor, ExecutorError
 from bot.actions.rails import ExecutionRails
 from bot.actions.registry import ACTIONS
@@ -47,12 +48,6 @@ from bot.store.base import ActionRun, BreakerState, Store
 log = logging.getLogger(__name__)
 
 
-class Announcer(Protocol):
-    async def announce(self, alert_key: str, text: str) -> None:
-        """Say something in the alert's conversation (a thread reply in Slack)."""
-        ...
-
-
 class Authorizer(Protocol):
     """Asynchronous: Slack roles may need the members of a user group, read from Slack."""
 
@@ -73,8 +68,6 @@ AlertFinder = Callable[[str], Awaitable[AlertState | None]]
 Verifiers = Mapping[str, Verification]
 # What people should do about an alert when the action did not help.
 NextStep = Callable[[AlertState], str]
-# Told of a run waiting for approval, then of each decision on it (approved, refused, expired).
-ApprovalWatcher = Callable[[ActionRun], Awaitable[None]]
 
 
 class Remediation:
@@ -96,7 +89,7 @@ class Remediation:
         self._store = store
         self._config = config
         self._executors = executors
-        self._announcer = announcer
+        self._talk = RunConversation(announcer)
         self._authorizer = authorizer
         self._find_alert = find_alert
         self._verifiers = verifiers or {}
@@ -108,18 +101,10 @@ class Remediation:
             metrics.init_remediation(self.executable_actions())
         self._rails = ExecutionRails(store, config.max_concurrent, self.policy, clock)
         self._tasks: set[asyncio.Task[None]] = set()
-        self._approval_watchers: list[ApprovalWatcher] = []
 
     def watch_approvals(self, watcher: ApprovalWatcher) -> None:
         """`watcher` is told when a run starts waiting for approval and after each decision on it."""
-        self._approval_watchers.append(watcher)
-
-    async def _tell_watchers(self, run: ActionRun) -> None:
-        for watcher in self._approval_watchers:
-            try:
-                await watcher(run)
-            except Exception:  # the run and the commands do not depend on the approval message
-                log.exception("approval watcher failed", extra={"run": run.id})
+        self._talk.watch_approvals(watcher)
 
     # --- what can run -------------------------------------------------------------------------------
     def executable_actions(self) -> set[str]:
@@ -162,15 +147,15 @@ class Remediation:
         await self._audit.step(actor, "run", run, "requested", f"run #{run.id}")
         if needs_approval:
             ttl = duration_text(self._config.approval_ttl)
-            await self._announce(
+            await self._talk.announce(
                 run,
                 f"{actor} asks to {action} on {target.host} (run #{run.id}): waiting for "
                 f"approval (`approve {run.id}`), expires in {ttl}",
             )
-            await self._tell_watchers(run)
+            await self._talk.approval_changed(run)
             return run
         who = "automatic policy" if automatic else actor
-        await self._announce(run, f"{who}: {action} on {target.host} (run #{run.id})")
+        await self._talk.announce(run, f"{who}: {action} on {target.host} (run #{run.id})")
         self._spawn(self._execute(run))
         return run
 
@@ -192,7 +177,7 @@ class Remediation:
     ) -> NoReturn:
         await self._audit.record(actor, f"run {action}", target, "refused", reason)
         if alert is not None:
-            await self._say(alert.key, f"{action} refused ({actor}): {reason}")
+            await self._talk.say(alert.key, f"{action} refused ({actor}): {reason}")
         raise ActionRefused(reason)
 
     async def _dry_run(
@@ -200,7 +185,7 @@ class Remediation:
     ) -> ActionRun:
         run = await self._add_run(action, alert, target, actor, automatic, DRY_RUN, detail=f"would run: {what}")
         await self._audit.step(actor, "run", run, "dry-run", f"would run: {what}")
-        await self._announce(run, f"Dry run of {action} (run #{run.id}, {actor}): would run {what}")
+        await self._talk.announce(run, f"Dry run of {action} (run #{run.id}, {actor}): would run {what}")
         return run
 
     async def _add_run(
@@ -253,11 +238,13 @@ class Remediation:
             f"run #{run.id}, approval {len(approvals)} of {needed}",
         )
         if state == REQUESTED:
-            await self._announce(moved, f"{actor} approved run #{run.id} ({run.action}); a second approver is needed")
-            await self._tell_watchers(moved)
+            await self._talk.announce(
+                moved, f"{actor} approved run #{run.id} ({run.action}); a second approver is needed"
+            )
+            await self._talk.approval_changed(moved)
             return moved
-        await self._announce(moved, f"{actor} approved run #{run.id}: {run.action} on {run.target}")
-        await self._tell_watchers(moved)
+        await self._talk.announce(moved, f"{actor} approved run #{run.id}: {run.action} on {run.target}")
+        await self._talk.approval_changed(moved)
         self._spawn(self._execute(moved))
         return moved
 
@@ -267,8 +254,8 @@ class Remediation:
             await self._refuse_decision(run, actor, "refuse", f"{actor} may not decide on {run.action}")
         moved = await self._decide(run, REFUSED, detail=f"refused by {actor}")
         await self._audit.step(actor, "refuse", run, "refused", f"run #{run.id}")
-        await self._announce(moved, f"{actor} refused run #{run.id} ({run.action} on {run.target})")
-        await self._tell_watchers(moved)
+        await self._talk.announce(moved, f"{actor} refused run #{run.id} ({run.action} on {run.target})")
+        await self._talk.approval_changed(moved)
         return moved
 
     async def _decide(
@@ -303,8 +290,8 @@ class Remediation:
             run.id, REQUESTED, EXPIRED, self._clock.now(), detail="approval expired"
         )
         if expired is not None:
-            await self._announce(expired, f"Run #{run.id} ({run.action}) expired before it was approved")
-            await self._tell_watchers(expired)
+            await self._talk.announce(expired, f"Run #{run.id} ({run.action}) expired before it was approved")
+            await self._talk.approval_changed(expired)
 
     async def expire_stale(self) -> None:
         """Requests nobody approved within approval_ttl expire (and say so in their thread)."""
@@ -322,7 +309,7 @@ class Remediation:
 
     async def _refuse_decision(self, run: ActionRun, actor: str, verb: str, reason: str) -> NoReturn:
         await self._audit.step(actor, verb, run, "refused", reason)
-        await self._announce(run, f"{verb} refused: {reason}")
+        await self._talk.announce(run, f"{verb} refused: {reason}")
         raise ActionRefused(reason)
 
     # --- execution ----------------------------------------------------------------------------------
@@ -337,11 +324,10 @@ class Remediation:
                 return  # another worker took it
             result = await self._run_executor(running)
         state = DONE if result.ok else FAILED
-        finished = await self._store.transition_action_run(
-            run.id, RUNNING, state, self._clock.now(), detail=result.summary
+        finished = await self._move_and_audit(run, RUNNING, state, result.summary, run.requested_by, "run")
+        await self._talk.announce(
+            running, f"{run.action} on {run.target} {state} (run #{run.id}):{output_block(result)}"
         )
-        await self._audit.step(run.requested_by, "run", run, state, result.summary)
-        await self._announce(running, f"{run.action} on {run.target} {state} (run #{run.id}):{output_block(result)}")
         alert = await self._store.get_alert(run.alert_key)
         if finished is not None and result.ok and alert is not None:
             await self._verify(finished, alert)
@@ -350,7 +336,16 @@ class Remediation:
         refused = await self._store.transition_action_run(run.id, APPROVED, REFUSED, self._clock.now(), detail=reason)
         if refused is not None:
             await self._audit.step(run.requested_by, "run", run, "refused", reason)
-            await self._announce(refused, f"{run.action} on {run.target} not run (run #{run.id}): {reason}")
+            await self._talk.announce(refused, f"{run.action} on {run.target} not run (run #{run.id}): {reason}")
+
+    async def _move_and_audit(
+        self, run: ActionRun, expected: str, state: str, detail: str, actor: str, verb: str
+    ) -> ActionRun | None:
+        """Move the run from `expected` to `state` and audit the step, even when another worker moved it first
+        (None then)."""
+        moved = await self._store.transition_action_run(run.id, expected, state, self._clock.now(), detail=detail)
+        await self._audit.step(actor, verb, run, state, detail)
+        return moved
 
     async def _run_executor(self, run: ActionRun) -> ExecResult:
         executor = self._executors.get(run.target, {}).get(run.action)
@@ -372,14 +367,13 @@ class Remediation:
             log.warning("verification failed", extra={"run": run.id, "error": str(exc)})
             helped, seen = False, f"could not check: {type(exc).__name__}: {exc}"
         state = VERIFIED if helped else ESCALATED
-        moved = await self._store.transition_action_run(run.id, DONE, state, self._clock.now(), detail=seen)
-        await self._audit.step(AUTOMATIC_ACTOR, "verify", run, state, seen)
+        moved = await self._move_and_audit(run, DONE, state, seen, AUTOMATIC_ACTOR, "verify")
         if moved is None:
             return
         if helped:
-            await self._announce(moved, f"Verified: {run.action} on {run.target} helped (run #{run.id}): {seen}")
+            await self._talk.announce(moved, f"Verified: {run.action} on {run.target} helped (run #{run.id}): {seen}")
         else:
-            await self._announce(
+            await self._talk.announce(
                 moved,
                 f"{run.action} on {run.target} did not help (run #{run.id}): {seen}. "
                 f"Next step: {self._next_step(alert) or 'follow the playbook'}",
@@ -396,12 +390,9 @@ class Remediation:
                 self._spawn(self._execute(run))
             elif run.state == RUNNING:
                 detail = "interrupted by a restart of the bot; not repeated: check the host"
-                moved = await self._store.transition_action_run(
-                    run.id, RUNNING, FAILED, self._clock.now(), detail=detail
-                )
-                await self._audit.step(AUTOMATIC_ACTOR, "run", run, "failed", detail)
+                moved = await self._move_and_audit(run, RUNNING, FAILED, detail, AUTOMATIC_ACTOR, "run")
                 if moved is not None:
-                    await self._announce(moved, f"{run.action} on {run.target} (run #{run.id}): {detail}")
+                    await self._talk.announce(moved, f"{run.action} on {run.target} (run #{run.id}): {detail}")
             else:
                 alert = await self._store.get_alert(run.alert_key)
                 if alert is not None:
@@ -421,12 +412,3 @@ class Remediation:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    async def _announce(self, run: ActionRun, text: str) -> None:
-        await self._say(run.alert_key, text)
-
-    async def _say(self, alert_key: str, text: str) -> None:
-        try:
-            await self._announcer.announce(alert_key, text)
-        except Exception:  # the audit log has it; a thread message must not stop the action
-            log.exception("could not announce a remediation step", extra={"alert_key": alert_key})

@@ -18,9 +18,7 @@ from pydantic import (
     model_validator,
 )
 
-_LISTEN = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[^:\s]+):(?P<port>\d{1,5})$")
-
-
+HOST_PORT = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[^:\s]+):(?P<port>\d{1,5})$")
 LISTEN_EXAMPLE = "127.0.0.1:9095 or 0.0.0.0:9095"
 
 
@@ -29,7 +27,7 @@ def host_port(value: Any, example: str, port_zero: bool = True) -> str:
     hint = f"expected HOST:PORT, for example {example}"
     if not isinstance(value, str):
         raise ValueError(f"{hint} (got {_yaml_kind(value)})")
-    match = _LISTEN.match(value)
+    match = HOST_PORT.match(value)
     if match is None or int(match.group("port")) > 65535 or (not port_zero and int(match.group("port")) == 0):
         raise ValueError(hint)
     return value
@@ -71,7 +69,8 @@ def _yaml_kind(value: Any) -> str:
     return next((kind for type_, kind in kinds if isinstance(value, type_)), type(value).__name__)
 
 
-def _resolve_path(value: Path, info: ValidationInfo) -> Path:
+def resolve_path(value: Path, info: ValidationInfo) -> Path:
+    """`value` relative to the configuration file's directory (the validation context's `base_dir`)."""
     base = (info.context or {}).get("base_dir")
     path = value.expanduser()
     if not path.is_absolute() and base is not None:
@@ -80,7 +79,7 @@ def _resolve_path(value: Path, info: ValidationInfo) -> Path:
     return Path(os.path.normpath(path))
 
 
-ConfigPath = Annotated[Path, AfterValidator(_resolve_path)]
+ConfigPath = Annotated[Path, AfterValidator(resolve_path)]
 
 
 class StrictModel(BaseModel):

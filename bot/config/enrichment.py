@@ -13,8 +13,6 @@ from bot.datafile import bundled_playbooks
 from bot.models import DEFAULT_HOST_LABELS
 
 BUNDLED_PLAYBOOKS = bundled_playbooks()
-
-
 _DOUBLE_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
 
 

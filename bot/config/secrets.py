@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 from pydantic import PlainSerializer, PlainValidator, ValidationInfo
 
-from bot.config.base import _resolve_path
+from bot.config.base import resolve_path
 
 log = logging.getLogger("bot.config")
 
@@ -85,7 +85,7 @@ def _load_secret(value: Any, info: ValidationInfo) -> Secret:
         return value
     if not isinstance(value, str | Path) or not str(value).strip():
         raise ValueError("expected the path of a file holding the secret")
-    return Secret.read(_resolve_path(Path(value), info))
+    return Secret.read(resolve_path(Path(value), info))
 
 
 SecretFile = Annotated[Secret, PlainValidator(_load_secret), PlainSerializer(lambda s: str(s.path))]

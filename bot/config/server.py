@@ -6,7 +6,7 @@ from typing import Annotated
 
 from pydantic import Field, PlainValidator
 
-from bot.config.base import _LISTEN, StrictModel, listen_address
+from bot.config.base import HOST_PORT, StrictModel, listen_address
 from bot.config.duration import Duration
 from bot.config.secrets import SecretFile
 
@@ -39,12 +39,12 @@ class ServerConfig(StrictModel):
 
     @property
     def host(self) -> str:
-        match = _LISTEN.match(self.listen)
+        match = HOST_PORT.match(self.listen)
         assert match is not None
         return match.group("host").strip("[]")
 
     @property
     def port(self) -> int:
-        match = _LISTEN.match(self.listen)
+        match = HOST_PORT.match(self.listen)
         assert match is not None
         return int(match.group("port"))

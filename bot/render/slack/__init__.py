@@ -22,7 +22,6 @@ from bot.render.slack.alert import (
     RelatedNote,
     fallback_text,
     message_colour,
-    shrink_for_slack,
     slack_payload,
 )
 from bot.render.slack.blockkit import (
@@ -67,6 +66,7 @@ from bot.render.slack.notes import (
     repeat_note,
     resolved_note,
 )
+from bot.render.slack.shrink import shrink_for_slack
 from bot.render.slack.storm import (
     STORM_BATCH_LINES,
     StormSummary,

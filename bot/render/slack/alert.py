@@ -385,26 +385,3 @@ def _code_text(title: str, lines: Sequence[str], room: int) -> str:
     note = f"_{dropped} earlier line{'s' if dropped > 1 else ''} not shown_\n" if dropped else ""
     body = "\n".join(kept) or " "
     return clip(f"{title}{note}{fence}\n{body}\n{fence}", room)
-
-
-def shrink_for_slack(message: Message) -> Message:
-    """The message without what Slack rendering can never show (details, section text past the total budget):
-    small enough to keep in the sink's state to re-render the message later with the same content."""
-    sections = [
-        Section(title=s.title, kind=s.kind, lines=_within(s.lines, MAX_TOTAL_TEXT, tail=s.kind == "code"))
-        for s in message.sections
-    ]
-    return message.model_copy(update={"details": {}, "sections": sections})
-
-
-def _within(lines: Sequence[str], limit: int, *, tail: bool) -> list[str]:
-    if tail:
-        return clip_tail(lines, limit)[0] if lines else []
-    kept: list[str] = []
-    used = 0
-    for line in lines:
-        if used > limit:
-            break
-        kept.append(line[: limit + 1])
-        used += len(line) + 1
-    return kept
