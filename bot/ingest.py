@@ -215,6 +215,7 @@ class WebhookHandler:
             receiver=payload.receiver_name,
             body=body,
             alert_count=len(payload.alerts),
+            payload=payload,
         )
         try:
             async with asyncio.timeout(self._config.ingest_timeout):

@@ -122,7 +122,7 @@ async def test_a_permanent_failure_is_recorded_and_not_retried(tmp_path: Path) -
 
 async def test_a_delivery_still_failing_after_give_up_after_is_given_up(tmp_path: Path) -> None:
     sink = ScriptedSink("slack", lambda _d, _n: DeliveryResult.retry_later("http_503", "down"))
-    config = OutboxConfig(initial_backoff=0.01, max_backoff=0.02, give_up_after=0.2, attempt_timeout=1)
+    config = OutboxConfig(initial_backoff=0.01, max_backoff=0.02, give_up_after=1, attempt_timeout=1)
     async with sqlite_store(tmp_path) as store:
         await ingest_and_dedup(store, webhook(gpu_alerts(1)))
         await route_all(store, ["slack"])
@@ -246,7 +246,7 @@ async def test_pending_deliveries_resume_after_a_restart(tmp_path: Path) -> None
         await ingest_and_dedup(store, webhook(gpu_alerts(3)))
         await route_all(store, ["slack"])
         async with running_outbox(store, [first]):
-            await eventually(lambda: first.attempts)
+            await eventually(lambda: query(store, "SELECT MAX(attempts) FROM deliveries") == [(1,)])
     second = ScriptedSink("slack")
     async with sqlite_store(tmp_path) as store, running_outbox(store, [second]):
         await eventually(lambda: len(second.delivered) == 3)

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from bot.dedup import plan_events
-from bot.models import EventKind, GpuEvent, NewDelivery, short_id
+from bot.models import AmAlert, EventKind, GpuEvent, NewDelivery, WebhookPayload, short_id
+from bot.store import core
 from bot.store.base import StoreUnavailable, UnknownAlert, WatchdogRecord
 from bot.store.sqlite import SqliteStore, StoreInUse
 from tests.support.clock import FakeClock
@@ -49,6 +50,27 @@ async def test_concurrent_ingests_share_commits_and_copies_in_one_batch_are_caug
         ids = [r.notification_id for r in results if not r.duplicate]
         assert len(set(ids)) == 200
         assert (await store.stats()).notifications_pending == 200
+
+
+async def test_dedup_reuses_the_payload_ingest_validated_and_parses_only_bodies_stored_by_another_process(
+    opened: Opener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parsed: list[bytes] = []
+    parse = core.read_notification
+
+    def counted(body: bytes) -> tuple[WebhookPayload, list[AmAlert]]:
+        parsed.append(body)
+        return parse(body)
+
+    monkeypatch.setattr(core, "read_notification", counted)
+    async with opened() as store:
+        await ingest_and_dedup(store, webhook(gpu_alerts(2), group_key="here"))
+        assert parsed == []  # validated by ingest in this process: not parsed again
+        await ingest(store, webhook(gpu_alerts(2, host="later"), group_key="later"))
+    async with opened() as store:  # a restart: what the earlier process stored is read from its body
+        assert await store.dedup_pending(plan_events, 10) == 1
+        assert len(parsed) == 1
+        assert (await store.stats()).events_pending == 4
 
 
 async def test_events_are_leased_and_a_lease_expires(opened: Opener) -> None:

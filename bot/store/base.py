@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
 from bot.dedup import AlertDecision
-from bot.models import AlertState, AmAlert, Delivery, Event, EventKind, GpuEvent, NewDelivery
+from bot.models import AlertState, AmAlert, Delivery, Event, EventKind, GpuEvent, NewDelivery, WebhookPayload
 
 
 class StoreUnavailable(Exception):
@@ -38,6 +38,8 @@ class IncomingNotification:
     receiver: str
     body: bytes
     alert_count: int
+    # The body as ingest validated it: dedup in the same process uses it instead of parsing the body again.
+    payload: WebhookPayload | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,7 @@ def incoming(payload: dict[str, Any]) -> IncomingNotification:
         receiver=parsed.receiver_name,
         body=raw,
         alert_count=len(parsed.alerts),
+        payload=parsed,
     )
 
 

@@ -16,6 +16,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from bot.clock import SYSTEM_CLOCK, Clock
 from bot.store.base import IncomingNotification, IngestResult, Store, StoreUnavailable
+from bot.store.core import ValidatedPayloads
 from bot.store.groupcommit import GroupCommit
 from bot.store.migrations import POSTGRESQL_MIGRATIONS, POSTGRESQL_SCHEMA_VERSION, refuse_newer
 
@@ -70,6 +71,7 @@ class PostgresConnection(Store):
             name=f"gpu-alert-bot-{replica}",
         )
         self._group_commit = GroupCommit(self._ingest_batch, name="postgresql-group-commit")
+        self._validated = ValidatedPayloads()
         self._ingest_conn: Conn | None = None
         self._listener: asyncio.Task[None] | None = None
         self._on_work: Callable[[], None] = lambda: None

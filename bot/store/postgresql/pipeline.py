@@ -83,7 +83,9 @@ class PostgresAlertPath(PostgresConnection):
                 )
             if split.fresh:
                 await conn.execute(f"NOTIFY {_WORK_CHANNEL}".encode())
-        return split.results(ids)
+        results = split.results(ids)
+        self._validated.keep(batch, results)  # committed: these ids are taken for good
+        return results
 
     # --- dedup -----------------------------------------------------------------------------------------
     async def dedup_pending(self, planner: Planner, limit: int) -> int:
@@ -120,7 +122,7 @@ class PostgresAlertPath(PostgresConnection):
 
     async def _apply_notification(self, conn: Conn, notification_id: int, body: bytes, planner: Planner) -> None:
         try:
-            payload, alerts = core.read_notification(body)
+            payload, alerts = self._validated.read(notification_id, body)
         except ValueError as exc:
             await conn.execute(
                 "UPDATE notifications SET state = 'failed', error = %s WHERE id = %s",

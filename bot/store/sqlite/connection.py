@@ -15,6 +15,7 @@ from typing import Any, Literal, TypeVar
 
 from bot.clock import SYSTEM_CLOCK, Clock
 from bot.store.base import IncomingNotification, IngestResult, Store, StoreUnavailable
+from bot.store.core import ValidatedPayloads
 from bot.store.groupcommit import GroupCommit
 from bot.store.migrations import SQLITE_SCHEMA_VERSION, refuse_newer
 from bot.store.sqlite.schema import (
@@ -77,6 +78,7 @@ class SqliteConnection(Store):
         self._shm_guard: _ShmGuard | None = None
         self._lock_fd: int | None = None
         self._group_commit = GroupCommit(self._commit_batch, name="sqlite-group-commit")
+        self._validated = ValidatedPayloads()
 
     # --- lifecycle -----------------------------------------------------------------------------------
     async def open(self) -> None:

@@ -20,7 +20,6 @@ from bot.store.core import (
     EVENT_NOT_BLOCKED,
     NotificationPlan,
     plan_notification,
-    read_notification,
     split_copies,
 )
 from bot.store.core import alert_from_row as _alert_from_row
@@ -46,7 +45,9 @@ class SqliteAlertPath(SqliteConnection):
         return await self._run(self._ingest_batch_sync, batch, priority=_URGENT)
 
     def _ingest_batch_sync(self, batch: list[IncomingNotification]) -> list[IngestResult]:
-        return self._transaction(functools.partial(self._ingest_batch, batch=batch), acknowledged=True)
+        results = self._transaction(functools.partial(self._ingest_batch, batch=batch), acknowledged=True)
+        self._validated.keep(batch, results)  # in the store's thread, as dedup: no dedup runs in between
+        return results
 
     def _ingest_batch(self, conn: sqlite3.Connection, batch: list[IncomingNotification]) -> list[IngestResult]:
         now = self._now()
@@ -122,7 +123,7 @@ class SqliteAlertPath(SqliteConnection):
         self, conn: sqlite3.Connection, *, notification_id: int, body: bytes, planner: Planner
     ) -> None:
         try:
-            payload, alerts = read_notification(body)
+            payload, alerts = self._validated.read(notification_id, body)
         except ValueError as exc:
             conn.execute(
                 "UPDATE notifications SET state = 'failed', error = ? WHERE id = ?",
