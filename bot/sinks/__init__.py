@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TextIO, assert_never
 
+from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import ConsoleReceiver, EmailReceiver, PagerDutyReceiver, Receiver, SlackReceiver
 from bot.metrics import Metrics
 from bot.render.slack import Controls
@@ -24,13 +25,14 @@ def build_sinks(
     metrics: Metrics,
     console: TextIO | None = None,
     slack_controls: Mapping[str, Controls] | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> dict[str, Sink]:
     """`slack_controls`: the buttons each Slack receiver's messages may show (none for a receiver not listed)."""
     sinks: dict[str, Sink] = {}
-    slack_limits = SlackRateLimits()  # one pace per Slack channel, whichever receivers post there
+    slack_limits = SlackRateLimits(clock)  # one pace per Slack channel, whichever receivers post there
     for receiver in receivers:
         controls = (slack_controls or {}).get(receiver.name, Controls())
-        sinks[receiver.name] = _sink(receiver, store, metrics, console, slack_limits, controls)
+        sinks[receiver.name] = _sink(receiver, store, metrics, console, slack_limits, controls, clock)
     return sinks
 
 
@@ -41,6 +43,7 @@ def _sink(
     console: TextIO | None,
     slack_limits: SlackRateLimits,
     controls: Controls,
+    clock: Clock,
 ) -> Sink:
     match receiver:
         case ConsoleReceiver():
@@ -50,6 +53,6 @@ def _sink(
         case PagerDutyReceiver():
             return PagerDutySink(receiver)
         case SlackReceiver():
-            return SlackSink(receiver, store, metrics, slack_limits, controls)
+            return SlackSink(receiver, store, metrics, slack_limits, controls, clock)
         case _:
             assert_never(receiver)
