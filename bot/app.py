@@ -96,9 +96,9 @@ async def start_runtime(
     if remediation is not None and interactivity is not None:
         RemediationCommands(remediation.engine, interactivity.access).register(interactivity.dispatcher)
         remediation.engine.watch_approvals(approval_messages(config, interactivity, store))
-    sinks = build_sinks(config.receivers, store, metrics, console, slack_controls(config, executable))
+    sinks = build_sinks(config.receivers, store, metrics, console, slack_controls(config, executable), clock)
     metrics.init_receivers(sinks)
-    outbox = Outbox(store, sinks, config.outbox, metrics, receiver_lease=config.store.receiver_lease)
+    outbox = Outbox(store, sinks, config.outbox, metrics, receiver_lease=config.store.receiver_lease, clock=clock)
     enrichers = build_enrichers(config.enrichment, store, metrics, playbooks.xid_catalog)
     pipeline = Pipeline(
         store,

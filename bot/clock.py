@@ -33,3 +33,15 @@ class SystemClock:
 
 
 SYSTEM_CLOCK = SystemClock()
+
+
+async def wait_for_event(clock: Clock, event: asyncio.Event, seconds: float) -> bool:
+    """Wait until `event` is set or `seconds` have passed on `clock`, whichever comes first; whether it was set."""
+    woken = asyncio.ensure_future(event.wait())
+    timer = asyncio.ensure_future(clock.sleep(seconds))
+    try:
+        await asyncio.wait([woken, timer], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        woken.cancel()
+        timer.cancel()
+    return event.is_set()

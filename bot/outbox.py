@@ -20,10 +20,11 @@ import contextlib
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_result, wait_exponential, wait_random
 
+from bot.clock import SYSTEM_CLOCK, Clock, wait_for_event
 from bot.config import OutboxConfig
 from bot.metrics import DeliveryOutcome, Metrics
 from bot.models import Delivery
@@ -54,8 +55,10 @@ class Outbox:
         metrics: Metrics,
         *,
         receiver_lease: float = 30.0,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._store = store
+        self._clock = clock
         self._receiver_lease = receiver_lease
         self._holding = dict.fromkeys(sinks, False)
         self._sinks = dict(sinks)
@@ -111,7 +114,7 @@ class Outbox:
                 log.info("receiver " + ("taken over" if held else "handed over"), extra={"receiver": receiver})
                 self._holding[receiver] = held
                 self._wakeups[receiver].set()
-            await asyncio.sleep(self._receiver_lease / 3)
+            await self._clock.sleep(self._receiver_lease / 3)
 
     async def _dispatch(self, sink: Sink) -> None:
         wakeup = self._wakeups[sink.name]
@@ -140,18 +143,14 @@ class Outbox:
                 timeout = self._config.max_backoff
             await self._wait(wakeup, timeout)
 
-    @staticmethod
-    async def _wait(wakeup: asyncio.Event, seconds: float) -> None:
-        # asyncio.timeout, not wait_for, which on Python 3.11 can swallow the cancellation of stop().
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(seconds):
-                await wakeup.wait()
+    async def _wait(self, wakeup: asyncio.Event, seconds: float) -> None:
+        await wait_for_event(self._clock, wakeup, seconds)
 
     async def _idle_timeout(self, receiver: str) -> float:
         due = await self._store.next_delivery_due(receiver)
         if due is None:
             return _IDLE_RECHECK
-        return min(_IDLE_RECHECK, max(0.0, (due - datetime.now(UTC)).total_seconds()))
+        return min(_IDLE_RECHECK, max(0.0, (due - self._clock.now()).total_seconds()))
 
     async def _deliver(self, sink: Sink, delivery: Delivery) -> None:
         backoff = wait_exponential(multiplier=self._config.initial_backoff, max=self._config.max_backoff) + wait_random(
@@ -163,12 +162,12 @@ class Outbox:
             result: DeliveryResult = state.outcome.result()  # type: ignore[union-attr]
             # A Retry-After past the deadline is only a late give-up: never wait beyond the deadline.
             asked = result.delay if result.delay is not None else backoff(state)
-            return max(0.0, min(asked, (deadline - datetime.now(UTC)).total_seconds()))
+            return max(0.0, min(asked, (deadline - self._clock.now()).total_seconds()))
 
         async def persist_retry(state: RetryCallState) -> None:
             result: DeliveryResult = state.outcome.result()  # type: ignore[union-attr]
             sleep = state.next_action.sleep if state.next_action else 0.0
-            next_at = datetime.now(UTC) + timedelta(seconds=sleep)
+            next_at = self._clock.now() + timedelta(seconds=sleep)
             log.warning(
                 "delivery will be retried",
                 extra={
@@ -184,7 +183,8 @@ class Outbox:
         retrying = AsyncRetrying(
             retry=retry_if_result(lambda result: result.retry),
             wait=wait,
-            stop=lambda _state: datetime.now(UTC) >= deadline,
+            sleep=self._clock.sleep,
+            stop=lambda _state: self._clock.now() >= deadline,
             before_sleep=persist_retry,
             retry_error_callback=lambda state: state.outcome.result(),  # type: ignore[union-attr]
         )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hmac
 import json
@@ -15,7 +14,7 @@ import pytest
 from bot import auth as auth_module
 from bot.auth import WebhookAuth
 from bot.config import load_config
-from tests.support.bot import running_bot
+from tests.support.bot import eventually, running_bot
 from tests.support.payloads import am_alert, body, webhook
 from tests.support.processes import BotProcess
 
@@ -194,7 +193,8 @@ async def test_a_configured_token_never_appears_in_the_logs_even_when_sent_wrong
                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"},
             )
             assert answered.status_code == 200
-        await asyncio.sleep(0.5)
+        # The accepted alert went all the way (worker, outbox) once the console sink printed it: its logs are in.
+        await eventually(lambda: bot.stdout.snapshot())
     finally:
         bot.stop()
     log = bot.stderr.snapshot()

@@ -22,6 +22,7 @@ from bot.evidence import EnrichmentSection
 from bot.models import AlertState
 from bot.querytemplate import TemplateError, fill_query, quoted, regex_literal
 from tests.fakes.loki import LOKI_26_ERROR_CONTENT_TYPE, TEXT_PLAIN, FakeLoki, parse_logql, parse_timestamp, unquote
+from tests.support.bot import eventually
 from tests.support.payloads import alert_state
 
 # Alerts started an hour ago: answers fetched now may be shared by them (they were asked after the start).
@@ -375,7 +376,7 @@ async def test_an_answer_is_not_reused_for_an_alert_that_started_after_it_was_as
     now = datetime.now(UTC)
     try:
         await enrich(enricher, make_alert(starts_at=now - timedelta(seconds=5)))
-        await asyncio.sleep(0.01)
+        # The first query's round trip lies between when it was asked and the later alert's start.
         loki.push(SYSLOG, XID, datetime.now(UTC))
         later = await enrich(enricher, make_alert(starts_at=datetime.now(UTC)))
     finally:
@@ -453,7 +454,7 @@ async def test_one_alert_giving_up_does_not_cancel_the_query_it_shares() -> None
         try:
             impatient = asyncio.create_task(enrich(enricher, make_alert({"gpu": "1"})))
             patient = asyncio.create_task(enrich(enricher, make_alert({"gpu": "2"})))
-            await asyncio.sleep(0.1)
+            await eventually(lambda: loki.range_queries)  # the one query both wait for is at Loki
             impatient.cancel()  # its enrichment budget ran out
             section = await patient
         finally:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
+
+from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import OutboxConfig
 from bot.metrics import Metrics
 from bot.models import Delivery
@@ -17,6 +19,7 @@ from bot.outbox import Outbox
 from bot.sinks.base import DeliveryResult, Sink
 from bot.store.sqlite import SqliteStore
 from tests.support.bot import eventually
+from tests.support.clock import FakeClock
 from tests.support.payloads import am_alert, gpu_alerts, webhook
 from tests.support.store import ingest_and_dedup, query, route_all, sqlite_store
 
@@ -24,17 +27,19 @@ Script = Callable[[Delivery, int], DeliveryResult]
 
 
 class ScriptedSink:
-    """A Sink of our own interface whose answers the test writes: attempt n of each delivery gets script(d, n)."""
+    """A Sink of our own interface whose answers the test writes: attempt n of each delivery gets script(d, n).
+    Each attempt is noted with the time on `clock`."""
 
-    def __init__(self, name: str, script: Script | None = None) -> None:
+    def __init__(self, name: str, script: Script | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
         self.name = name
+        self.clock = clock
         self._script = script or (lambda _delivery, _attempt: DeliveryResult.ok())
         self.attempts: list[tuple[float, Delivery]] = []
         self.delivered: list[Delivery] = []
         self.closed = False
 
     async def deliver(self, delivery: Delivery) -> DeliveryResult:
-        self.attempts.append((time.monotonic(), delivery))
+        self.attempts.append((self.clock.monotonic(), delivery))
         result = self._script(delivery, sum(1 for _, d in self.attempts if d.id == delivery.id))
         if isinstance(result, BaseException):
             raise result
@@ -51,11 +56,11 @@ FAST = OutboxConfig(initial_backoff=0.01, max_backoff=0.05, give_up_after=60, at
 
 @asynccontextmanager
 async def running_outbox(
-    store: SqliteStore, sinks: list[ScriptedSink], config: OutboxConfig = FAST
+    store: SqliteStore, sinks: list[ScriptedSink], config: OutboxConfig = FAST, clock: Clock = SYSTEM_CLOCK
 ) -> AsyncIterator[tuple[Outbox, Metrics]]:
     metrics = Metrics()
     checked: dict[str, Sink] = {sink.name: sink for sink in sinks}
-    outbox = Outbox(store, checked, config, metrics)
+    outbox = Outbox(store, checked, config, metrics, clock=clock)
     outbox.start()
     try:
         yield outbox, metrics
@@ -65,6 +70,24 @@ async def running_outbox(
 
 def _metric(metrics: Metrics, name: str, labels: dict[str, str]) -> float:
     return metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+def _retry_wait(clock: FakeClock) -> float | None:
+    """The outbox's wait before a retry, once it waits for one: the only wait under a second (the receiver lease
+    is renewed every 10 s, an idle receiver looks again after 30 s)."""
+    wake = clock.next_wake
+    return wake if wake is not None and wake < 1 else None
+
+
+async def _retry_waits(clock: FakeClock, done: Callable[[], bool]) -> list[float]:
+    """Move the clock on by each wait the outbox chose before a retry, until `done()`; those waits."""
+    waits: list[float] = []
+    while not done():
+        wait = await eventually(lambda: done() or _retry_wait(clock))
+        if not done():
+            waits.append(wait)
+            await clock.advance(wait)
+    return waits
 
 
 async def test_a_retried_delivery_honors_the_delay_hint_then_succeeds(tmp_path: Path) -> None:
@@ -78,11 +101,14 @@ async def test_a_retried_delivery_honors_the_delay_hint_then_succeeds(tmp_path: 
     async with sqlite_store(tmp_path) as store:
         await ingest_and_dedup(store, webhook(gpu_alerts(1)))
         await route_all(store, ["slack"])
-        async with running_outbox(store, [sink]) as (_outbox, metrics):
+        clock = FakeClock(datetime.now(UTC))
+        sink.clock = clock
+        async with running_outbox(store, [sink], clock=clock) as (_outbox, metrics):
+            # Without the hint the retry would come after initial_backoff (10 ms, plus at most 10 ms of jitter).
+            assert await _retry_waits(clock, lambda: len(sink.attempts) == 2) == [hint]
             await eventually(lambda: sink.delivered)
             (first, _), (second, _) = sink.attempts
-            # Without the hint the retry would come after initial_backoff (10 ms, plus at most 10 ms of jitter).
-            assert second - first >= hint
+            assert second - first == pytest.approx(hint)
             assert _metric(metrics, "gpu_alert_bot_deliveries_total", {"receiver": "slack", "result": "retry"}) == 1
             assert _metric(metrics, "gpu_alert_bot_deliveries_total", {"receiver": "slack", "result": "delivered"}) == 1
             await eventually(
@@ -94,15 +120,19 @@ async def test_retries_back_off_and_each_attempt_is_persisted(tmp_path: Path) ->
     sink = ScriptedSink(
         "slack", lambda _d, n: DeliveryResult.retry_later("http_503", "down") if n < 4 else DeliveryResult.ok()
     )
+    clock = FakeClock(datetime.now(UTC))
+    sink.clock = clock
     async with sqlite_store(tmp_path) as store:
         await ingest_and_dedup(store, webhook(gpu_alerts(1)))
         await route_all(store, ["slack"])
-        async with running_outbox(store, [sink]):
+        async with running_outbox(store, [sink], clock=clock):
+            waits = await _retry_waits(clock, lambda: len(sink.attempts) == 4)
             await eventually(lambda: query(store, "SELECT state, attempts FROM deliveries") == [("delivered", 4)])
-        times = [t for t, _ in sink.attempts]
-        assert len(times) == 4
-        gaps = [b - a for a, b in itertools.pairwise(times)]
-        assert all(gap >= 0.01 for gap in gaps)  # at least initial_backoff between attempts
+        # Exponential from initial_backoff, capped at max_backoff, plus up to initial_backoff of jitter.
+        floors = [min(FAST.max_backoff, FAST.initial_backoff * 2**n) for n in range(3)]
+        assert all(floor <= wait <= floor + FAST.initial_backoff for floor, wait in zip(floors, waits, strict=True))
+        gaps = [b - a for (a, _), (b, _) in itertools.pairwise(sink.attempts)]
+        assert gaps == pytest.approx(waits)
 
 
 async def test_a_permanent_failure_is_recorded_and_not_retried(tmp_path: Path) -> None:
@@ -112,7 +142,7 @@ async def test_a_permanent_failure_is_recorded_and_not_retried(tmp_path: Path) -
         await route_all(store, ["slack"])
         async with running_outbox(store, [sink]) as (_outbox, metrics):
             await eventually(lambda: query(store, "SELECT state FROM deliveries") == [("failed",)])
-            await asyncio.sleep(0.1)
+            # A retry would have come before the failure was recorded; once failed, a delivery is never due again.
             assert len(sink.attempts) == 1
             labels = {"receiver": "slack", "reason": "channel_not_found"}
             assert _metric(metrics, "gpu_alert_bot_delivery_failures_total", labels) == 1
@@ -126,8 +156,11 @@ async def test_a_delivery_still_failing_after_give_up_after_is_given_up(tmp_path
     async with sqlite_store(tmp_path) as store:
         await ingest_and_dedup(store, webhook(gpu_alerts(1)))
         await route_all(store, ["slack"])
-        async with running_outbox(store, [sink], config) as (_outbox, metrics):
-            await eventually(lambda: query(store, "SELECT state FROM deliveries") == [("failed",)])
+        [pending] = await store.due_deliveries("slack", 1)
+        clock = FakeClock(pending.created_at)
+        async with running_outbox(store, [sink], config, clock) as (_outbox, metrics):
+            waits = await _retry_waits(clock, lambda: query(store, "SELECT state FROM deliveries") == [("failed",)])
+            assert sum(waits) == pytest.approx(config.give_up_after, abs=config.max_backoff + config.initial_backoff)
             labels = {"receiver": "slack", "reason": "gave_up_http_503"}
             assert _metric(metrics, "gpu_alert_bot_delivery_failures_total", labels) == 1
         assert len(sink.attempts) > 1
@@ -139,8 +172,16 @@ async def test_a_delay_hint_beyond_the_deadline_only_waits_until_the_deadline(tm
     async with sqlite_store(tmp_path) as store:
         await ingest_and_dedup(store, webhook(gpu_alerts(1)))
         await route_all(store, ["slack"])
-        async with running_outbox(store, [sink], config) as (outbox, metrics):
+        [pending] = await store.due_deliveries("slack", 1)
+        clock = FakeClock(pending.created_at)
+        sink.clock = clock
+        async with running_outbox(store, [sink], config, clock) as (outbox, metrics):
+            wait = await eventually(lambda: _retry_wait(clock))
+            deadline = pending.created_at + timedelta(seconds=config.give_up_after)
+            assert wait == pytest.approx((deadline - clock.now()).total_seconds())
+            await clock.advance(wait)
             await eventually(lambda: query(store, "SELECT state FROM deliveries") == [("failed",)])
+            assert len(sink.attempts) == 2
             assert outbox.running
             labels = {"receiver": "slack", "reason": "gave_up_http_429"}
             assert _metric(metrics, "gpu_alert_bot_delivery_failures_total", labels) == 1
@@ -221,7 +262,7 @@ async def test_a_sink_that_raises_or_hangs_is_retried(tmp_path: Path) -> None:
 
     class Unruly(ScriptedSink):
         async def deliver(self, delivery: Delivery) -> DeliveryResult:
-            self.attempts.append((time.monotonic(), delivery))
+            self.attempts.append((self.clock.monotonic(), delivery))
             if len(self.attempts) == 1:
                 raise ConnectionResetError("peer went away")
             if len(self.attempts) == 2:

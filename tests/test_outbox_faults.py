@@ -7,15 +7,19 @@ lets the attempt under way end and be recorded. Nothing held up: a sink's bug se
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from pathlib import Path
+
+import pytest
 
 from bot.models import Delivery
 from bot.sinks.base import DeliveryResult
 from bot.store.sqlite import SqliteStore
 from tests.support.bot import eventually
+from tests.support.clock import FakeClock
 from tests.support.payloads import am_alert, gpu_alerts, webhook
 from tests.support.store import ingest_and_dedup, query, route_all, sqlite_store
-from tests.test_outbox import ScriptedSink, _metric, running_outbox
+from tests.test_outbox import FAST, ScriptedSink, _metric, running_outbox
 
 
 class BreaksTheStoreOnFirstDelivery(ScriptedSink):
@@ -36,12 +40,18 @@ async def test_a_delivery_the_store_could_not_record_is_not_sent_again_while_the
         await ingest_and_dedup(store, webhook(gpu_alerts(3)))
         await route_all(store, ["console"])
         sink = BreaksTheStoreOnFirstDelivery("console", store)
-        async with running_outbox(store, [sink]) as (_outbox, metrics):
-            # The dispatcher goes round many times against the failing store ...
-            await eventually(lambda: _metric(metrics, "gpu_alert_bot_errors_total", {"kind": "store_unavailable"}) > 20)
+        clock = FakeClock(datetime.now(UTC))
+        async with running_outbox(store, [sink], clock=clock) as (_outbox, metrics):
+            # The dispatcher goes round many times against the failing store, waiting initial_backoff each time ...
+            for _ in range(20):
+                await eventually(lambda: clock.next_wake == pytest.approx(FAST.initial_backoff))
+                await clock.advance(FAST.initial_backoff)
+            assert _metric(metrics, "gpu_alert_bot_errors_total", {"kind": "store_unavailable"}) >= 20
             # ... and neither sends the first delivery again nor sends the next ones it could not record either.
             assert [d.id for _, d in sink.attempts] == [1]
             await store.pragma("query_only = 0")
+            await eventually(lambda: clock.next_wake == pytest.approx(FAST.initial_backoff))
+            await clock.advance(FAST.initial_backoff)
             await eventually(lambda: query(store, "SELECT state FROM deliveries") == [("delivered",)] * 3)
         assert sorted(d.id for d in sink.delivered) == [1, 2, 3]
         assert query(store, "SELECT id, attempts FROM deliveries ORDER BY id") == [(1, 1), (2, 1), (3, 1)]

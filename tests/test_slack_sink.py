@@ -14,6 +14,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.web.slack_response import SlackResponse
 
+from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import SlackReceiver
 from bot.message import Fact, Link, Message
 from bot.metrics import Metrics
@@ -26,6 +27,7 @@ from bot.sinks.slack.pacing import retry_after
 from bot.store.sqlite import SqliteStore
 from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack, SlackMessage
 from tests.support.bot import eventually
+from tests.support.clock import FakeClock, running
 from tests.support.store import sqlite_store
 from tests.test_secret_files import rotate
 
@@ -98,7 +100,9 @@ async def make_sink(tmp_path: Path, fake: FakeSlack, store: SqliteStore) -> Asyn
     (tmp_path / "slack_token").write_text(DEFAULT_TOKEN + "\n")
     sinks: list[SlackSink] = []
 
-    def make(metrics: Metrics | None = None, controls: Controls | None = None, **options: Any) -> SlackSink:
+    def make(
+        metrics: Metrics | None = None, controls: Controls | None = None, clock: Clock = SYSTEM_CLOCK, **options: Any
+    ) -> SlackSink:
         config = {
             "type": "slack",
             "name": "slack",
@@ -110,7 +114,7 @@ async def make_sink(tmp_path: Path, fake: FakeSlack, store: SqliteStore) -> Asyn
             **options,
         }
         receiver = SlackReceiver.model_validate(config, context={"base_dir": tmp_path})
-        sink = SlackSink(receiver, store, metrics or Metrics(), controls=controls or Controls())
+        sink = SlackSink(receiver, store, metrics or Metrics(), controls=controls or Controls(), clock=clock)
         sinks.append(sink)
         return sink
 
@@ -157,22 +161,24 @@ async def test_firing_again_after_a_resolve_reopens_the_same_message(fake: FakeS
 async def test_an_alert_listed_in_a_storm_that_fires_again_is_shown_again(
     fake: FakeSlack, make_sink: SinkFactory
 ) -> None:
-    sink = make_sink(storm_threshold=3, storm_window="1s")
-    for n in range(1, 6):
-        await sink.deliver(delivery(alert(n)))
-    await sink.deliver(delivery(alert(5, "resolved")))
+    clock = FakeClock(datetime.now(UTC))
 
     def top_level(host: str) -> list[str]:
         return [m.text for m in fake.top_level() if host in m.text]
 
-    await eventually(lambda: in_a_thread(fake, "`k-ai-05`"), timeout=15)  # listed in the storm's thread only
-    await sink.close()
-    assert top_level("k-ai-05") == []
-    await asyncio.sleep(1.1)  # the storm is over
-    sink = make_sink(storm_threshold=3, storm_window="1s")
-    refiring = delivery(alert(5, "refiring", times_seen=3))
-    assert await sink.deliver(refiring) == DeliveryResult.ok()
-    assert await sink.deliver(refiring) == DeliveryResult.ok()
+    async with running(clock):
+        sink = make_sink(clock=clock, storm_threshold=3, storm_window="1s")
+        for n in range(1, 6):
+            await sink.deliver(delivery(alert(n)))
+        await sink.deliver(delivery(alert(5, "resolved")))
+        await eventually(lambda: in_a_thread(fake, "`k-ai-05`"))  # listed in the storm's thread only
+        await sink.close()
+        assert top_level("k-ai-05") == []
+        await clock.advance(1.1)  # the storm is over
+        sink = make_sink(clock=clock, storm_threshold=3, storm_window="1s")
+        refiring = delivery(alert(5, "refiring", times_seen=3))
+        assert await sink.deliver(refiring) == DeliveryResult.ok()
+        assert await sink.deliver(refiring) == DeliveryResult.ok()
     [shown] = top_level("GPUTempHigh on k-ai-05")
     assert not shown.startswith("✅")
 
@@ -388,17 +394,26 @@ async def test_an_update_never_becomes_a_new_message(fake: FakeSlack, make_sink:
 
 
 async def test_posts_are_paced_per_channel(fake: FakeSlack, make_sink: SinkFactory) -> None:
+    """A token bucket with a burst of one: each post after the first waits 1 / rate for its turn (the pace
+    measured against a real clock is in bench/pacing.py)."""
     rate = 10.0
-    fake.enforce_rate(rate)
-    sink = make_sink(messages_per_second=rate, storm_threshold=100)
-    for n in range(8):
-        assert await sink.deliver(delivery(alert(n))) == DeliveryResult.ok()
-    times = fake.post_times()
-    # A token bucket with a burst of one: n posts span at least (n - 1) / rate, give or take 50 ms of
-    # difference in how long two requests took to reach the fake.
-    for (i, first), (j, last) in itertools.combinations(enumerate(times), 2):
-        assert last - first >= (j - i) / rate - 0.05
-    assert len(times) == 8 and fake.rate_limited == 0
+    clock = FakeClock(datetime.now(UTC))
+    sink = make_sink(clock=clock, messages_per_second=rate, storm_threshold=100)
+
+    async def deliver_all() -> None:
+        for n in range(8):
+            assert await sink.deliver(delivery(alert(n))) == DeliveryResult.ok()
+
+    delivering = asyncio.create_task(deliver_all())
+    waits: list[float] = []
+    while not delivering.done():
+        await eventually(lambda: delivering.done() or clock.sleeping)
+        if clock.sleeping:
+            waits.append(clock.next_wake or 0.0)
+            await clock.advance(waits[-1])
+    await delivering
+    assert waits == [pytest.approx(1 / rate)] * 7
+    assert len(fake.post_times()) == 8
 
 
 async def test_hostile_label_values_are_escaped_in_slack(fake: FakeSlack, make_sink: SinkFactory) -> None:

@@ -1,5 +1,7 @@
 """Storm control end to end: 500 new alerts across 60 hosts within 10 seconds (a cooling failure) reach Slack
-as one summary message per channel with every alert listed in its thread, paced within the rate limit.
+as one summary message per channel with every alert listed in its thread, never refused for going too fast. The
+pacing decision is tested on a fake clock (tests/test_slack_sink.py), the pace on the real clock is measured by
+bench/pacing.py.
 
 The webhooks are posted straight to the bot (shaped like Alertmanager's, including the re-send of a whole
 group when it grows): a 500-alert storm through a real Alertmanager would only make the test slower.
@@ -8,7 +10,6 @@ group when it grows): a 500-alert storm through a real Alertmanager would only m
 from __future__ import annotations
 
 import asyncio
-import itertools
 import re
 from datetime import UTC, datetime
 from pathlib import Path
@@ -100,14 +101,4 @@ async def test_500_alerts_in_10_seconds_make_one_summary_and_a_paced_thread(tmp_
     assert "*Firing*\n500" in counts and "GPUTempHigh: 480" in counts and "NodeFanFailure: 20" in counts
     # Batched: many alerts per reply, far fewer messages than alerts.
     assert len(slack.replies(summary)) <= 500 // 40 + 3
-    assert_paced(slack.write_times("#gpu-alerts"), RATE)
     assert slack.rate_limited == 0
-
-
-def assert_paced(times: list[float], rate: float) -> None:
-    """Posts and updates obey a token bucket of `rate` per second with a burst of one (the bot's own pace;
-    Slack allows short bursts above its 1/s, so this is stricter): any n consecutive writes span at least
-    (n - 1) / rate seconds, give or take 50 ms of difference in how long two requests took to arrive."""
-    assert times
-    for (i, first), (j, last) in itertools.combinations(enumerate(times), 2):
-        assert last - first >= (j - i) / rate - 0.05, (i, j, last - first)

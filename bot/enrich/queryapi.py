@@ -22,6 +22,7 @@ from tenacity.stop import stop_base
 
 from bot.config import Secret
 from bot.printable import printable
+from bot.retry import classify_error, classify_status
 from bot.retry_after import retry_after_seconds
 
 _MAX_ATTEMPTS = 3
@@ -131,16 +132,15 @@ async def _attempt(
         raise QueryError("malformed", f"{service} answered a body that cannot be decoded") from None
     except httpx.TransportError as exc:
         detail = f"cannot reach {service} at {client.base_url}: {_transport_text(exc)}"
-        raise QueryError("connect", detail, retryable=True) from None
+        raise QueryError("connect", detail, retryable=classify_error(exc).retry) from None
     if response.is_success:
         return response
-    status = response.status_code
-    detail = f"{service} answered HTTP {status}: {error_text(response)}"
-    retryable = status >= 500 or status == 429
+    verdict = classify_status(response.status_code)
+    detail = f"{service} answered HTTP {response.status_code}: {error_text(response)}"
     raise QueryError(
-        f"http_{status}",
+        verdict.reason,
         detail,
-        retryable=retryable,
+        retryable=verdict.retry,
         retry_after=retry_after_seconds(response.headers.get("Retry-After")),
     )
 

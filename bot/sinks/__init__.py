@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TextIO, TypeVar
 
+from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import ConsoleReceiver, EmailReceiver, PagerDutyReceiver, Receiver, SlackReceiver
 from bot.metrics import Metrics
 from bot.render.slack import Controls
@@ -43,6 +44,7 @@ class SinkResources:
     slack_limits: SlackRateLimits
     # The buttons each Slack receiver's messages may show (none for a receiver not listed).
     slack_controls: Mapping[str, Controls]
+    clock: Clock
 
     def controls(self, receiver: str) -> Controls:
         return self.slack_controls.get(receiver, Controls())
@@ -71,7 +73,7 @@ SINK_TYPES: dict[type[Any], SinkType[Any]] = {
     ),
     SlackReceiver: SinkType[SlackReceiver](
         build=lambda receiver, shared: SlackSink(
-            receiver, shared.store, shared.metrics, shared.slack_limits, shared.controls(receiver.name)
+            receiver, shared.store, shared.metrics, shared.slack_limits, shared.controls(receiver.name), shared.clock
         ),
         preview=SlackRendering,
     ),
@@ -84,9 +86,10 @@ def build_sinks(
     metrics: Metrics,
     console: TextIO | None = None,
     slack_controls: Mapping[str, Controls] | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> dict[str, Sink]:
     """`slack_controls`: the buttons each Slack receiver's messages may show (none for a receiver not listed)."""
-    shared = SinkResources(store, metrics, console, SlackRateLimits(), slack_controls or {})
+    shared = SinkResources(store, metrics, console, SlackRateLimits(clock), slack_controls or {}, clock)
     return {receiver.name: SINK_TYPES[type(receiver)].build(receiver, shared) for receiver in receivers}
 
 

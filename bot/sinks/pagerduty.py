@@ -18,6 +18,7 @@ import httpx
 from bot.config import PagerDutyReceiver
 from bot.models import Delivery
 from bot.render.pagerduty import encode_event, pagerduty_event
+from bot.retry import classify_error, classify_status
 from bot.retry_after import retry_after_seconds
 from bot.sinks.base import DeliveryResult, Preview
 
@@ -37,12 +38,16 @@ class PagerDutyRendering:
 
 
 class PagerDutySink:
-    def __init__(self, config: PagerDutyReceiver) -> None:
+    """`transport`: how requests reach PagerDuty (httpx's own by default; a test or a proxy set-up may give one)."""
+
+    def __init__(self, config: PagerDutyReceiver, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.name = config.name
         self._config = config
         self._rendering = PagerDutyRendering(config)
         self._client = httpx.AsyncClient(
-            timeout=config.timeout, headers={"Content-Type": "application/json", "User-Agent": "gpu-alert-bot"}
+            timeout=config.timeout,
+            headers={"Content-Type": "application/json", "User-Agent": "gpu-alert-bot"},
+            transport=transport,
         )
 
     async def deliver(self, delivery: Delivery) -> DeliveryResult:
@@ -51,10 +56,9 @@ class PagerDutySink:
             return DeliveryResult.ok()
         try:
             response = await self._client.post(self._config.url, content=encode_event(event))
-        except httpx.TimeoutException as exc:
-            return DeliveryResult.retry_later("timeout", f"{type(exc).__name__}: {exc}")
         except httpx.TransportError as exc:
-            return DeliveryResult.retry_later("connection_error", f"{type(exc).__name__}: {exc}")
+            verdict = classify_error(exc)
+            return DeliveryResult(False, verdict.retry, reason=verdict.reason, detail=f"{type(exc).__name__}: {exc}")
         return classify_response(response, self._config.rate_limit_delay)
 
     def preview(self, delivery: Delivery) -> Preview:
@@ -75,10 +79,8 @@ def classify_response(response: httpx.Response, rate_limit_delay: float) -> Deli
         )
     if status == 400:
         return DeliveryResult.failed("invalid_event", detail)
-    if status >= 500 or status == 408:
-        return DeliveryResult.retry_later(f"http_{status}", detail)
-    # 401/403/404/413...: a wrong URL or a refused event; the same request would get the same answer.
-    return DeliveryResult.failed(f"http_{status}", detail)
+    verdict = classify_status(status)
+    return DeliveryResult(False, verdict.retry, reason=verdict.reason, detail=detail)
 
 
 def error_detail(response: httpx.Response) -> str:

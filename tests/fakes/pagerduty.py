@@ -25,6 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import httpx
 from aiohttp import web
 
 from tests.fakes.server import LoopbackServer
@@ -56,6 +57,19 @@ class Alert:
     events: list[dict[str, Any]] = field(default_factory=list)
 
 
+class _ToLoopback(httpx.AsyncBaseTransport):
+    def __init__(self, base: httpx.URL) -> None:
+        self._base = base
+        self._inner = httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        request.url = request.url.copy_with(scheme=self._base.scheme, host=self._base.host, port=self._base.port)
+        return await self._inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
 class FakePagerDuty(LoopbackServer):
     def __init__(self, journal: list[tuple[str, Any]] | None = None) -> None:
         """`journal`, when given, gets ("pagerduty", RecordedEvent) per request: share it with other fakes to
@@ -69,6 +83,11 @@ class FakePagerDuty(LoopbackServer):
     @property
     def url(self) -> str:
         return f"{self.base_url}/v2/enqueue"
+
+    def transport(self) -> httpx.AsyncBaseTransport:
+        """An httpx transport that takes every request to this fake, whatever host the client was configured
+        with (PagerDuty's own URL by default): the path is kept, so a wrong path still gets a 404."""
+        return _ToLoopback(httpx.URL(self.base_url))
 
     # --- lifecycle -------------------------------------------------------------------------------------
     def application(self) -> web.Application:

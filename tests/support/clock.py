@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 
 
@@ -31,6 +34,12 @@ class FakeClock:
         """How many tasks wait on this clock now: a test waits for this before moving time on."""
         return sum(not waker.done() for _, waker in self._sleepers)
 
+    @property
+    def next_wake(self) -> float | None:
+        """Seconds until the earliest sleeper wakes (None when nobody sleeps): how long the code chose to wait."""
+        pending = [at for at, waker in self._sleepers if not waker.done()]
+        return max(0.0, min(pending) - self._elapsed) if pending else None
+
     async def advance(self, seconds: float) -> None:
         """Move time on, wake every sleeper whose time has come, and let them run."""
         self._elapsed += seconds
@@ -42,3 +51,24 @@ class FakeClock:
                 waker.set_result(None)
         for _ in range(10):
             await asyncio.sleep(0)
+
+
+@asynccontextmanager
+async def running(clock: FakeClock) -> AsyncIterator[FakeClock]:
+    """Let `clock` run by itself: whenever the code waits on it, time jumps to the earliest wake-up, so what waits
+    on time happens at once, in the order the code asked for."""
+
+    async def run() -> None:
+        while True:
+            await asyncio.sleep(0.005)  # I/O under way (the store's thread, a fake server) gets its turn
+            wake = clock.next_wake
+            if wake is not None:
+                await clock.advance(wake)
+
+    driver = asyncio.create_task(run(), name="fake-clock")
+    try:
+        yield clock
+    finally:
+        driver.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await driver

@@ -30,6 +30,7 @@ from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
 from bot.config import SlackReceiver
 from bot.render.slack import Payload
+from bot.retry import classify_error, classify_status
 from bot.sinks.base import DeliveryResult
 from bot.sinks.slack.pacing import BoundedRateLimitHandler, SlackRateLimits, retry_after
 from bot.sinks.slack.state import Posting, SinkState
@@ -242,14 +243,11 @@ def _failure(method: str, exc: SlackClientError | aiohttp.ClientError | TimeoutE
     """What a failed call means for the delivery, and whether Slack may have acted on it."""
     if isinstance(exc, SlackApiError):
         return _api_failure(method, exc)
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return SlackFailure(DeliveryResult.retry_later("connection_refused", f"{method}: {exc}"), sent=False)
-    if isinstance(exc, TimeoutError):
-        return SlackFailure(DeliveryResult.retry_later("timeout", f"{method}: no answer in time"), sent=None)
-    if isinstance(exc, aiohttp.ClientError):
-        reason = "connection_lost" if isinstance(exc, aiohttp.ServerDisconnectedError | OSError) else "http_error"
-        return SlackFailure(DeliveryResult.retry_later(reason, f"{method}: {type(exc).__name__}: {exc}"), sent=None)
-    return SlackFailure(DeliveryResult.failed("request_error", f"{method}: {exc}"), sent=False)
+    verdict = classify_error(exc)
+    detail = f"{method}: no answer in time" if verdict.reason == "timeout" else f"{method}: {type(exc).__name__}: {exc}"
+    # Only a connection never opened, or a request never sent, surely did nothing in Slack.
+    sent = False if verdict.reason == "connection_refused" or not verdict.retry else None
+    return SlackFailure(DeliveryResult(False, verdict.retry, reason=verdict.reason, detail=detail), sent=sent)
 
 
 def _api_failure(method: str, exc: SlackApiError) -> SlackFailure:
@@ -262,14 +260,11 @@ def _api_failure(method: str, exc: SlackApiError) -> SlackFailure:
     if status == 429 or error in ("ratelimited", "rate_limited"):
         delay = retry_after(response.headers)
         return SlackFailure(DeliveryResult.retry_later("ratelimited", detail, delay=delay), sent=False)
-    if status >= 500:
-        return SlackFailure(DeliveryResult.retry_later(f"http_{status}", detail), sent=None)
-    if error in _TRANSIENT_ERRORS:
-        return SlackFailure(DeliveryResult.retry_later(error, detail), sent=None)
-    if error:
-        return SlackFailure(DeliveryResult.failed(error, detail), sent=False)
-    if status in (408, 425):
-        return SlackFailure(DeliveryResult.retry_later(f"http_{status}", detail), sent=None)
-    if status >= 400:
-        return SlackFailure(DeliveryResult.failed(f"http_{status}", detail), sent=False)
-    return SlackFailure(DeliveryResult.retry_later("bad_response", f"{method}: unexpected answer"), sent=None)
+    if error and status < 500:  # Slack's own error code says more than its HTTP status
+        retry = error in _TRANSIENT_ERRORS
+        return SlackFailure(DeliveryResult(False, retry, reason=error, detail=detail), sent=None if retry else False)
+    if status < 400:
+        return SlackFailure(DeliveryResult.retry_later("bad_response", f"{method}: unexpected answer"), sent=None)
+    verdict = classify_status(status)
+    result = DeliveryResult(False, verdict.retry, reason=verdict.reason, detail=detail)
+    return SlackFailure(result, sent=None if verdict.retry else False)

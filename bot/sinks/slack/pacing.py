@@ -8,7 +8,6 @@ request but handed to the outbox as the delay of a retry-later.
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 from slack_sdk.http_retry.builtin_async_handlers import AsyncRateLimitErrorRetryHandler
@@ -16,21 +15,23 @@ from slack_sdk.http_retry.request import HttpRequest
 from slack_sdk.http_retry.response import HttpResponse
 from slack_sdk.http_retry.state import RetryState
 
+from bot.clock import SYSTEM_CLOCK, Clock
 from bot.retry_after import retry_after_seconds
 
 
 class TokenBucket:
     """At most `rate` calls per second on average, `burst` at once; `acquire` waits for its turn (FIFO)."""
 
-    def __init__(self, rate: float, burst: float = 1.0) -> None:
+    def __init__(self, rate: float, burst: float = 1.0, clock: Clock = SYSTEM_CLOCK) -> None:
         self.rate = rate
         self.burst = burst
+        self._clock = clock
         self._tokens = burst
-        self._stamp = time.monotonic()
+        self._stamp = clock.monotonic()
         self._lock = asyncio.Lock()
 
     def _refill(self) -> None:
-        now = time.monotonic()
+        now = self._clock.monotonic()
         self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
         self._stamp = now
 
@@ -38,7 +39,7 @@ class TokenBucket:
         async with self._lock:
             self._refill()
             if self._tokens < 1:
-                await asyncio.sleep((1 - self._tokens) / self.rate)
+                await self._clock.sleep((1 - self._tokens) / self.rate)
                 self._refill()
             self._tokens -= 1
 
@@ -46,12 +47,13 @@ class TokenBucket:
 class SlackRateLimits:
     """One token bucket per Slack channel, shared by every receiver that posts there."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
+        self._clock = clock
         self._buckets: dict[tuple[str, str], TokenBucket] = {}
 
     def bucket(self, api_url: str, channel: str, rate: float) -> TokenBucket:
         key = (api_url.rstrip("/"), channel.removeprefix("#"))
-        bucket = self._buckets.setdefault(key, TokenBucket(rate))
+        bucket = self._buckets.setdefault(key, TokenBucket(rate, clock=self._clock))
         bucket.rate = min(bucket.rate, rate)
         return bucket
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 
+from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import SlackReceiver
 from bot.message import Message
 from bot.metrics import Metrics
@@ -66,13 +66,15 @@ class SlackSink:
         metrics: Metrics,
         limits: SlackRateLimits | None = None,
         controls: Controls = Controls(),  # noqa: B008 (frozen)
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.name = receiver.name
+        self._clock = clock
         self._controls = controls
         self._rendering = SlackRendering(receiver, controls)
         self._state = SinkState(store, receiver.name)
-        self._channel = SlackChannel(receiver, self._state, limits)
-        self._storms = StormControl(receiver, self._state, self._channel, metrics)
+        self._channel = SlackChannel(receiver, self._state, limits or SlackRateLimits(clock))
+        self._storms = StormControl(receiver, self._state, self._channel, metrics, clock)
         with contextlib.suppress(RuntimeError):  # no running loop: the first delivery starts the flusher
             asyncio.get_running_loop()
             self._storms.ensure_flusher()
@@ -288,7 +290,7 @@ class SlackSink:
             if found is not None:
                 record.posting = None
                 return found
-        record.posting = Posting(nonce=nonce, at=time.time(), thread_ts=thread_ts)
+        record.posting = Posting(nonce=nonce, at=self._clock.now().timestamp(), thread_ts=thread_ts)
         await self._state.save_record(key, record)
         try:
             posted = await self._channel.post(payload, thread_ts=thread_ts, nonce=nonce, key=key)

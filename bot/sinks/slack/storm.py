@@ -13,11 +13,10 @@ and a post in doubt is looked up by that nonce before it is sent again (re-sent 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import time
 from collections.abc import Callable
 
+from bot.clock import SYSTEM_CLOCK, Clock, wait_for_event
 from bot.config import SlackReceiver
 from bot.message import Message
 from bot.metrics import Metrics
@@ -48,8 +47,16 @@ _FLUSH_MAX_BACKOFF = 60.0
 class StormControl:
     """Storms in one receiver's channel: admission and listing (by deliveries), posting (by the flusher task)."""
 
-    def __init__(self, receiver: SlackReceiver, state: SinkState, channel: SlackChannel, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        receiver: SlackReceiver,
+        state: SinkState,
+        channel: SlackChannel,
+        metrics: Metrics,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         self.name = receiver.name
+        self._clock = clock
         self._config = receiver
         self._state = state
         self._channel = channel
@@ -58,12 +65,16 @@ class StormControl:
         self._flusher: asyncio.Task[None] | None = None
         self._closing = False
 
+    def _now(self) -> float:
+        """Wall-clock seconds: storm times are stored and outlive the process."""
+        return self._clock.now().timestamp()
+
     # --- deliveries ---------------------------------------------------------------------------------------
     async def admit(self, message: Message) -> str:
         """Count a new alert's arrival; the id of the storm it belongs to, or "" for a normal message."""
         async with self._state.lock:
             state = await self._state.channel_state()
-            now = time.time()
+            now = self._now()
             window = self._config.storm_window
             if state.storm:
                 storm = await self._state.storm(state.storm)
@@ -101,7 +112,7 @@ class StormControl:
             )
             storm.next_seq = seq + 1
             storm.count(message, record.status)
-            storm.pending_since = storm.pending_since or time.time()
+            storm.pending_since = storm.pending_since or self._now()
             record.storm, record.seq = storm.id, seq
             await self._state.save_record(key, record)
 
@@ -122,7 +133,7 @@ class StormControl:
             storm.next_seq = seq + 1
             if not storm.reopen(key):
                 storm.count(message, message.status)
-            storm.last_new_at = time.time()
+            storm.last_new_at = self._now()
             storm.pending_since = storm.pending_since or storm.last_new_at
             await self._state.save_storm(storm)
         self._wake.set()
@@ -201,10 +212,10 @@ class StormControl:
             except Exception:
                 pause = 10.0
                 log.exception("storm flusher failed", extra={"receiver": self.name})
-            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow the cancellation that stops this loop.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(pause):
-                    await self._wake.wait()
+            if pause is None:
+                await self._wake.wait()
+            else:
+                await wait_for_event(self._clock, self._wake, pause)
 
     async def _flush_once(self) -> float | None:
         """Move every open storm one step; how long to wait before the next step (None: until woken)."""
@@ -222,7 +233,7 @@ class StormControl:
         if storm is None:
             await self._close_storm(storm_id)
             return None
-        now = time.time()
+        now = self._now()
         if not storm.ended and now - storm.last_new_at > self._config.storm_window:
             await self._end_storm(storm_id)
             return 0.0
@@ -269,7 +280,7 @@ class StormControl:
         if found is None:
             nonce = f"storm:{storm.id}"
             await self._state.update_storm(
-                storm.id, lambda s: setattr(s, "posting", Posting(nonce=nonce, at=time.time()))
+                storm.id, lambda s: setattr(s, "posting", Posting(nonce=nonce, at=self._now()))
             )
             try:
                 found = await self._channel.post(
@@ -281,7 +292,7 @@ class StormControl:
         channel, ts = found
 
         def posted(s: Storm) -> None:
-            s.summary_channel, s.summary_ts, s.posting, s.summary_at = channel, ts, None, time.time()
+            s.summary_channel, s.summary_ts, s.posting, s.summary_at = channel, ts, None, self._now()
 
         await self._state.update_storm(storm.id, posted)
 
@@ -296,7 +307,7 @@ class StormControl:
             lines = lines[: storm_batch_size(lines, first)]
             last = first + len(lines) - 1
             nonce = f"storm:{storm.id}:{first}-{last}"
-            posting = Posting(nonce=nonce, at=time.time(), thread_ts=storm.summary_ts, first=first, last=last)
+            posting = Posting(nonce=nonce, at=self._now(), thread_ts=storm.summary_ts, first=first, last=last)
             await self._state.update_storm(storm.id, lambda s: setattr(s, "batch_posting", posting))
             try:
                 await self._channel.post(
@@ -308,7 +319,7 @@ class StormControl:
 
         def posted(s: Storm) -> None:
             s.posted_seq, s.batch_posting = max(s.posted_seq, last), None
-            s.pending_since = 0.0 if s.posted_seq >= s.next_seq - 1 else time.time()
+            s.pending_since = 0.0 if s.posted_seq >= s.next_seq - 1 else self._now()
             s.version += 1
 
         await self._state.update_storm(storm.id, posted)
@@ -323,7 +334,7 @@ class StormControl:
             self._count_failure(failure.result, 1, "storm summary update failed")
 
         def refreshed(s: Storm) -> None:
-            s.shown_version, s.summary_at = max(s.shown_version, shown), time.time()
+            s.shown_version, s.summary_at = max(s.shown_version, shown), self._now()
 
         await self._state.update_storm(storm.id, refreshed)
 
