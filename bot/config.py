@@ -101,6 +101,13 @@ def listen_address(value: Any) -> str:
     return host_port(value, LISTEN_EXAMPLE, port_zero=False)
 
 
+def split_listen(value: str) -> tuple[str, int]:
+    """The host (IPv6 without brackets) and port of a checked `listen_address`."""
+    match = _LISTEN.match(value)
+    assert match is not None
+    return match.group("host").strip("[]"), int(match.group("port"))
+
+
 _HTTP_URL = TypeAdapter(AnyHttpUrl)
 
 
@@ -316,6 +323,9 @@ class WorkerConfig(StrictModel):
     # Wait before retrying an event after a pipeline error; doubles with each attempt, at most 5 minutes.
     retry_backoff: Duration = 2.0
     poll_interval: Duration = 1.0
+    # Where a worker process (serve --role all|worker) serves its /metrics; default: server.listen's host (on
+    # loopback without server.auth) with the port after server.listen's.
+    metrics_listen: Annotated[str, PlainValidator(listen_address)] | None = None
 
 
 class OutboxConfig(StrictModel):

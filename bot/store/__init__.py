@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from bot.config import StoreConfig
-from bot.store.base import Store, StoreUnavailable
+from bot.store.base import Store, StoreSide, StoreUnavailable
 from bot.store.postgresql import PostgresStore
 from bot.store.sqlite import SqliteStore
 
-__all__ = ["Store", "StoreUnavailable", "open_store"]
+__all__ = ["Store", "StoreSide", "StoreUnavailable", "open_store"]
 
 
-async def open_store(config: StoreConfig, *, read_only: bool = False) -> Store:
+async def open_store(config: StoreConfig, *, read_only: bool = False, side: StoreSide = "all") -> Store:
     """The configured store, opened (and migrated). `read_only` is for CLI commands that inspect a running bot's
-    store: they never migrate it."""
+    store: they never migrate it. `side` is the part of the bot this process runs (`serve --role`)."""
     if config.backend == "postgresql":
         assert config.dsn_file is not None  # StoreConfig refuses postgresql without it
         pg = PostgresStore(
@@ -26,7 +26,7 @@ async def open_store(config: StoreConfig, *, read_only: bool = False) -> Store:
         await pg.open()
         return pg
     store = SqliteStore(
-        config.path, synchronous=config.synchronous, dedup_window=config.dedup_window, read_only=read_only
+        config.path, synchronous=config.synchronous, dedup_window=config.dedup_window, read_only=read_only, side=side
     )
     await store.open()
     return store

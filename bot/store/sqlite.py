@@ -41,6 +41,7 @@ from bot.store.base import (
     IngestResult,
     Planner,
     Store,
+    StoreSide,
     StoreStats,
     StoreUnavailable,
     UnknownAlert,
@@ -335,15 +336,23 @@ class _ShmGuard:
             raise StoreUnavailable(f"{self._shm} is not writable (read-only or immutable): make it writable again")
 
 
-def _lock_exclusively(lock_path: Path) -> int:
+# The lock file of each side (StoreSide): one ingest and one worker per store, in one process or in two.
+_LOCK_SUFFIXES: dict[StoreSide, tuple[str, ...]] = {
+    "all": (".ingest.lock", ".lock"),
+    "ingest": (".ingest.lock",),
+    "worker": (".lock",),
+}
+
+
+def _lock_exclusively(store: Path, suffix: str) -> int:
     """Hold an exclusive lock on the store for the life of the process; the kernel drops it when the process
     dies, even by SIGKILL, so a crash never leaves a stale lock behind."""
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(store.with_name(store.name + suffix), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise StoreInUse(f"the store {lock_path.with_suffix('')} is in use by another gpu-alert-bot process") from None
+        raise StoreInUse(f"the store {store} is in use by another gpu-alert-bot process") from None
     return fd
 
 
@@ -431,18 +440,26 @@ class _Checkpointer:
 
 class SqliteStore(Store):
     def __init__(
-        self, path: Path, *, synchronous: Synchronous = "full", dedup_window: float = 600.0, read_only: bool = False
+        self,
+        path: Path,
+        *,
+        synchronous: Synchronous = "full",
+        dedup_window: float = 600.0,
+        read_only: bool = False,
+        side: StoreSide = "all",
     ) -> None:
-        """`read_only` opens an existing store for inspection (CLI commands) beside a running bot."""
+        """`read_only` opens an existing store for inspection (CLI commands) beside a running bot; `side` is the
+        part of the bot this process runs, when ingest and worker run in processes of their own."""
         self._path = path
         self._read_only = read_only
+        self._side = side
         self._synchronous = synchronous
         self._dedup_window = dedup_window
         self._thread = _StoreThread()
         self._checkpointer = _Checkpointer(path)
         self._conn: sqlite3.Connection | None = None
         self._shm_guard: _ShmGuard | None = None
-        self._lock_fd: int | None = None
+        self._lock_fds: list[int] = []
         self._group_commit = GroupCommit(self._commit_batch, name="sqlite-group-commit")
 
     # --- lifecycle -----------------------------------------------------------------------------------
@@ -463,12 +480,12 @@ class SqliteStore(Store):
 
     def _open_sync(self) -> None:
         self._path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = _lock_exclusively(self._path.with_name(self._path.name + ".lock"))
         try:
+            for suffix in _LOCK_SUFFIXES[self._side]:
+                self._lock_fds.append(_lock_exclusively(self._path, suffix))
             conn = self._connect_sound()
         except BaseException:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+            self._unlock()
             raise
         conn.row_factory = sqlite3.Row
         conn.execute("PRAGMA journal_mode=WAL")
@@ -486,8 +503,9 @@ class SqliteStore(Store):
         conn.execute(f"PRAGMA user_version = {SQLITE_SCHEMA_VERSION}")
         _add_missing_short_ids(conn)
         _add_missing_columns(conn, "alerts", _ALERT_SILENCE_COLUMNS)
-        # The lock above guarantees this is the only process using the store: leases left by a killed one are void.
-        conn.execute("UPDATE events SET lease_until = 0 WHERE state = 'pending'")
+        if self._side != "ingest":
+            # The lock above guarantees this is the only worker using the store: leases left by a killed one are void.
+            conn.execute("UPDATE events SET lease_until = 0 WHERE state = 'pending'")
         self._conn = conn
         # Only from here: opening may legitimately truncate an -shm file left by an earlier process.
         self._shm_guard = _ShmGuard(self._path)
@@ -516,9 +534,11 @@ class SqliteStore(Store):
         if self._conn is not None:
             self._conn.close()
             self._conn = None
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        self._unlock()
+
+    def _unlock(self) -> None:
+        while self._lock_fds:
+            os.close(self._lock_fds.pop())
 
     @property
     def path(self) -> Path:
