@@ -102,9 +102,10 @@ async def serve_ingest(config: BotConfig, playbooks: PlaybookSet, worker: Sequen
         await _stop_requested()
         log.info("shutting down")
     finally:
-        await runner.cleanup()
+        # The worker first: a Ctrl-C reaches it too, and its exit must not look like a death to restart it from.
         if supervisor is not None:
             await supervisor.stop()
+        await runner.cleanup()
 
 
 async def serve_worker(config: BotConfig, playbooks: PlaybookSet, parent_pipe: int | None) -> None:

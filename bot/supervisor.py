@@ -79,7 +79,10 @@ class WorkerSupervisor:
                 extra={"pid": self._process.pid, "returncode": returncode, "restart_in": delay},
             )
             await self._clock.sleep(delay)
-            await self._spawn()
+            try:
+                await self._spawn()
+            except OSError:  # the process table or memory is full: the dead child's wait() returns at once
+                log.exception("cannot start the worker process")
 
     async def _spawn(self) -> None:
         self._close_pipe()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import signal
 import sqlite3
+import sys
 from contextlib import closing
 from pathlib import Path
 
@@ -13,6 +14,8 @@ import httpx
 import yaml
 
 from bot.heartbeat import STALE_AFTER, Heartbeat
+from bot.metrics import Metrics
+from bot.supervisor import WorkerSupervisor
 from bot.wakeup import WATCH_EVERY, CommitWatch
 from tests.support.bot import eventually, running_bot
 from tests.support.clock import FakeClock
@@ -102,3 +105,24 @@ async def test_serve_runs_the_worker_in_a_process_of_its_own_which_stops_with_it
     # SIGTERM stopped the worker process too: it logged its own shutdown before the group exited.
     assert any('"msg": "worker shutting down"' in line for line in bot.stderr.snapshot())
     assert not Path(f"/proc/{worker}").exists()
+
+
+async def test_a_worker_process_that_keeps_dying_is_restarted_ever_more_slowly() -> None:
+    clock = FakeClock()
+    metrics = Metrics()
+    supervisor = WorkerSupervisor([sys.executable, "-c", "raise SystemExit(3)"], metrics, clock, stop_timeout=5)
+
+    def restarts() -> float | None:
+        return metrics.registry.get_sample_value("gpu_alert_bot_worker_restarts_total")
+
+    await supervisor.start()
+    try:
+        await eventually(lambda: restarts() == 1 and clock.sleeping == 1, timeout=30)
+        await clock.advance(0.5)  # the first restart comes after half a second
+        await eventually(lambda: restarts() == 2 and clock.sleeping == 1, timeout=30)
+        await clock.advance(0.5)
+        assert (restarts(), clock.sleeping) == (2, 1)  # the second one only after a whole second
+        await clock.advance(0.5)
+        await eventually(lambda: restarts() == 3, timeout=30)
+    finally:
+        await supervisor.stop()
