@@ -115,15 +115,6 @@ def _assert_printed_once(lines: list[dict[str, Any]], acknowledged: set[str], in
     assert len(repeated) <= in_flight_at_kill, repeated
 
 
-def _kill_group(bot: BotProcess) -> None:
-    """SIGKILL the ingest process and its worker process at once, as a crash of the machine's power would."""
-    worker = bot.worker_pid()
-    assert worker is not None
-    os.kill(worker, signal.SIGKILL)
-    bot.stop(signal.SIGKILL)
-    assert bot.process.returncode == -signal.SIGKILL
-
-
 async def test_every_acknowledged_alert_is_processed_exactly_once_across_a_sigkill_of_the_whole_bot(
     tmp_path: Path,
 ) -> None:
@@ -135,7 +126,8 @@ async def test_every_acknowledged_alert_is_processed_exactly_once_across_a_sigki
     try:
         acknowledged = await _acknowledged(first, payloads)
     finally:
-        _kill_group(first)  # right after the last acknowledgement
+        first.kill_group()  # right after the last acknowledgement
+    assert first.process.returncode == -signal.SIGKILL
     before = _console_lines(first, killed=True)
     # The premise: the kill interrupted the work (20 events per webhook take the worker far longer than the posts).
     assert _pending(db) > 0 and len(before) < len(acknowledged), (
@@ -208,3 +200,35 @@ async def test_an_ingest_process_killed_under_load_loses_nothing_its_worker_keep
     _assert_once_in_store(db, acknowledged, WEBHOOKS + 10)
     # The worker was never killed: every delivery printed exactly once.
     _assert_printed_once(_console_lines(worker, killed=False), acknowledged, in_flight_at_kill=0)
+
+
+async def test_on_postgresql_a_worker_process_killed_under_load_is_restarted_and_loses_nothing(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    dsn_file = tmp_path / "postgres_dsn"
+    dsn_file.write_text(postgres_dsn + "\n")
+    config = tmp_path / "bot.yaml"
+    store = {"backend": "postgresql", "dsn_file": str(dsn_file), "replica": "a", "receiver_lease": "2s"}
+    # A killed worker's events wait for their lease to expire: a short one keeps the test short.
+    config.write_text(yaml.safe_dump({"store": store, "worker": {"poll_interval": "200ms", "event_lease": "3s"}}))
+
+    def lines() -> list[dict[str, Any]]:
+        return [json.loads(line) for line in bot.stdout.snapshot() if line.strip().endswith("}")]
+
+    bot = BotProcess(config)
+    try:
+        acknowledged = await _acknowledged(bot, _payloads("pg-worker-crash", count=30))
+        killed = bot.worker_pid()
+        assert killed is not None
+        os.kill(killed, signal.SIGKILL)
+        assert len(lines()) < len(acknowledged), "the kill should interrupt work, or this proves nothing"
+        await eventually(lambda: bot.worker_pid() not in (None, killed), timeout=30)
+        await eventually(
+            lambda: acknowledged <= {line["alert_key"] for line in lines() if line["event"] == "firing"},
+            timeout=90,
+            interval=0.2,
+        )
+    finally:
+        bot.stop()
+    assert bot.process.returncode == 0
+    _assert_printed_once(lines(), acknowledged, in_flight_at_kill=1)

@@ -272,6 +272,14 @@ class BotProcess(ManagedProcess):
                 raise TimeoutError(f"{message!r} not logged within {timeout} s")
             time.sleep(0.05)
 
+    def kill_group(self) -> None:
+        """SIGKILL the ingest process and its worker process at once, as a power cut would: `kill()` alone would
+        let the worker see its parent gone and stop cleanly."""
+        worker = self.worker_pid()
+        if worker is not None:
+            os.kill(worker, signal.SIGKILL)
+        self.kill()
+
     def worker_pid(self) -> int | None:
         """The worker process that `serve --role all` started; None between a death and the restart."""
         children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()
