@@ -1,4 +1,4 @@
-# gpu-alert-bot: webhook receiver, worker and outbox in one process, SQLite store in a volume.
+# gpu-alert-bot: webhook receiver, and its worker process (worker, outbox), SQLite store in a volume.
 #
 #   docker build -t gpu-alert-bot .
 #   docker run -d --name gpu-alert-bot -p 9095:9095 \
@@ -50,11 +50,13 @@ RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
 
 USER gpu-alert-bot
 VOLUME ["/var/lib/gpu-alert-bot"]
-EXPOSE 9095
+# The webhook receiver, and the worker process's /metrics (worker.metrics_listen, docs/processes.md).
+EXPOSE 9095 9096
 
 # Asks /healthz on the port server.listen names in the configuration the bot runs with, whatever it is.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=15s --retries=3 \
     CMD ["gpu-alert-bot", "healthcheck", "--config", "/etc/gpu-alert-bot/bot.yaml", "--timeout", "4s"]
 
-# SIGTERM (docker stop) finishes requests in flight and closes the store cleanly.
+# `serve` (--role all) starts its worker process and restarts it if it dies. SIGTERM (docker stop) finishes
+# requests in flight and the delivery under way, and closes the store cleanly.
 CMD ["gpu-alert-bot", "serve", "--config", "/etc/gpu-alert-bot/bot.yaml"]

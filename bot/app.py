@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import TextIO
+from typing import Literal, TextIO
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -20,6 +20,7 @@ from bot.config import BotConfig
 from bot.deadman import Deadman
 from bot.enrich import build_enrichers
 from bot.enrich.base import EnrichmentRunner
+from bot.heartbeat import heartbeat_checks
 from bot.ingest import WEBHOOK_PATH, WebhookHandler, json_error
 from bot.interact.approval import approval_messages
 from bot.interact.remediation import RemediationCommands, SlackAuthorizer
@@ -42,16 +43,34 @@ _READY_CHECK_TIMEOUT = 2.0
 
 
 @dataclass
-class Runtime:
-    """Everything that runs in the background of one bot process."""
+class Processing:
+    """The worker side: dedup, pipeline and outbox, with the enrichers they use."""
 
-    store: Store
     outbox: Outbox
     worker: Worker
     enrichers: EnrichmentRunner
+
+    async def close(self) -> None:
+        await self.worker.stop()
+        await self.outbox.stop()
+        await self.enrichers.close()
+
+
+@dataclass
+class Runtime:
+    """Everything that runs in the background of one bot process. `processing` is None in an ingest process,
+    whose worker runs in another process (bot.roles)."""
+
+    store: Store
+    processing: Processing | None
     interactivity: Interactivity | None = None
     deadman: Deadman | None = None
     remediation: RemediationService | None = None
+
+    def notify_worker(self) -> None:
+        """New work is in the store. A worker in another process sees the store's commits by itself."""
+        if self.processing is not None:
+            self.processing.worker.notify()
 
     async def close(self) -> None:
         if self.remediation is not None:
@@ -60,42 +79,22 @@ class Runtime:
             await self.deadman.stop()
         if self.interactivity is not None:
             await self.interactivity.close()
-        await self.worker.stop()
-        await self.outbox.stop()
-        await self.enrichers.close()
+        if self.processing is not None:
+            await self.processing.close()
         await self.store.close()
 
 
-async def start_runtime(
+def start_processing(
     config: BotConfig,
+    store: Store,
     metrics: Metrics,
     playbooks: PlaybookSet,
-    console: TextIO | None = None,
+    console: TextIO | None,
+    executable: frozenset[str],
     clock: Clock = SYSTEM_CLOCK,
-) -> Runtime:
-    store = await open_store(config.store, clock=clock)
-    interactivity = Interactivity(config, store) if interactivity_enabled(config.interactivity) else None
-
-    def notify_worker() -> None:  # the engine announces only once started, after the worker exists
-        worker.notify()
-
-    # Built before the sinks, which show a button only for an action the engine can run.
-    remediation = (
-        build_remediation(
-            config,
-            store,
-            notify_worker,
-            metrics,
-            playbooks,
-            authorizer=_slack_authorizer(interactivity),
-        )
-        if config.remediation.hosts
-        else None
-    )
-    executable = frozenset(remediation.engine.executable_actions()) if remediation is not None else frozenset()
-    if remediation is not None and interactivity is not None:
-        RemediationCommands(remediation.engine, interactivity.access).register(interactivity.dispatcher)
-        remediation.engine.watch_approvals(approval_messages(config, interactivity, store))
+) -> Processing:
+    """Sinks, outbox, enrichers, pipeline and worker, started. `executable`: the remediation actions whose
+    buttons the Slack messages show."""
     sinks = build_sinks(config.receivers, store, metrics, console, slack_controls(config, executable), clock)
     metrics.init_receivers(sinks)
     outbox = Outbox(store, sinks, config.outbox, metrics, receiver_lease=config.store.receiver_lease, clock=clock)
@@ -114,22 +113,55 @@ async def start_runtime(
     store.subscribe(worker.notify, lambda receiver: outbox.wake([receiver]))
     outbox.start()
     worker.start()
+    return Processing(outbox=outbox, worker=worker, enrichers=enrichers)
+
+
+async def start_runtime(
+    config: BotConfig,
+    metrics: Metrics,
+    playbooks: PlaybookSet,
+    console: TextIO | None = None,
+    clock: Clock = SYSTEM_CLOCK,
+    side: Literal["all", "ingest"] = "all",
+) -> Runtime:
+    """`side` "all" runs the worker and outbox in this process too; "ingest" leaves them to a worker process."""
+    store = await open_store(config.store, side=side, clock=clock)
+    interactivity = Interactivity(config, store) if interactivity_enabled(config.interactivity) else None
+    runtime = Runtime(store=store, processing=None, interactivity=interactivity)
+
+    # Built before the sinks, which show a button only for an action the engine can run.
+    remediation = (
+        build_remediation(
+            config,
+            store,
+            runtime.notify_worker,
+            metrics,
+            playbooks,
+            authorizer=_slack_authorizer(interactivity),
+        )
+        if config.remediation.hosts
+        else None
+    )
+    if remediation is not None and interactivity is not None:
+        RemediationCommands(remediation.engine, interactivity.access).register(interactivity.dispatcher)
+        remediation.engine.watch_approvals(approval_messages(config, interactivity, store))
+    if side == "all":
+        runtime.processing = start_processing(
+            config, store, metrics, playbooks, console, executable_actions(remediation), clock
+        )
     if interactivity is not None:
         await interactivity.start()
-    deadman = Deadman(store, config.deadman, metrics, clock, worker.notify) if config.deadman.enabled else None
-    if deadman is not None:
-        deadman.start()
+    if config.deadman.enabled:
+        runtime.deadman = Deadman(store, config.deadman, metrics, clock, runtime.notify_worker)
+        runtime.deadman.start()
     if remediation is not None:
         await remediation.start()
-    return Runtime(
-        store=store,
-        outbox=outbox,
-        worker=worker,
-        enrichers=enrichers,
-        interactivity=interactivity,
-        deadman=deadman,
-        remediation=remediation,
-    )
+        runtime.remediation = remediation
+    return runtime
+
+
+def executable_actions(remediation: RemediationService | None) -> frozenset[str]:
+    return frozenset(remediation.engine.executable_actions()) if remediation is not None else frozenset()
 
 
 def _slack_authorizer(interactivity: Interactivity | None) -> Callable[[Authorizer], Authorizer] | None:
@@ -144,6 +176,7 @@ RUNTIME_KEY = web.AppKey("runtime", Runtime)
 METRICS_KEY = web.AppKey("metrics", Metrics)
 WEBHOOK_KEY = web.AppKey("webhook", WebhookHandler)
 STORE_INFO_KEY = web.AppKey("store_info", dict[str, str])
+CLOCK_KEY = web.AppKey("clock", Clock)
 
 
 def build_app(
@@ -152,25 +185,28 @@ def build_app(
     metrics: Metrics | None = None,
     console: TextIO | None = None,
     clock: Clock = SYSTEM_CLOCK,
+    side: Literal["all", "ingest"] = "all",
 ) -> web.Application:
     """The bot as an aiohttp application. `console` is where console sinks write (default: stdout); `clock`
-    drives the dead man's switch."""
+    drives the dead man's switch; `side` "ingest" leaves the worker and outbox to a worker process (bot.roles),
+    whose heartbeat /readyz then reads."""
     metrics = metrics or Metrics()
     app = web.Application(client_max_size=config.server.max_body_bytes, middlewares=[request_deadlines, _json_errors])
     app[METRICS_KEY] = metrics
     app[STORE_INFO_KEY] = {"backend": config.store.backend, "replica": config.store.replica}
+    app[CLOCK_KEY] = clock
     metrics.replica_info.labels(config.store.replica, config.store.backend).set(1)
     auth = WebhookAuth(config.server.auth)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
-        runtime = await start_runtime(config, metrics, playbooks, console, clock)
+        runtime = await start_runtime(config, metrics, playbooks, console, clock, side)
         app[RUNTIME_KEY] = runtime
         app[WEBHOOK_KEY] = WebhookHandler(
             runtime.store,
             auth,
             config.server,
             metrics,
-            runtime.worker.notify,
+            runtime.notify_worker,
             runtime.deadman.observe if runtime.deadman is not None else None,
         )
         yield
@@ -208,12 +244,33 @@ async def _readyz(request: web.Request) -> web.Response:
         checks["store"] = "writable"
     except (StoreUnavailable, TimeoutError) as exc:
         checks["store"] = f"not writable: {exc}" if str(exc) else "not writable: timed out"
-    checks["worker"] = "running" if runtime.worker.running else "stopped"
-    checks["outbox"] = "running" if runtime.outbox.running else "stopped"
+    if runtime.processing is not None:
+        checks["worker"] = "running" if runtime.processing.worker.running else "stopped"
+        checks["outbox"] = "running" if runtime.processing.outbox.running else "stopped"
+    else:
+        checks |= await _worker_process_checks(
+            runtime.store, request.app[STORE_INFO_KEY]["replica"], request.app[CLOCK_KEY]
+        )
     ready = checks["store"] == "writable" and checks["worker"] == "running" and checks["outbox"] == "running"
     body = {"status": "ready" if ready else "not ready", "checks": checks}
     body |= {"store": request.app[STORE_INFO_KEY]}
     return web.json_response(body, status=200 if ready else 503)
+
+
+async def _worker_process_checks(store: Store, replica: str, clock: Clock) -> dict[str, str]:
+    try:
+        async with asyncio.timeout(_READY_CHECK_TIMEOUT):
+            return await heartbeat_checks(store, replica, clock.now())
+    except (StoreUnavailable, TimeoutError):
+        return {"worker": "unknown: the store cannot be read", "outbox": "unknown: the store cannot be read"}
+
+
+def build_metrics_app(metrics: Metrics) -> web.Application:
+    """/metrics alone: what a worker process serves, on `worker.metrics_listen`."""
+    app = web.Application()
+    app[METRICS_KEY] = metrics
+    app.router.add_get("/metrics", _metrics)
+    return app
 
 
 async def _metrics(request: web.Request) -> web.Response:

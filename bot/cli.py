@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import importlib.metadata
-import ipaddress
 import logging
 import os
 import signal
@@ -17,24 +15,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
-
 from bot.actions.cli import remediation_command
-from bot.app import build_app
 from bot.audit import audit_command
 from bot.commands.gpus import gpus_command
 from bot.commands.xid import xid_command
 from bot.config import BotConfig, ConfigError, listen_address, load_config, parse_duration, secret_file_warnings
 from bot.explain import run as run_explain
 from bot.healthcheck import ALIVE_PATH, READY_PATH, probe
-from bot.ingest import WEBHOOK_PATH
 from bot.logs import configure_logging, tag_records
 from bot.playbooks import PlaybookError, PlaybookSet
+from bot.roles import ROLES, listen_host, serve_ingest, serve_worker, worker_command
 from bot.selftest.command import Options as SelftestOptions
 from bot.selftest.command import selftest_command
-from bot.server import GuardedSite
 from bot.store import StoreUnavailable
 from bot.store.copy import migrate_command, store_copy_command
+from bot.supervisor import PARENT_PIPE_OPTION
 
 log = logging.getLogger("bot")
 
@@ -73,7 +68,17 @@ def _parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the webhook receiver, worker and outbox")
     serve.add_argument("--config", type=Path, help="YAML configuration file (default: built-in defaults)")
     serve.add_argument("--listen", metavar="HOST:PORT", type=_listen, help="override server.listen")
+    serve.add_argument(
+        "--worker-metrics-listen", metavar="HOST:PORT", type=_listen, help="override worker.metrics_listen"
+    )
     _store_option(serve)
+    serve.add_argument(
+        "--role",
+        choices=ROLES,
+        default="all",
+        help="all: the webhook receiver, supervising a worker process (default); ingest or worker: one side only",
+    )
+    serve.add_argument(PARENT_PIPE_OPTION, type=int, help=argparse.SUPPRESS)  # set by `--role all` for its worker
     serve.set_defaults(run=_serve)
 
     check = commands.add_parser("check-config", help="validate a configuration file and its playbooks")
@@ -297,6 +302,8 @@ def _serve(args: argparse.Namespace) -> int:
     overrides = _store_override(args)
     if args.listen:
         overrides["server.listen"] = args.listen
+    if args.worker_metrics_listen:
+        overrides["worker.metrics_listen"] = args.worker_metrics_listen
     try:
         config, playbooks = _load(args.config, overrides)
     except (ConfigError, PlaybookError) as exc:
@@ -307,12 +314,26 @@ def _serve(args: argparse.Namespace) -> int:
         tag_records(replica=config.store.replica)
     for warning in secret_file_warnings(config):
         log.warning(warning)
+    if args.role != "all":
+        tag_records(role=args.role)
     try:
-        asyncio.run(_run_server(config, playbooks))
+        if args.role == "worker":
+            asyncio.run(serve_worker(config, playbooks, args.parent_pipe))
+        else:
+            worker = worker_command(_serve_options(args)) if args.role == "all" else None
+            asyncio.run(serve_ingest(config, playbooks, worker))
     except (OSError, StoreUnavailable) as exc:
         log.error("cannot start", extra={"reason": str(exc)})
         return EXIT_START
     return EXIT_OK
+
+
+def _serve_options(args: argparse.Namespace) -> list[str]:
+    """This `serve`'s options, for the worker process of `--role all` (paths absolute: same files)."""
+    options = ["--config", str(args.config.resolve())] if args.config else []
+    options += ["--listen", args.listen] if args.listen else []
+    options += ["--worker-metrics-listen", args.worker_metrics_listen] if args.worker_metrics_listen else []
+    return options + (["--store", str(args.store.resolve())] if args.store else [])
 
 
 def _healthcheck(args: argparse.Namespace) -> int:
@@ -323,54 +344,3 @@ def _healthcheck(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     path = READY_PATH if args.ready else ALIVE_PATH
     return EXIT_OK if probe(listen_host(config), config.server.port, args.timeout, path) else EXIT_START
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def listen_host(config: BotConfig) -> str:
-    """Without webhook credentials anyone who can reach the port could inject alerts: stay on loopback."""
-    host = config.server.host
-    if config.server.auth.enabled or _is_loopback(host):
-        return host
-    return "127.0.0.1"
-
-
-async def _run_server(config: BotConfig, playbooks: PlaybookSet) -> None:
-    host = listen_host(config)
-    if not config.server.auth.enabled:
-        log.warning(
-            "no webhook credentials configured: listening on loopback only; "
-            "set server.auth (bearer_token_file or basic) to accept a remote Alertmanager",
-            extra={"requested": config.server.host, "listening": host},
-        )
-    runner = web.AppRunner(build_app(config, playbooks), access_log=None, handle_signals=False, shutdown_timeout=5)
-    await runner.setup()
-    await GuardedSite(runner, host, config.server.port, config.server).start()
-    # Everything loaded so far (modules, config, playbooks) lives as long as the process: keep it out of the
-    # garbage collector's full passes, which would otherwise stop the bot for tens of milliseconds each.
-    gc.collect()
-    gc.freeze()
-    log.info(
-        "gpu-alert-bot ready",
-        extra={
-            "listen": f"{host}:{config.server.port}",
-            "webhook": WEBHOOK_PATH,
-            "store": str(config.store.path) if config.store.backend == "sqlite" else "postgresql",
-            "auth": "on" if config.server.auth.enabled else "off",
-            "receivers": [r.name for r in config.receivers],
-        },
-    )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    log.info("shutting down")
-    await runner.cleanup()

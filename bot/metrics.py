@@ -166,6 +166,11 @@ class Metrics:
             ["replica", "backend"],
             registry=r,
         )
+        self.worker_restarts = Counter(
+            f"{_PREFIX}_worker_restarts",
+            "Times `serve --role all` restarted its worker process after it died.",
+            registry=r,
+        )
 
     def error(self, kind: ErrorKind) -> None:
         self.errors.labels(kind).inc()

@@ -133,7 +133,7 @@ async def test_a_note_reaches_the_console_and_the_slack_thread_of_its_alert(tmp_
             [alert] = await bot.runtime.store.list_alerts()
             assert f"id `{short_id(alert.key)}`" in root.rendered_text()
             await bot.runtime.store.add_note(alert.key, "silenced by <!channel>")
-            bot.runtime.worker.notify()
+            bot.runtime.notify_worker()
             [reply] = await eventually(lambda: slack.replies(root))
             assert "silenced by &lt;!channel&gt;" in reply.rendered_text()
             await eventually(lambda: any(e["event"] == "note" for e in bot.console_events()))

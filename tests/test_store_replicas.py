@@ -209,7 +209,7 @@ async def test_a_replica_killed_during_a_burst_loses_nothing_and_its_receiver_is
                 if n == 60:
                     await asyncio.gather(*sends)
                     sends = []
-                    first.kill()
+                    first.kill_group()
             await asyncio.gather(*sends)
 
         def delivered_hosts() -> list[str]:

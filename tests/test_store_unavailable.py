@@ -103,10 +103,12 @@ async def test_readyz_fails_when_the_worker_or_the_outbox_stops(tmp_path: Path) 
             "checks": {"store": "writable", "worker": "running", "outbox": "running"},
             "store": {"backend": "sqlite", "replica": socket.gethostname()},
         }
-        await bot.runtime.worker.stop()
+        processing = bot.runtime.processing
+        assert processing is not None
+        await processing.worker.stop()
         stopped = await _ready(client, bot)
         assert stopped.status_code == 503
         assert stopped.json()["checks"]["worker"] == "stopped"
-        await bot.runtime.outbox.stop()
+        await processing.outbox.stop()
         assert (await _ready(client, bot)).json()["checks"]["outbox"] == "stopped"
         assert (await client.get(f"{bot.url}/healthz")).json() == {"status": "alive"}

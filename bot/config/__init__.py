@@ -8,7 +8,16 @@ are resolved against the directory of the configuration file, so the bot runs fr
 from __future__ import annotations
 
 from bot.config.alertmanager import AlertmanagerConfig, DeadmanConfig
-from bot.config.base import LISTEN_EXAMPLE, ConfigPath, HttpUrlText, StrictModel, host_port, http_url, listen_address
+from bot.config.base import (
+    LISTEN_EXAMPLE,
+    ConfigPath,
+    HttpUrlText,
+    StrictModel,
+    host_port,
+    http_url,
+    listen_address,
+    split_listen,
+)
 from bot.config.duration import Duration, parse_duration
 from bot.config.enrichment import BUNDLED_PLAYBOOKS, EnrichmentConfig, LokiConfig, PlaybooksConfig, PrometheusConfig
 from bot.config.interactivity import DEFAULT_PERMISSIONS, InteractivityConfig, SlackRole
@@ -90,4 +99,5 @@ __all__ = [
     "load_config",
     "parse_duration",
     "secret_file_warnings",
+    "split_listen",
 ]

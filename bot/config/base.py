@@ -38,6 +38,13 @@ def listen_address(value: Any) -> str:
     return host_port(value, LISTEN_EXAMPLE, port_zero=False)
 
 
+def split_listen(value: str) -> tuple[str, int]:
+    """The host (IPv6 without brackets) and port of a checked `listen_address`."""
+    match = HOST_PORT.match(value)
+    assert match is not None
+    return match.group("host").strip("[]"), int(match.group("port"))
+
+
 _HTTP_URL = TypeAdapter(AnyHttpUrl)
 
 

@@ -6,13 +6,13 @@ import contextlib
 import socket
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
-from pydantic import Field, model_validator
+from pydantic import Field, PlainValidator, model_validator
 
-from bot.config.base import ConfigPath, StrictModel
+from bot.config.base import ConfigPath, StrictModel, listen_address
 from bot.config.duration import Duration
 from bot.config.secrets import SecretFile
 
@@ -55,6 +55,9 @@ class WorkerConfig(StrictModel):
     # Wait before retrying an event after a pipeline error; doubles with each attempt, at most 5 minutes.
     retry_backoff: Duration = 2.0
     poll_interval: Duration = 1.0
+    # Where a worker process (serve --role all|worker) serves its /metrics; default: server.listen's host (on
+    # loopback without server.auth) with the port after server.listen's.
+    metrics_listen: Annotated[str, PlainValidator(listen_address)] | None = None
 
 
 class OutboxConfig(StrictModel):

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import StoreConfig
-from bot.store.base import Store, StoreUnavailable
+from bot.store.base import Store, StoreSide, StoreUnavailable
 from bot.store.postgresql import PostgresStore
 from bot.store.sqlite import SqliteStore
 
-__all__ = ["Store", "StoreUnavailable", "open_store"]
+__all__ = ["Store", "StoreSide", "StoreUnavailable", "open_store"]
 
 
-async def open_store(config: StoreConfig, *, read_only: bool = False, clock: Clock = SYSTEM_CLOCK) -> Store:
+async def open_store(
+    config: StoreConfig, *, read_only: bool = False, side: StoreSide = "all", clock: Clock = SYSTEM_CLOCK
+) -> Store:
     """The configured store, opened (and migrated). `read_only` is for CLI commands that inspect a running bot's
-    store: they never migrate it. Every time the store writes or compares comes from `clock`."""
+    store: they never migrate it. `side` is the part of the bot this process runs (`serve --role`). Every time the
+    store writes or compares comes from `clock`."""
     if config.backend == "postgresql":
         assert config.dsn_file is not None  # StoreConfig refuses postgresql without it
         pg = PostgresStore(
@@ -33,6 +36,7 @@ async def open_store(config: StoreConfig, *, read_only: bool = False, clock: Clo
         dedup_window=config.dedup_window,
         read_only=read_only,
         clock=clock,
+        side=side,
     )
     await store.open()
     return store

@@ -10,10 +10,14 @@ import abc
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from bot.dedup import AlertDecision
 from bot.models import AlertState, AmAlert, Delivery, Event, EventKind, GpuEvent, NewDelivery, WebhookPayload
+
+# The part of the bot a process runs (`serve --role`): "all" is ingest and worker in one process. An SQLite store
+# takes one ingest and one worker, whether they share a process or not.
+StoreSide = Literal["all", "ingest", "worker"]
 
 
 class StoreUnavailable(Exception):

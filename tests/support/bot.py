@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from aiohttp import web
@@ -56,15 +56,20 @@ def write_config(tmp_path: Path, config: dict[str, Any]) -> Path:
 
 @asynccontextmanager
 async def running_bot(
-    tmp_path: Path, config: dict[str, Any] | None = None, clock: Clock = SYSTEM_CLOCK, *, port: int = 0
+    tmp_path: Path,
+    config: dict[str, Any] | None = None,
+    clock: Clock = SYSTEM_CLOCK,
+    *,
+    port: int = 0,
+    side: Literal["all", "ingest"] = "all",
 ) -> AsyncIterator[RunningBot]:
     """Start the bot from a config dict (written to a real file and loaded like `serve --config` does), on `port`
-    (any free one by default)."""
+    (any free one by default). `side="ingest"`: without its worker and outbox, as `serve --role ingest`."""
     loaded = load_config(write_config(tmp_path, config or {}))
     playbooks = PlaybookSet.load(loaded.playbooks.dir, loaded.playbooks.vars)
     metrics = Metrics()
     console = io.StringIO()
-    app = build_app(loaded, playbooks, metrics, console, clock)
+    app = build_app(loaded, playbooks, metrics, console, clock, side)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", port)

@@ -218,11 +218,20 @@ def backfill(workdir: Path, series: dict[str, float], start: float, end: float, 
 
 
 class BotProcess(ManagedProcess):
-    """`python -m bot serve` as a real process: for crash (SIGKILL) and restart tests."""
+    """`python -m bot serve` as a real process: for crash (SIGKILL) and restart tests. Started once /readyz says
+    ready (its worker runs), or, for `role="worker"`, once it logs that it is ready."""
 
-    def __init__(self, config_path: Path, *, listen_port: int | None = None, store: Path | None = None) -> None:
+    def __init__(
+        self,
+        config_path: Path,
+        *,
+        listen_port: int | None = None,
+        store: Path | None = None,
+        role: str = "all",
+    ) -> None:
         self.port = listen_port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.worker_metrics_port = free_port()
         args = [
             sys.executable,
             "-m",
@@ -232,14 +241,46 @@ class BotProcess(ManagedProcess):
             str(config_path),
             "--listen",
             f"127.0.0.1:{self.port}",
+            # Not the default (the port after --listen's), which another test's process may hold.
+            "--worker-metrics-listen",
+            f"127.0.0.1:{self.worker_metrics_port}",
         ]
         if store is not None:
             args += ["--store", str(store)]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        super().__init__(args, cwd=config_path.parent, env=env)
+        super().__init__([*args, "--role", role], cwd=config_path.parent, env=env)
         try:
-            wait_http(f"{self.url}/healthz", process=self.process)
+            if role == "worker":
+                self._wait_logged("gpu-alert-bot worker ready")
+            else:
+                # Two processes to start on a machine the tests keep busy: generous, as only a hang reaches it.
+                wait_http(f"{self.url}/readyz", timeout=60, process=self.process)
+        except TimeoutError:
+            self.stop()  # SIGTERM: `--role all` stops its worker process too
+            raise
         except RuntimeError as exc:
             self.stderr.join(1.0)
             said = "\n".join(self.stderr.snapshot()[-5:])
             raise RuntimeError(f"{exc}; its last words:\n{said}") from None
+
+    def _wait_logged(self, message: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(f'"msg": "{message}"' in line for line in self.stderr.snapshot()):
+            if self.process.poll() is not None:
+                raise RuntimeError(f"process exited with {self.process.returncode} before it logged {message!r}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{message!r} not logged within {timeout} s")
+            time.sleep(0.05)
+
+    def kill_group(self) -> None:
+        """SIGKILL the ingest process and its worker process at once, as a power cut would: `kill()` alone would
+        let the worker see its parent gone and stop cleanly."""
+        worker = self.worker_pid()
+        if worker is not None:
+            os.kill(worker, signal.SIGKILL)
+        self.kill()
+
+    def worker_pid(self) -> int | None:
+        """The worker process that `serve --role all` started; None between a death and the restart."""
+        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()
+        return int(children[0]) if children else None

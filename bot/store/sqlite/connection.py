@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from bot.clock import SYSTEM_CLOCK, Clock
-from bot.store.base import IncomingNotification, IngestResult, Store, StoreUnavailable
+from bot.store.base import IncomingNotification, IngestResult, Store, StoreSide, StoreUnavailable
 from bot.store.core import ValidatedPayloads
 from bot.store.groupcommit import GroupCommit
 from bot.store.migrations import SQLITE_SCHEMA_VERSION, refuse_newer
@@ -29,6 +29,7 @@ from bot.store.sqlite.schema import (
 from bot.store.sqlite.threads import (
     _BACKGROUND,
     _WAL_LIMIT_BYTES,
+    LOCK_SUFFIXES,
     _Checkpointer,
     _lock_exclusively,
     _ShmGuard,
@@ -64,11 +65,14 @@ class SqliteConnection(Store):
         synchronous: Synchronous = "full",
         dedup_window: float = 600.0,
         read_only: bool = False,
+        side: StoreSide = "all",
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        """`read_only` opens an existing store for inspection (CLI commands) beside a running bot."""
+        """`read_only` opens an existing store for inspection (CLI commands) beside a running bot; `side` is the
+        part of the bot this process runs, when ingest and worker run in processes of their own."""
         self._path = path
         self._read_only = read_only
+        self._side = side
         self._synchronous = synchronous
         self._dedup_window = dedup_window
         self._clock = clock
@@ -76,7 +80,7 @@ class SqliteConnection(Store):
         self._checkpointer = _Checkpointer(path)
         self._conn: sqlite3.Connection | None = None
         self._shm_guard: _ShmGuard | None = None
-        self._lock_fd: int | None = None
+        self._lock_fds: list[int] = []
         self._group_commit = GroupCommit(self._commit_batch, name="sqlite-group-commit")
         self._validated = ValidatedPayloads()
 
@@ -98,12 +102,12 @@ class SqliteConnection(Store):
 
     def _open_sync(self) -> None:
         self._path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = _lock_exclusively(self._path.with_name(self._path.name + ".lock"))
         try:
+            for suffix in LOCK_SUFFIXES[self._side]:
+                self._lock_fds.append(_lock_exclusively(self._path, suffix))
             conn = self._connect_sound()
         except BaseException:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+            self._unlock()
             raise
         conn.row_factory = sqlite3.Row
         conn.execute("PRAGMA journal_mode=WAL")
@@ -121,8 +125,9 @@ class SqliteConnection(Store):
         conn.execute(f"PRAGMA user_version = {SQLITE_SCHEMA_VERSION}")
         _add_missing_short_ids(conn)
         _add_missing_columns(conn, "alerts", _ALERT_SILENCE_COLUMNS)
-        # The lock above guarantees this is the only process using the store: leases left by a killed one are void.
-        conn.execute("UPDATE events SET lease_until = 0 WHERE state = 'pending'")
+        if self._side != "ingest":
+            # The lock above guarantees this is the only worker using the store: leases left by a killed one are void.
+            conn.execute("UPDATE events SET lease_until = 0 WHERE state = 'pending'")
         self._conn = conn
         # Only from here: opening may legitimately truncate an -shm file left by an earlier process.
         self._shm_guard = _ShmGuard(self._path)
@@ -151,9 +156,11 @@ class SqliteConnection(Store):
         if self._conn is not None:
             self._conn.close()
             self._conn = None
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        self._unlock()
+
+    def _unlock(self) -> None:
+        while self._lock_fds:
+            os.close(self._lock_fds.pop())
 
     def _now(self) -> float:
         """What every row's time and every window, lease and retry time is measured against."""

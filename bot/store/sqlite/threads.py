@@ -16,7 +16,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bot.store.base import StoreUnavailable
+from bot.store.base import StoreSide, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -71,15 +71,23 @@ class _ShmGuard:
             raise StoreUnavailable(f"{self._shm} is not writable (read-only or immutable): make it writable again")
 
 
-def _lock_exclusively(lock_path: Path) -> int:
+# The lock file of each side (StoreSide): one ingest and one worker per store, in one process or in two.
+LOCK_SUFFIXES: dict[StoreSide, tuple[str, ...]] = {
+    "all": (".ingest.lock", ".lock"),
+    "ingest": (".ingest.lock",),
+    "worker": (".lock",),
+}
+
+
+def _lock_exclusively(store: Path, suffix: str) -> int:
     """Hold an exclusive lock on the store for the life of the process; the kernel drops it when the process
     dies, even by SIGKILL, so a crash never leaves a stale lock behind."""
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(store.with_name(store.name + suffix), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise StoreInUse(f"the store {lock_path.with_suffix('')} is in use by another gpu-alert-bot process") from None
+        raise StoreInUse(f"the store {store} is in use by another gpu-alert-bot process") from None
     return fd
 
 

@@ -1,0 +1,185 @@
+"""`serve --role all|ingest|worker`: which part of the bot a process runs (docs/processes.md).
+
+- ingest: the HTTP side: webhooks, /healthz, /readyz, /metrics, Slack interactivity, the admin endpoints, the dead
+  man's switch and remediation. It only writes to the store, so the worker's CPU work never delays an answer.
+- worker: dedup, pipeline and outbox, woken by the store's commits, with its own /metrics.
+- all (the default): an ingest process that starts and supervises a worker process (bot.supervisor).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import ipaddress
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Literal
+
+from aiohttp import web
+
+from bot.actions.build import build_remediation
+from bot.app import Processing, build_app, build_metrics_app, executable_actions, start_processing
+from bot.clock import SYSTEM_CLOCK
+from bot.config import BotConfig, split_listen
+from bot.heartbeat import Heartbeat
+from bot.ingest import WEBHOOK_PATH
+from bot.metrics import Metrics
+from bot.playbooks import PlaybookSet
+from bot.server import GuardedSite
+from bot.store import Store, open_store
+from bot.supervisor import WorkerSupervisor, watch_parent
+from bot.wakeup import CommitWatch
+
+log = logging.getLogger("bot")
+
+Role = Literal["all", "ingest", "worker"]
+ROLES: tuple[Role, ...] = ("all", "ingest", "worker")
+# Beyond the outbox's attempt_timeout, which bounds the delivery under way: the store's closing.
+_STOP_MARGIN = 10.0
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def listen_host(config: BotConfig) -> str:
+    """Without webhook credentials anyone who can reach the port could inject alerts: stay on loopback."""
+    host = config.server.host
+    if config.server.auth.enabled or _is_loopback(host):
+        return host
+    return "127.0.0.1"
+
+
+def worker_metrics_address(config: BotConfig) -> tuple[str, int]:
+    if config.worker.metrics_listen is not None:
+        return split_listen(config.worker.metrics_listen)
+    return listen_host(config), config.server.port + 1
+
+
+def worker_command(serve_options: Sequence[str]) -> list[str]:
+    """How `serve --role all` starts its worker process: the same `serve` options, role worker."""
+    return [sys.executable, "-m", "bot", "serve", "--role", "worker", *serve_options]
+
+
+async def serve_ingest(config: BotConfig, playbooks: PlaybookSet, worker: Sequence[str] | None) -> None:
+    """Run the ingest side until SIGTERM or SIGINT; with `worker` (a command), supervise that worker process."""
+    host = listen_host(config)
+    if not config.server.auth.enabled:
+        log.warning(
+            "no webhook credentials configured: listening on loopback only; "
+            "set server.auth (bearer_token_file or basic) to accept a remote Alertmanager",
+            extra={"requested": config.server.host, "listening": host},
+        )
+    metrics = Metrics()
+    app = build_app(config, playbooks, metrics, side="ingest")
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5)
+    await runner.setup()
+    supervisor = None
+    try:
+        await GuardedSite(runner, host, config.server.port, config.server).start()
+        if worker is not None:
+            stop_timeout = config.outbox.attempt_timeout + _STOP_MARGIN
+            supervisor = WorkerSupervisor(worker, metrics, SYSTEM_CLOCK, stop_timeout)
+            await supervisor.start()
+        _freeze_what_is_loaded()
+        log.info(
+            "gpu-alert-bot ready",
+            extra={
+                "listen": f"{host}:{config.server.port}",
+                "webhook": WEBHOOK_PATH,
+                "store": str(config.store.path) if config.store.backend == "sqlite" else "postgresql",
+                "auth": "on" if config.server.auth.enabled else "off",
+                "receivers": [r.name for r in config.receivers],
+            },
+        )
+        await _stop_requested()
+        log.info("shutting down")
+    finally:
+        # The worker first: a Ctrl-C reaches it too, and its exit must not look like a death to restart it from.
+        if supervisor is not None:
+            await supervisor.stop()
+        await runner.cleanup()
+
+
+async def serve_worker(config: BotConfig, playbooks: PlaybookSet, parent_pipe: int | None) -> None:
+    """Run the worker side until SIGTERM, SIGINT or, with `parent_pipe`, the death of the supervising parent."""
+    metrics = Metrics()
+    metrics.replica_info.labels(config.store.replica, config.store.backend).set(1)
+    store = await open_store(config.store, side="worker")
+    try:
+        processing = start_processing(
+            config, store, metrics, playbooks, None, _executable(config, store, metrics, playbooks)
+        )
+        try:
+            await _run_worker(config, store, metrics, processing, parent_pipe)
+        finally:
+            await processing.close()
+    finally:
+        await store.close()
+
+
+async def _run_worker(
+    config: BotConfig, store: Store, metrics: Metrics, processing: Processing, parent_pipe: int | None
+) -> None:
+    heartbeat = Heartbeat(store, config.store.replica, SYSTEM_CLOCK, lambda: _states(processing))
+    heartbeat.start()
+    watch = (
+        CommitWatch(config.store.path, processing.worker.notify, SYSTEM_CLOCK)
+        if config.store.backend == "sqlite"
+        else None
+    )
+    if watch is not None:
+        watch.start()
+    runner = web.AppRunner(build_metrics_app(metrics), access_log=None, handle_signals=False)
+    await runner.setup()
+    try:
+        host, port = worker_metrics_address(config)
+        await web.TCPSite(runner, host, port).start()
+        _freeze_what_is_loaded()
+        log.info("gpu-alert-bot worker ready", extra={"metrics": f"{host}:{port}"})
+        await _stop_requested(parent_pipe)
+        log.info("worker shutting down")
+    finally:
+        await runner.cleanup()
+        if watch is not None:
+            await watch.stop()
+        await heartbeat.stop()
+
+
+def _states(processing: Processing) -> dict[str, str]:
+    return {
+        "worker": "running" if processing.worker.running else "stopped",
+        "outbox": "running" if processing.outbox.running else "stopped",
+    }
+
+
+def _executable(config: BotConfig, store: Store, metrics: Metrics, playbooks: PlaybookSet) -> frozenset[str]:
+    """The remediation actions whose buttons the Slack messages show. The engine that runs them lives in the
+    ingest process, which answers the buttons; this one is built only to ask it."""
+    if not config.remediation.hosts:
+        return frozenset()
+    return executable_actions(build_remediation(config, store, lambda: None, metrics, playbooks))
+
+
+def _freeze_what_is_loaded() -> None:
+    # Everything loaded so far (modules, config, playbooks) lives as long as the process: keep it out of the
+    # garbage collector's full passes, which would otherwise stop the bot for tens of milliseconds each.
+    gc.collect()
+    gc.freeze()
+
+
+async def _stop_requested(parent_pipe: int | None = None) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    if parent_pipe is not None:
+        watch_parent(parent_pipe, stop)
+    await stop.wait()

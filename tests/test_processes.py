@@ -1,0 +1,128 @@
+"""`serve --role`: the ingest side's /readyz reads the worker process's heartbeat; the worker process wakes on the
+store's commits; `--role all` supervises its worker process (docs/processes.md). The crash tests of the process
+layout are in test_crash_recovery.py."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import sys
+from contextlib import closing
+from pathlib import Path
+
+import httpx
+import yaml
+
+from bot.heartbeat import STALE_AFTER, Heartbeat
+from bot.metrics import Metrics
+from bot.supervisor import WorkerSupervisor
+from bot.wakeup import WATCH_EVERY, CommitWatch
+from tests.support.bot import eventually, running_bot
+from tests.support.clock import FakeClock
+from tests.support.payloads import am_alert, body, webhook
+from tests.support.processes import BotProcess
+
+RUNNING = {"worker": "running", "outbox": "running"}
+
+
+async def test_an_ingest_process_is_ready_only_while_its_worker_process_beats(tmp_path: Path) -> None:
+    clock = FakeClock()
+    async with running_bot(tmp_path, {"deadman": {"enabled": False}}, clock, side="ingest") as bot:
+        store, replica = bot.runtime.store, bot.config.store.replica
+        states = dict(RUNNING)
+        heartbeat = Heartbeat(store, replica, clock, lambda: states)
+        async with httpx.AsyncClient() as client:
+            first = await client.get(f"{bot.url}/readyz")
+            assert first.status_code == 503
+            assert first.json()["checks"] == {
+                "store": "writable",
+                "worker": "no heartbeat yet",
+                "outbox": "no heartbeat yet",
+            }
+
+            await heartbeat.beat()
+            beating = await client.get(f"{bot.url}/readyz")
+            assert beating.status_code == 200
+            assert beating.json()["checks"] == {"store": "writable", **RUNNING}
+
+            await clock.advance(STALE_AFTER + 1)
+            silent = await client.get(f"{bot.url}/readyz")
+            assert silent.status_code == 503
+            assert silent.json()["checks"]["worker"] == f"no heartbeat for {STALE_AFTER + 1:.0f} s"
+
+            states["outbox"] = "stopped"
+            await heartbeat.beat()
+            stopped = await client.get(f"{bot.url}/readyz")
+            assert stopped.status_code == 503
+            assert stopped.json()["checks"] == {"store": "writable", "worker": "running", "outbox": "stopped"}
+
+
+async def test_a_commit_by_another_connection_wakes_the_worker_at_the_next_look(tmp_path: Path) -> None:
+    database = tmp_path / "bot.db"
+    with closing(sqlite3.connect(database, isolation_level=None)) as writer:
+        writer.execute("PRAGMA journal_mode=WAL")
+        writer.execute("CREATE TABLE work (n INTEGER)")
+        clock = FakeClock()
+        wakeups: list[int] = []
+        watch = CommitWatch(database, lambda: wakeups.append(len(wakeups)), clock)
+        watch.start()
+        try:
+            await eventually(lambda: clock.sleeping == 1)
+            await clock.advance(WATCH_EVERY)
+            assert wakeups == []  # nothing committed since the watch began
+
+            writer.execute("INSERT INTO work VALUES (1)")
+            await clock.advance(WATCH_EVERY)
+            assert wakeups == [0]
+
+            writer.execute("INSERT INTO work VALUES (2)")
+            writer.execute("INSERT INTO work VALUES (3)")
+            await clock.advance(WATCH_EVERY)
+            assert wakeups == [0, 1]  # one wakeup for whatever was committed since the last look
+        finally:
+            await watch.stop()
+
+
+async def test_serve_runs_the_worker_in_a_process_of_its_own_which_stops_with_it(tmp_path: Path) -> None:
+    config = tmp_path / "bot.yaml"
+    config.write_text(yaml.safe_dump({"store": {"path": str(tmp_path / "bot.db")}}))
+    bot = BotProcess(config)
+    try:
+        worker = bot.worker_pid()
+        assert worker is not None and worker != bot.process.pid
+        answer = httpx.post(
+            f"{bot.url}/alertmanager",
+            content=body(webhook([am_alert(host="k-ai-01", gpu="3")])),
+            headers={"Content-Type": "application/json"},
+        )
+        assert answer.status_code == 200
+        # The worker process delivers (console lines share the group's stdout) and counts it on its own port.
+        await eventually(lambda: any('"event": "firing"' in line for line in bot.stdout.snapshot()), timeout=30)
+        worker_metrics = httpx.get(f"http://127.0.0.1:{bot.worker_metrics_port}/metrics").text
+        assert 'gpu_alert_bot_deliveries_total{receiver="console",result="delivered"} 1.0' in worker_metrics
+    finally:
+        assert bot.stop(signal.SIGTERM) == 0
+    # SIGTERM stopped the worker process too: it logged its own shutdown before the group exited.
+    assert any('"msg": "worker shutting down"' in line for line in bot.stderr.snapshot())
+    assert not Path(f"/proc/{worker}").exists()
+
+
+async def test_a_worker_process_that_keeps_dying_is_restarted_ever_more_slowly() -> None:
+    clock = FakeClock()
+    metrics = Metrics()
+    supervisor = WorkerSupervisor([sys.executable, "-c", "raise SystemExit(3)"], metrics, clock, stop_timeout=5)
+
+    def restarts() -> float | None:
+        return metrics.registry.get_sample_value("gpu_alert_bot_worker_restarts_total")
+
+    await supervisor.start()
+    try:
+        await eventually(lambda: restarts() == 1 and clock.sleeping == 1, timeout=30)
+        await clock.advance(0.5)  # the first restart comes after half a second
+        await eventually(lambda: restarts() == 2 and clock.sleeping == 1, timeout=30)
+        await clock.advance(0.5)
+        assert (restarts(), clock.sleeping) == (2, 1)  # the second one only after a whole second
+        await clock.advance(0.5)
+        await eventually(lambda: restarts() == 3, timeout=30)
+    finally:
+        await supervisor.stop()
