@@ -5,8 +5,8 @@
 Every request carries a 20-alert notification of its own group with all alerts new, so each acknowledge is a
 durable write (group commit, fsync) and 20 events for the worker, which runs in the same process meanwhile.
 The load comes from another process: wrk (Debian package `wrk`) for the saturation runs when installed, else
-an aiohttp client; an open-loop aiohttp client for the fixed-rate run (latency counted from the scheduled send
-time, so a stalled server cannot hide its queue). It prints figures; it asserts nothing.
+an aiohttp client; the open-loop client of bench/openloop.py for the fixed-rate run (latency counted from the
+scheduled send time, so a stalled server cannot hide its queue). It prints figures; it asserts nothing.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bench.common import REPO, bot_process, env_python, free_port, percentile, store_counts, wait_ready, webhook_body
+from bench.openloop import fixed_rate
 
 _WRK_SCRIPT = """
 local template = io.open("{template}"):read("*a")
@@ -96,63 +96,6 @@ async def _closed_loop(url: str, connections: int, duration: float) -> dict[str,
     }
 
 
-async def _open_loop(url: str, rate: float, duration: float, warmup: float = 0.0) -> dict[str, Any]:
-    import aiohttp
-
-    skipped = int(rate * warmup)
-    total = skipped + int(rate * duration)
-    bodies = [webhook_body(n, tag="r") for n in range(total)]
-    latencies: list[float] = []
-    lags: list[float] = []
-    failures = 0
-    tasks: list[asyncio.Task[None]] = []
-
-    async def send(session: aiohttp.ClientSession, n: int, scheduled: float) -> None:
-        nonlocal failures
-        lag = time.perf_counter() - scheduled
-        try:
-            async with session.post(url, data=bodies[n], headers={"Content-Type": "application/json"}) as response:
-                await response.read()
-                failures += response.status != 200
-        except aiohttp.ClientError:
-            failures += 1
-        if n >= skipped:
-            latencies.append((time.perf_counter() - scheduled) * 1000)
-            lags.append(lag * 1000)
-
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256)) as session:
-
-        def fire(n: int, scheduled: float) -> None:
-            tasks.append(asyncio.create_task(send(session, n, scheduled)))
-
-        start = time.perf_counter() + 0.2
-        schedule = [start + n / rate for n in range(total)]
-        await asyncio.to_thread(_tick, asyncio.get_running_loop(), schedule, fire)
-        await asyncio.gather(*tasks)
-    latencies.sort()
-    lags.sort()
-    return {
-        "rate": rate,
-        "p50_ms": percentile(latencies, 0.5),
-        "p99_ms": percentile(latencies, 0.99),
-        "max_ms": latencies[-1],
-        "send_lag_p99_ms": percentile(lags, 0.99),
-        "requests": len(latencies),
-        "failures": failures,
-    }
-
-
-def _tick(loop: asyncio.AbstractEventLoop, schedule: list[float], fire: Callable[[int, float], None]) -> None:
-    """Runs in a thread and starts each request at its time. The event loop's own timers wake on whole
-    milliseconds (epoll's timeout), which would add up to 1 ms to every figure; a thread's sleep is off by tens
-    of microseconds, and the loop wakes as soon as it is handed the request."""
-    for n, scheduled in enumerate(schedule):
-        delay = scheduled - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
-        loop.call_soon_threadsafe(fire, n, scheduled)
-
-
 # --- orchestration -------------------------------------------------------------------------------------------
 def _client(role: str, url: str, *options: str) -> dict[str, Any]:
     args = [sys.executable, "-m", "bench.ingest", "--role", role, "--url", url, *options]
@@ -185,13 +128,6 @@ def _ms(text: str) -> float:
     return float(value) * _UNIT[unit]
 
 
-def fixed_rate(url: str, rate: float, duration: float, warmup: float = 0.0) -> dict[str, Any]:
-    """The open-loop client at `rate` webhooks per second, in a process of its own; the first `warmup` seconds
-    of requests are sent but not counted."""
-    options = ["--rate", str(rate), "--duration", str(duration), "--warmup", str(warmup)]
-    return _client("rate", url, *options)
-
-
 def saturate(url: str, connections: int, duration: float) -> dict[str, Any]:
     if shutil.which("wrk"):
         return {**_wrk(url, connections, duration), "client": "wrk"}
@@ -211,13 +147,13 @@ def _row(name: str, result: dict[str, Any]) -> str:
     rps = f"{result['rps']:8.0f}" if "rps" in result else f"{result['rate']:8.0f}"
     return (
         f"{name:<34}{rps} {result['p50_ms']:9.2f} {result['p99_ms']:9.2f} {result['requests']:9d} "
-        f"{result['failures']:6d}  {result.get('client', 'aiohttp open loop')}"
+        f"{result['failures']:6d}  {result.get('client', 'open loop')}"
     )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--role", choices=["bare", "load", "rate"], help=argparse.SUPPRESS)
+    parser.add_argument("--role", choices=["bare", "load"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per run (default 10)")
@@ -231,11 +167,6 @@ def main() -> None:
         return
     if args.role == "load":
         print(json.dumps(asyncio.run(_closed_loop(args.url, args.connections, args.duration))))
-        return
-    if args.role == "rate":
-        # The ticker thread must get the interpreter lock back within 0.1 ms, not the default 5 ms.
-        sys.setswitchinterval(1e-4)
-        print(json.dumps(asyncio.run(_open_loop(args.url, args.rate, args.duration, args.warmup))))
         return
 
     print(f"{'run':<34}{'req/s':>8} {'p50 ms':>9} {'p99 ms':>9} {'requests':>9} {'non200':>6}  client")
