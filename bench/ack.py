@@ -275,7 +275,7 @@ def table(trees: list[Tree], bare: dict[str, dict[str, Any]], args: argparse.Nam
         _drain,
         "",
     )
-    row("memory", f"RSS with {args.alerts:,} alerts, all processes (peak)", _memory, "< 150 MB")
+    row("memory", f"RSS with {args.alerts:,} alerts, all processes summed (peak)", _memory, "< 150 MB")
     lines = [_markdown(header), _markdown(["---"] * len(header)), *map(_markdown, rows)]
     return "\n".join(lines)
 
@@ -308,8 +308,11 @@ def _drain(result: dict[str, Any]) -> str:
 
 def _memory(result: dict[str, Any]) -> str:
     pending = sum(v for k, v in result["counts"].items() if k.endswith("_pending"))
-    state = "drained" if not pending else f"{pending:,} still pending"
-    return f"{result['peak_mib']:.0f} MiB, end {result['rss_mib']:.0f} MiB, {result['processes']} processes, {state}"
+    state = "all processed" if not pending else f"{pending:,} still pending"
+    return (
+        f"{result['peak_mib']:.0f} MiB (at the end: {result['rss_mib']:.0f} MiB, PSS {result['pss_mib']:.0f} MiB; "
+        f"{result['processes']} processes; {state})"
+    )
 
 
 def main() -> None:

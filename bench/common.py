@@ -164,9 +164,8 @@ def rss_mib(pid: int) -> tuple[float, float]:
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
 
 
-def bot_rss_mib(root: int) -> tuple[float, int]:
-    """Resident memory summed over a bot and every process it started (its process group and descendants), and
-    how many processes that was."""
+def bot_pids(root: int) -> set[int]:
+    """A bot's processes: its process group and every descendant of its first process."""
     processes: dict[int, tuple[int, int]] = {}  # pid -> (parent, process group)
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError):  # a process that ended meanwhile
@@ -178,12 +177,27 @@ def bot_rss_mib(root: int) -> tuple[float, int]:
         children = {pid for pid, (parent, _group) in processes.items() if parent in members} - members
         members |= children
         grown = bool(children)
+    return members
+
+
+def bot_rss_mib(root: int) -> tuple[float, int]:
+    """Resident memory summed over a bot's processes, and how many there were."""
     total, counted = 0.0, 0
-    for pid in members:
+    for pid in bot_pids(root):
         with contextlib.suppress(OSError):
             total += rss_mib(pid)[0]
             counted += 1
     return total, counted
+
+
+def bot_pss_mib(root: int) -> float:
+    """Proportional set size summed over a bot's processes: pages they share (a forked worker) counted once."""
+    total = 0.0
+    for pid in bot_pids(root):
+        with contextlib.suppress(OSError):
+            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+            total += next(int(line.split()[1]) for line in rollup.splitlines() if line.startswith("Pss:")) / 1024
+    return total
 
 
 def store_counts(db: Path) -> dict[str, int]:

@@ -21,6 +21,7 @@ from bench.common import (
     HARNESS,
     Checkout,
     bot_process,
+    bot_pss_mib,
     bot_rss_mib,
     pending_counts,
     post_webhooks,
@@ -53,6 +54,7 @@ def measure(alerts: int, settings: dict[str, Any], timeout: float, checkout: Che
         pending, peak = _wait_drained(workdir / "bot.db", process.pid, timeout)
         drained = time.monotonic() - started
         rss, processes = bot_rss_mib(process.pid)
+        pss = bot_pss_mib(process.pid)
         counts = {**store_counts(workdir / "bot.db"), **pending}
         db_mib = sum(p.stat().st_size for p in workdir.glob("bot.db*")) / 1024 / 1024
     return {
@@ -63,6 +65,7 @@ def measure(alerts: int, settings: dict[str, Any], timeout: float, checkout: Che
         "idle_mib": idle,
         "after_ingest_mib": after_ingest,
         "rss_mib": rss,
+        "pss_mib": pss,
         "processes": processes,
         "peak_mib": max(peak, rss, after_ingest),
         "db_mib": db_mib,
@@ -85,6 +88,7 @@ def main() -> None:
     print(f"RSS idle                 {result['idle_mib']:.1f} MiB")
     print(f"RSS after ingest         {result['after_ingest_mib']:.1f} MiB")
     print(f"RSS after processing     {result['rss_mib']:.1f} MiB   (goal < 150 MB; {result['processes']} processes)")
+    print(f"PSS after processing     {result['pss_mib']:.1f} MiB   (shared pages counted once)")
     print(f"RSS peak                 {result['peak_mib']:.1f} MiB   (largest sum seen, sampled every second)")
     print(f"store on disk            {result['db_mib']:.1f} MiB")
 
