@@ -311,8 +311,12 @@ def _memory(result: dict[str, Any]) -> str:
     state = "all processed" if not pending else f"{pending:,} still pending"
     return (
         f"{result['peak_mib']:.0f} MiB (at the end: {result['rss_mib']:.0f} MiB, PSS {result['pss_mib']:.0f} MiB; "
-        f"{result['processes']} processes; {state})"
+        f"{_processes(result['processes'])}; {state})"
     )
+
+
+def _processes(count: int) -> str:
+    return f"{count} process" if count == 1 else f"{count} processes"
 
 
 def main() -> None:

@@ -104,9 +104,11 @@ def serve(
 def _stop_group(process: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGTERM)
-    process.wait(30)
-    with contextlib.suppress(ProcessLookupError):  # a child that outlived its parent's shutdown
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(30)
+    with contextlib.suppress(ProcessLookupError):  # whatever did not stop in time, or outlived its parent
         os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
 
 
 @contextmanager
