@@ -5,8 +5,8 @@
 Every request carries a 20-alert notification of its own group with all alerts new, so each acknowledge is a
 durable write (group commit, fsync) and 20 events for the worker, which runs in the same process meanwhile.
 The load comes from another process: wrk (Debian package `wrk`) for the saturation runs when installed, else
-an aiohttp client; an open-loop aiohttp client for the fixed-rate run (latency counted from the scheduled send
-time, so a stalled server cannot hide its queue). It prints figures; it asserts nothing.
+an aiohttp client; the open-loop client of bench/openloop.py for the fixed-rate run (latency counted from the
+scheduled send time, so a stalled server cannot hide its queue). It prints figures; it asserts nothing.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import bot_process, env_python, free_port, percentile, store_counts, wait_ready, webhook_body
+from bench.common import REPO, bot_process, env_python, free_port, percentile, store_counts, wait_ready, webhook_body
+from bench.openloop import fixed_rate
 
 _WRK_SCRIPT = """
 local template = io.open("{template}"):read("*a")
@@ -95,47 +96,10 @@ async def _closed_loop(url: str, connections: int, duration: float) -> dict[str,
     }
 
 
-async def _open_loop(url: str, rate: float, duration: float) -> dict[str, Any]:
-    import aiohttp
-
-    total = int(rate * duration)
-    bodies = [webhook_body(n, tag="r") for n in range(total)]
-    latencies: list[float] = []
-    failures = 0
-
-    async def send(session: aiohttp.ClientSession, body: bytes, scheduled: float) -> None:
-        nonlocal failures
-        try:
-            async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as response:
-                await response.read()
-                failures += response.status != 200
-        except aiohttp.ClientError:
-            failures += 1
-        latencies.append((time.perf_counter() - scheduled) * 1000)
-
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256)) as session:
-        start = time.perf_counter() + 0.2
-        tasks = []
-        for n, body in enumerate(bodies):
-            scheduled = start + n / rate
-            await asyncio.sleep(max(0.0, scheduled - time.perf_counter()))
-            tasks.append(asyncio.create_task(send(session, body, scheduled)))
-        await asyncio.gather(*tasks)
-    latencies.sort()
-    return {
-        "rate": rate,
-        "p50_ms": percentile(latencies, 0.5),
-        "p99_ms": percentile(latencies, 0.99),
-        "max_ms": latencies[-1],
-        "requests": len(latencies),
-        "failures": failures,
-    }
-
-
 # --- orchestration -------------------------------------------------------------------------------------------
 def _client(role: str, url: str, *options: str) -> dict[str, Any]:
     args = [sys.executable, "-m", "bench.ingest", "--role", role, "--url", url, *options]
-    out = subprocess.run(args, capture_output=True, text=True, check=True, env=env_python()).stdout
+    out = subprocess.run(args, capture_output=True, text=True, check=True, env=env_python(), cwd=REPO).stdout
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return result
 
@@ -164,14 +128,14 @@ def _ms(text: str) -> float:
     return float(value) * _UNIT[unit]
 
 
-def _saturate(url: str, connections: int, duration: float) -> dict[str, Any]:
+def saturate(url: str, connections: int, duration: float) -> dict[str, Any]:
     if shutil.which("wrk"):
         return {**_wrk(url, connections, duration), "client": "wrk"}
     result = _client("load", url, "--connections", str(connections), "--duration", str(duration))
     return {**result, "client": "aiohttp"}
 
 
-def _bare_server() -> tuple[str, subprocess.Popen[bytes]]:
+def bare_server() -> tuple[str, subprocess.Popen[bytes]]:
     port = free_port()
     args = [sys.executable, "-m", "bench.ingest", "--role", "bare", "--port", str(port)]
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -183,18 +147,19 @@ def _row(name: str, result: dict[str, Any]) -> str:
     rps = f"{result['rps']:8.0f}" if "rps" in result else f"{result['rate']:8.0f}"
     return (
         f"{name:<34}{rps} {result['p50_ms']:9.2f} {result['p99_ms']:9.2f} {result['requests']:9d} "
-        f"{result['failures']:6d}  {result.get('client', 'aiohttp open loop')}"
+        f"{result['failures']:6d}  {result.get('client', 'open loop')}"
     )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--role", choices=["bare", "load", "rate"], help=argparse.SUPPRESS)
+    parser.add_argument("--role", choices=["bare", "load"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per run (default 10)")
     parser.add_argument("--connections", type=int, default=32, help="concurrent connections when saturating")
     parser.add_argument("--rate", type=float, default=200.0, help="webhooks per second of the fixed-rate run")
+    parser.add_argument("--warmup", type=float, default=0.0, help="seconds sent first and not counted")
     parser.add_argument("--playbooks", type=Path, help="playbook directory (default: the bundled playbooks)")
     args = parser.parse_args()
     if args.role == "bare":
@@ -203,29 +168,24 @@ def main() -> None:
     if args.role == "load":
         print(json.dumps(asyncio.run(_closed_loop(args.url, args.connections, args.duration))))
         return
-    if args.role == "rate":
-        print(json.dumps(asyncio.run(_open_loop(args.url, args.rate, args.duration))))
-        return
 
     print(f"{'run':<34}{'req/s':>8} {'p50 ms':>9} {'p99 ms':>9} {'requests':>9} {'non200':>6}  client")
-    bare_url, bare = _bare_server()
+    bare_url, bare = bare_server()
     try:
-        bare_saturated = _saturate(f"{bare_url}/alertmanager", args.connections, args.duration)
+        bare_saturated = saturate(f"{bare_url}/alertmanager", args.connections, args.duration)
         print(_row(f"bare aiohttp, {args.connections} connections", bare_saturated), flush=True)
-        bare_rate = _client(
-            "rate", f"{bare_url}/alertmanager", "--rate", str(args.rate), "--duration", str(args.duration)
-        )
+        bare_rate = fixed_rate(f"{bare_url}/alertmanager", args.rate, args.duration, args.warmup)
         print(_row(f"bare aiohttp, {args.rate:g}/s", bare_rate), flush=True)
     finally:
         bare.terminate()
         bare.wait()
     settings = {"playbooks": {"dir": str(args.playbooks.resolve())}} if args.playbooks else {}
     with bot_process(settings) as (url, _process, workdir):
-        bot_saturated = _saturate(f"{url}/alertmanager", args.connections, args.duration)
+        bot_saturated = saturate(f"{url}/alertmanager", args.connections, args.duration)
         print(_row(f"gpu-alert-bot, {args.connections} connections", bot_saturated), flush=True)
         backlog = store_counts(workdir / "bot.db")
     with bot_process(settings) as (url, _process, workdir):
-        bot_rate = _client("rate", f"{url}/alertmanager", "--rate", str(args.rate), "--duration", str(args.duration))
+        bot_rate = fixed_rate(f"{url}/alertmanager", args.rate, args.duration, args.warmup)
         print(_row(f"gpu-alert-bot, {args.rate:g}/s", bot_rate), flush=True)
     ratio = bot_saturated["rps"] / bare_saturated["rps"]
     print(
