@@ -4,9 +4,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Coroutine
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
 
 
 class Clock(Protocol):
@@ -45,3 +49,22 @@ async def wait_for_event(clock: Clock, event: asyncio.Event, seconds: float) -> 
         woken.cancel()
         timer.cancel()
     return event.is_set()
+
+
+async def within(clock: Clock, seconds: float, work: Coroutine[Any, Any, T]) -> T:
+    """The result of `work`, or TimeoutError when `seconds` pass on `clock` first (`work` is cancelled then)."""
+    task = asyncio.ensure_future(work)
+    timer = asyncio.ensure_future(clock.sleep(seconds))
+    try:
+        await asyncio.wait([task, timer], return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        timer.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise TimeoutError
+    return task.result()

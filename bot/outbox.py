@@ -24,7 +24,7 @@ from datetime import timedelta
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_result, wait_exponential, wait_random
 
-from bot.clock import SYSTEM_CLOCK, Clock, wait_for_event
+from bot.clock import SYSTEM_CLOCK, Clock, wait_for_event, within
 from bot.config import OutboxConfig
 from bot.metrics import DeliveryOutcome, Metrics
 from bot.models import Delivery
@@ -221,9 +221,8 @@ class Outbox:
 
     async def _attempt_once(self, sink: Sink, delivery: Delivery) -> DeliveryResult:
         try:
-            async with asyncio.timeout(self._config.attempt_timeout):
-                with self._metrics.delivery_duration.labels(sink.name).time():
-                    result = await sink.deliver(delivery)
+            with self._metrics.delivery_duration.labels(sink.name).time():
+                result = await within(self._clock, self._config.attempt_timeout, sink.deliver(delivery))
         except TimeoutError:
             result = DeliveryResult.retry_later("timeout", f"no answer within {self._config.attempt_timeout:g} s")
         except (OSError, StoreUnavailable) as exc:  # a transport or store error a later attempt can get past

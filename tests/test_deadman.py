@@ -30,14 +30,19 @@ def kept(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
     return {**CONFIG, "store": {"backend": "postgresql", "dsn_file": str(dsn_file), "replica": "bot-a"}}
 
 
+# Waiting on the bot's clock when all is quiet: the switch's timer, and the console receiver's outbox (its
+# dispatcher, idle, and the keeper of its lease).
+ASLEEP = 3
+
+
 async def checked(clock: FakeClock, seconds: float = 0.0) -> None:
     """Move time on by whole check intervals, each check done before the next."""
     steps = max(1, round(seconds / CHECK)) if seconds else 0
     for _ in range(steps):
         await clock.advance(CHECK)
-        await eventually(lambda: clock.sleeping == 1)
+        await eventually(lambda: clock.sleeping == ASLEEP)
     if not steps:
-        await eventually(lambda: clock.sleeping == 1)
+        await eventually(lambda: clock.sleeping == ASLEEP)
 
 
 async def settled(bot: RunningBot) -> None:

@@ -256,26 +256,25 @@ async def test_one_receivers_outage_does_not_delay_another(tmp_path: Path) -> No
 
 
 async def test_a_sink_that_raises_or_hangs_is_retried(tmp_path: Path) -> None:
-    async def hang() -> DeliveryResult:
-        await asyncio.sleep(10)
-        return DeliveryResult.ok()
-
     class Unruly(ScriptedSink):
         async def deliver(self, delivery: Delivery) -> DeliveryResult:
             self.attempts.append((self.clock.monotonic(), delivery))
             if len(self.attempts) == 1:
                 raise ConnectionResetError("peer went away")
             if len(self.attempts) == 2:
-                return await hang()
+                await asyncio.Event().wait()  # no answer, ever
             self.delivered.append(delivery)
             return DeliveryResult.ok()
 
-    sink = Unruly("slack")
+    clock = FakeClock(datetime.now(UTC))
+    sink = Unruly("slack", clock=clock)
     config = OutboxConfig(initial_backoff=0.01, max_backoff=0.02, give_up_after=60, attempt_timeout=0.2)
     async with sqlite_store(tmp_path) as store:
         await ingest_and_dedup(store, webhook(gpu_alerts(1)))
         await route_all(store, ["slack"])
-        async with running_outbox(store, [sink], config) as (_outbox, metrics):
+        async with running_outbox(store, [sink], config, clock) as (_outbox, metrics):
+            waits = await _retry_waits(clock, lambda: len(sink.attempts) == 3)
+            assert waits[1] == pytest.approx(config.attempt_timeout)  # the hung attempt, cut after attempt_timeout
             await eventually(lambda: query(store, "SELECT state, error FROM deliveries") == [("delivered", None)])
             assert _metric(metrics, "gpu_alert_bot_deliveries_total", {"receiver": "slack", "result": "retry"}) == 2
     assert sink.closed

@@ -21,7 +21,7 @@ from bot.metrics import Metrics
 from bot.models import Delivery
 from bot.render.slack import Controls
 from bot.sinks.base import DeliveryResult
-from bot.sinks.slack import SlackSink
+from bot.sinks.slack import SlackRateLimits, SlackSink
 from bot.sinks.slack.channel import _api_failure
 from bot.sinks.slack.pacing import retry_after
 from bot.store.sqlite import SqliteStore
@@ -487,6 +487,38 @@ async def test_storm_ends_after_a_quiet_window(fake: FakeSlack, make_sink: SinkF
     await eventually(lambda: "Alert storm over" in summary.text, timeout=10)
     await sink.deliver(delivery(alert(6)))
     assert fake.top_level()[-1].text.startswith("🔴 [CRITICAL] GPUTempHigh on k-ai-06")
+
+
+async def test_a_storm_ends_one_window_after_its_last_new_alert(
+    fake: FakeSlack, store: SqliteStore, tmp_path: Path
+) -> None:
+    """The flusher's waits, on a fake clock: a partial batch waits for a one-second lull, the summary's counts
+    are refreshed at most every 5 s, and the storm stays open until `storm_window` has passed since its last new
+    alert. (Posts are paced on the real clock here.)"""
+    clock = FakeClock(datetime.now(UTC))
+    (tmp_path / "slack_token").write_text(DEFAULT_TOKEN)
+    config = {"type": "slack", "name": "slack", "channel": "#gpu-alerts", "token_file": "slack_token"}
+    options = {"api_url": fake.api_url, "messages_per_second": 50, "storm_threshold": 2, "storm_window": 10}
+    receiver = SlackReceiver.model_validate({**config, **options}, context={"base_dir": tmp_path})
+    sink = SlackSink(receiver, store, Metrics(), SlackRateLimits(), clock=clock)
+    try:
+        for n in range(1, 4):
+            await sink.deliver(delivery(alert(n)))
+        summary = await eventually(lambda: storm_summary(fake))
+        assert await eventually(lambda: clock.next_wake) == pytest.approx(1.0)  # the batch waits for a lull
+        await clock.advance(1.0)
+        await eventually(lambda: fake.replies(summary))
+        # The counts changed: the summary shows them 5 s after it was posted, not at once.
+        assert await eventually(lambda: clock.next_wake) == pytest.approx(4.0)
+        updates = len(fake.calls_of("chat.update"))
+        await clock.advance(4.0)
+        await eventually(lambda: len(fake.calls_of("chat.update")) > updates)
+        # The last new alert came 5 s ago: the storm ends 5 s from now (the flusher looks 50 ms later).
+        assert await eventually(lambda: clock.next_wake) == pytest.approx(5.05)
+        await clock.advance(5.05)
+        await eventually(lambda: "Alert storm over" in summary.text)
+    finally:
+        await sink.close()
 
 
 async def test_storm_survives_a_restart_without_losing_or_repeating_lines(
