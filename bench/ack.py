@@ -44,6 +44,7 @@ from bench.common import (
     ALERTS_PER_WEBHOOK,
     STARTS_AT,
     Checkout,
+    StoreReader,
     bot_process,
     pending_counts,
     post_webhooks,
@@ -58,6 +59,7 @@ from tests.support.processes import Prometheus
 FIGURES = ("ack", "saturated", "worker", "enriched", "memory")
 ACK_GOALS = {200.0: "p99 < 5 ms", 1000.0: "p99 < 10 ms"}
 _POLL = 0.05
+_WORKER_START_TIMEOUT = 60.0
 
 
 @dataclass
@@ -102,27 +104,28 @@ def _preload(checkout: Checkout, workdir: Path, notifications: int, settings: di
         preload_settings = {**settings, "worker": {"event_lease": "1s"}}
     with serve(workdir, preload_settings, *options, checkout=checkout) as (url, _process):
         asyncio.run(post_webhooks(f"{url}/alertmanager", notifications, tag="e", starts_at=starts_at))
-    return _alerts_pending(workdir / "bot.db")
+    return _alerts_pending(pending_counts(workdir / "bot.db"))
 
 
-def _alerts_pending(db: Path) -> int:
+def _alerts_pending(counts: dict[str, int]) -> int:
     """Alerts the worker has yet to take through the pipeline: each stored notification holds 20 new ones."""
-    counts = pending_counts(db)
     return counts["notifications_pending"] * ALERTS_PER_WEBHOOK + counts["events_pending"]
 
 
 def _time_drain(db: Path, stored: int, limit: float) -> dict[str, Any]:
     """From the first poll that sees the worker at work (its pending work down from what was stored) until
     nothing is pending or `limit` seconds passed: the start-up of its process is not counted."""
-    give_up = time.monotonic() + 60
-    while (start_pending := _alerts_pending(db)) >= stored and time.monotonic() < give_up:
-        time.sleep(_POLL)
-    started = time.perf_counter()
-    pending = start_pending
-    while pending and time.perf_counter() - started < limit:
-        time.sleep(_POLL)
-        pending = _alerts_pending(db)
-    elapsed = time.perf_counter() - started
+    with StoreReader(db) as store:
+        give_up = time.monotonic() + _WORKER_START_TIMEOUT
+        while (start_pending := _alerts_pending(store.pending())) >= stored and time.monotonic() < give_up:
+            time.sleep(_POLL)
+        started = time.perf_counter()
+        pending = start_pending
+        while pending and time.perf_counter() - started < limit:
+            time.sleep(_POLL)
+            pending = _alerts_pending(store.pending())
+        elapsed = time.perf_counter() - started
+        left = store.pending()
     done = start_pending - pending
     return {
         "stored": stored,
@@ -130,7 +133,7 @@ def _time_drain(db: Path, stored: int, limit: float) -> dict[str, Any]:
         "processed": done,
         "seconds": elapsed,
         "alerts_per_s": done / elapsed if elapsed > 0 and done else float("nan"),
-        "left": pending_counts(db),
+        "left": left,
     }
 
 

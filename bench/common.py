@@ -15,7 +15,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -203,20 +203,43 @@ def bot_pss_mib(root: int) -> float:
 
 
 def store_counts(db: Path) -> dict[str, int]:
-    with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
-        (alerts,) = conn.execute("SELECT COUNT(*) FROM alerts").fetchone()
-    return {"alerts": alerts, **pending_counts(db)}
+    with StoreReader(db) as reader:
+        return reader.counts()
 
 
 def pending_counts(db: Path) -> dict[str, int]:
-    """Work still waiting in the store: cheap (partial indexes) and read-only, so it can be polled."""
-    with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
-        row = conn.execute(
+    with StoreReader(db) as reader:
+        return reader.pending()
+
+
+class StoreReader:
+    """A read-only connection to a running bot's SQLite store, to poll it. Each query runs to its end, so no read
+    transaction stays open between polls: a reader left open would hold up the bot's WAL checkpoints."""
+
+    def __init__(self, db: Path) -> None:
+        self._conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+
+    def pending(self) -> dict[str, int]:
+        """Work still waiting: cheap (partial indexes), so it can be polled often."""
+        [row] = self._conn.execute(
             """SELECT (SELECT COUNT(*) FROM notifications WHERE state = 'pending'),
                       (SELECT COUNT(*) FROM events WHERE state = 'pending'),
                       (SELECT COUNT(*) FROM deliveries WHERE state = 'pending')"""
-        ).fetchone()
-    return dict(zip(("notifications_pending", "events_pending", "deliveries_pending"), row, strict=True))
+        ).fetchall()
+        return dict(zip(("notifications_pending", "events_pending", "deliveries_pending"), row, strict=True))
+
+    def counts(self) -> dict[str, int]:
+        [(alerts,)] = self._conn.execute("SELECT COUNT(*) FROM alerts").fetchall()
+        return {"alerts": alerts, **self.pending()}
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> StoreReader:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
 
 
 async def post_webhooks(url: str, count: int, tag: str, starts_at: str = STARTS_AT, concurrency: int = 16) -> None:
