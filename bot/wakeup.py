@@ -43,18 +43,20 @@ class CommitWatch:
 
     async def _run(self) -> None:
         uri = f"file:{self._database}?mode=ro"
-        with closing(sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)) as conn:
-            seen = _data_version(conn)
+        # timeout=0: on the worker's event loop, a busy store is an error to skip, never a wait.
+        connection = sqlite3.connect(uri, uri=True, timeout=0, isolation_level=None, check_same_thread=False)
+        with closing(connection) as conn:
+            seen: int | None = None
             while True:
-                await self._clock.sleep(WATCH_EVERY)
                 try:
                     version = _data_version(conn)
                 except sqlite3.OperationalError as exc:  # busy or unreadable: the worker's polling still runs
                     log.debug("cannot read the store's data version", extra={"reason": str(exc)})
-                    continue
-                if version != seen:
+                else:
+                    if seen is not None and version != seen:
+                        self._on_commit()
                     seen = version
-                    self._on_commit()
+                await self._clock.sleep(WATCH_EVERY)
 
 
 def _data_version(conn: sqlite3.Connection) -> int:

@@ -136,7 +136,7 @@ def test_serve_runs_the_example_config_as_it_is_from_any_working_directory(tmp_p
         cwd=elsewhere,
     )
     try:
-        wait_http(f"http://127.0.0.1:{port}/readyz", timeout=30, process=bot.process)
+        wait_http(f"http://127.0.0.1:{port}/readyz", timeout=60, process=bot.process)
         assert httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200
         answer = httpx.post(
             f"http://127.0.0.1:{port}/alertmanager",

@@ -141,7 +141,7 @@ def test_serve_becomes_ready_and_the_healthcheck_finds_it(installed: Installed) 
         env=dict(_clean_env(), PYTHONUNBUFFERED="1"),
     )
     try:
-        wait_http(f"http://127.0.0.1:{port}/readyz", timeout=30, process=bot.process)
+        wait_http(f"http://127.0.0.1:{port}/readyz", timeout=60, process=bot.process)
         probe = installed.command("healthcheck", "--config", str(config))
         assert (probe.returncode, probe.stdout.strip()) == (0, f"http://127.0.0.1:{port}/healthz: alive")
     finally:
