@@ -67,6 +67,7 @@ async def dedup_seconds(path: Path, alerts: int, *, hand_over: bool) -> float:
     store = SqliteStore(path)
     await store.open()
     try:
+        await store.dedup_pending(plan_events, _DEDUP_BATCH)  # as the worker does from its start
         await ingest(store, alerts, hand_over=hand_over)
         started = time.perf_counter()
         while await store.dedup_pending(plan_events, _DEDUP_BATCH):

@@ -64,13 +64,15 @@ async def test_dedup_reuses_the_payload_ingest_validated_and_parses_only_bodies_
 
     monkeypatch.setattr(core, "read_notification", counted)
     async with opened() as store:
-        await ingest_and_dedup(store, webhook(gpu_alerts(2), group_key="here"))
-        assert parsed == []  # validated by ingest in this process: not parsed again
+        await ingest_and_dedup(store, webhook(gpu_alerts(2), group_key="before"))  # stored before any dedup ran
+        assert len(parsed) == 1
+        await ingest_and_dedup(store, webhook(gpu_alerts(2, host="here"), group_key="here"))
+        assert len(parsed) == 1  # validated by ingest in this process, which dedups too: not parsed again
         await ingest(store, webhook(gpu_alerts(2, host="later"), group_key="later"))
     async with opened() as store:  # a restart: what the earlier process stored is read from its body
         assert await store.dedup_pending(plan_events, 10) == 1
-        assert len(parsed) == 1
-        assert (await store.stats()).events_pending == 4
+        assert len(parsed) == 2
+        assert (await store.stats()).events_pending == 6
 
 
 async def test_events_are_leased_and_a_lease_expires(opened: Opener) -> None:

@@ -1,6 +1,6 @@
 """The Store interface: everything the bot persists, behind one small async API.
 
-SQLite (sqlite.py) is the default; a PostgreSQL backend for several replicas implements the same methods.
+SQLite (sqlite/) is the default; a PostgreSQL backend (postgresql/) for several replicas implements the same methods.
 Methods that change several things do so in one transaction, which is what makes a crash at any point safe.
 """
 

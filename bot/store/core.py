@@ -45,10 +45,6 @@ class Row(Protocol):
     def __getitem__(self, key: str, /) -> Any: ...
 
 
-# Payloads kept from ingest for dedup (ValidatedPayloads): a few seconds of a storm, a few MB at most.
-VALIDATED_PAYLOADS_KEPT = 256
-
-
 def ts(value: datetime | None) -> float | None:
     return None if value is None else value.timestamp()
 
@@ -187,29 +183,6 @@ def read_notification(body: bytes) -> tuple[WebhookPayload, list[AmAlert]]:
 
 def episodes(payload: WebhookPayload) -> list[AmAlert]:
     return list({alert.key: alert for alert in payload.alerts}.values())
-
-
-class ValidatedPayloads:
-    """Payloads ingest validated in this process, by notification id, until dedup applies them: a body is parsed
-    once when one process both acknowledges and processes it. Bounded: past `limit` the oldest are forgotten and
-    dedup parses their bodies, as it does for any notification another process (or an earlier one) stored.
-    A backend calls `keep` once the batch is committed, never before: a rolled-back id may be taken again."""
-
-    def __init__(self, limit: int = VALIDATED_PAYLOADS_KEPT) -> None:
-        self._limit = limit
-        self._payloads: dict[int, WebhookPayload] = {}
-
-    def keep(self, batch: Sequence[IncomingNotification], results: Sequence[IngestResult]) -> None:
-        for notification, result in zip(batch, results, strict=True):
-            if notification.payload is not None and result.notification_id is not None and not result.duplicate:
-                self._payloads[result.notification_id] = notification.payload
-        while len(self._payloads) > self._limit:
-            del self._payloads[next(iter(self._payloads))]
-
-    def read(self, notification_id: int, body: bytes) -> tuple[WebhookPayload, list[AmAlert]]:
-        """`read_notification(body)`, without the parse when ingest in this process validated it."""
-        payload = self._payloads.pop(notification_id, None)
-        return read_notification(body) if payload is None else (payload, episodes(payload))
 
 
 def plan_notification(

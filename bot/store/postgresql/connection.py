@@ -16,9 +16,9 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from bot.clock import SYSTEM_CLOCK, Clock
 from bot.store.base import IncomingNotification, IngestResult, Store, StoreUnavailable
-from bot.store.core import ValidatedPayloads
 from bot.store.groupcommit import GroupCommit
 from bot.store.migrations import POSTGRESQL_MIGRATIONS, POSTGRESQL_SCHEMA_VERSION, refuse_newer
+from bot.store.validated import ValidatedPayloads
 
 log = logging.getLogger(__name__)
 

@@ -89,6 +89,7 @@ class PostgresAlertPath(PostgresConnection):
 
     # --- dedup -----------------------------------------------------------------------------------------
     async def dedup_pending(self, planner: Planner, limit: int) -> int:
+        self._validated.applying()
         async with self._transaction() as conn:
             # One replica applies notifications at a time, in the order they were stored; the others find the
             # lock taken and leave the work to it.

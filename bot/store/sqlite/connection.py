@@ -15,7 +15,6 @@ from typing import Any, Literal, TypeVar
 
 from bot.clock import SYSTEM_CLOCK, Clock
 from bot.store.base import IncomingNotification, IngestResult, Store, StoreSide, StoreUnavailable
-from bot.store.core import ValidatedPayloads
 from bot.store.groupcommit import GroupCommit
 from bot.store.migrations import SQLITE_SCHEMA_VERSION, refuse_newer
 from bot.store.sqlite.schema import (
@@ -35,6 +34,7 @@ from bot.store.sqlite.threads import (
     _ShmGuard,
     _StoreThread,
 )
+from bot.store.validated import ValidatedPayloads
 
 T = TypeVar("T")
 Synchronous = Literal["full", "normal"]

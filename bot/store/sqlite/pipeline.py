@@ -91,6 +91,7 @@ class SqliteAlertPath(SqliteConnection):
 
     # --- dedup -----------------------------------------------------------------------------------------
     async def dedup_pending(self, planner: Planner, limit: int) -> int:
+        self._validated.applying()
         return await self._run(self._dedup_pending_sync, planner, limit)
 
     def _dedup_pending_sync(self, planner: Planner, limit: int) -> int:
