@@ -118,7 +118,7 @@ async def fire(
         await run_amtool(amtool, am_url, args)
         return f"amtool alert add {' '.join(alert.label_args())}{' --end=now' if end else ''}"
     posted = PostableAlert(
-        labels=alert.labels, annotations={"summary": alert.summary}, startsAt=alert.started, endsAt=end
+        labels=alert.labels, annotations={"summary": alert.summary}, starts_at=alert.started, ends_at=end
     )
     try:
         await client.post_alerts([posted])
