@@ -108,7 +108,7 @@ def start_processing(
         metrics,
         late_copy_window=config.store.late_copy_window,
     )
-    worker = Worker(pipeline, store, config.worker, config.store, metrics)
+    worker = Worker(pipeline, store, config.worker, config.store, metrics, clock)
     # Other replicas' work wakes this one at once (PostgreSQL LISTEN/NOTIFY); polling stays the fallback.
     store.subscribe(worker.notify, lambda receiver: outbox.wake([receiver]))
     outbox.start()

@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
+from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import StoreConfig, WorkerConfig
 from bot.metrics import Metrics
 from bot.models import Event
@@ -31,9 +31,17 @@ _MAX_RETRY_DELAY = 300.0
 
 class Worker:
     def __init__(
-        self, pipeline: Pipeline, store: Store, config: WorkerConfig, store_config: StoreConfig, metrics: Metrics
+        self,
+        pipeline: Pipeline,
+        store: Store,
+        config: WorkerConfig,
+        store_config: StoreConfig,
+        metrics: Metrics,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        """`clock` times the housekeeping (queue statistics, pruning) and gives the retention's cutoff."""
         self._pipeline = pipeline
+        self._clock = clock
         self._store = store
         self._config = config
         self._retention = store_config.retention
@@ -138,7 +146,7 @@ class Worker:
             self._leased_by_store_failure.discard(event_id)
 
     async def _housekeeping(self) -> None:
-        now = time.monotonic()
+        now = self._clock.monotonic()
         if now >= self._next_stats:
             self._next_stats = now + _STATS_EVERY
             stats = await self._store.stats()
@@ -152,6 +160,6 @@ class Worker:
             self._metrics.alerts_current.labels("resolved").set(stats.alerts_resolved)
         if now >= self._next_prune:
             self._next_prune = now + _PRUNE_EVERY
-            removed = await self._store.prune(datetime.now(UTC) - timedelta(seconds=self._retention))
+            removed = await self._store.prune(self._clock.now() - timedelta(seconds=self._retention))
             if removed:
                 log.info("pruned finished work past retention", extra={"rows": removed})
