@@ -268,6 +268,18 @@ async def test_gpu_events_are_recorded_once(opened: Opener) -> None:
         assert await store.gpu_events(STARTED - timedelta(days=1), kind="alert") == []
 
 
+async def test_gpu_events_recorded_and_read_in_one_call_are_those_of_the_keys_asked_for(opened: Opener) -> None:
+    def xid(key: str, minutes: int) -> GpuEvent:
+        return GpuEvent(gpu_key=key, host="k-ai-01", kind="xid", code="79", at=STARTED + timedelta(minutes=minutes))
+
+    async with opened() as store:
+        await store.record_gpu_events([xid("GPU-a", 1), xid("k-ai-01/0", -5), xid("k-ai-01/1", 2)])
+        read = await store.record_and_read_gpu_events([xid("k-ai-01/0", 3)], STARTED, ["GPU-a", "k-ai-01/0"])
+        assert read == [xid("GPU-a", 1), xid("k-ai-01/0", 3)]  # oldest first, the new one included, none too old
+        assert await store.record_and_read_gpu_events([], STARTED, []) == []
+        assert len(await store.gpu_events(STARTED - timedelta(days=1))) == 4
+
+
 async def test_prune_keeps_pending_work_and_forgets_expired_dedup_keys(opened: Opener) -> None:
     clock = FakeClock()
     async with opened(dedup_window=600, clock=clock) as store:

@@ -70,6 +70,16 @@ def _xid_number(code: str) -> int | None:
     return int(number) if number.isdigit() else None
 
 
+def _history(target: GpuIdentity, stored: list[GpuEvent]) -> list[GpuEvent]:
+    """This GPU's events under any key it may have been recorded with, each once: under its best key."""
+    seen: dict[tuple[str, str, datetime, str], GpuEvent] = {}
+    for key in target.store_keys():
+        for event in stored:
+            if event.gpu_key == key:
+                seen.setdefault((event.kind, event.code, event.at, event.alert_key), event)
+    return sorted(seen.values(), key=lambda e: e.at)
+
+
 class RecurrenceEnricher:
     name = "recurrence"
     title = "History of this GPU"
@@ -87,31 +97,23 @@ class RecurrenceEnricher:
         identity = await resolve_identity(request)
         xid = evidence_of(await request.section("xid"), XidEvidence)
         records = _records(alert, identity, xid.events if xid is not None else [], _label_xid(xid))
-        if records:
-            await self._store.record_gpu_events(records)
         targets = _targets(identity, records)
+        since = alert.starts_at - timedelta(seconds=self._window)
+        keys = [key for target in targets for key in target.store_keys()]
+        stored = await self._store.record_and_read_gpu_events(records, since, keys)
         if not targets:
             return EnrichmentSection.skipped(self.name, self.title, "no GPU named by the alert or its Xid lines")
-        since = alert.starts_at - timedelta(seconds=self._window)
         now = max([datetime.now(UTC), alert.starts_at, *(r.at for r in records)])
         alert_xid = xid.alert_xid if xid is not None else None
         summaries = []
         for target in targets:
-            history = await self._history(target, since)
+            history = _history(target, stored)
             own = [r for r in records if r.kind == "xid" and target.same_gpu(_identity_of(r))]
             codes = {code for r in own if (code := parse_xid_code(r.code)) is not None and code not in FOLLOWER_XIDS}
             if alert_xid is not None and target.same_gpu(identity):
                 codes.add(alert_xid)
             summaries.append(self._summarise(target, alert, history, codes, own, now))
         return self._section(summaries, len(records))
-
-    async def _history(self, target: GpuIdentity, since: datetime) -> list[GpuEvent]:
-        """This GPU's events under any key it may have been recorded with, each once."""
-        seen: dict[tuple[str, str, datetime, str], GpuEvent] = {}
-        for key in target.store_keys():
-            for event in await self._store.gpu_events(since, gpu_key=key):
-                seen.setdefault((event.kind, event.code, event.at, event.alert_key), event)
-        return sorted(seen.values(), key=lambda e: e.at)
 
     def _summarise(
         self,

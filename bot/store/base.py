@@ -261,6 +261,13 @@ class Store(abc.ABC):
         self, since: datetime, gpu_key: str | None = None, kind: str | None = None, code: str | None = None
     ) -> list[GpuEvent]: ...
 
+    @abc.abstractmethod
+    async def record_and_read_gpu_events(
+        self, events: Sequence[GpuEvent], since: datetime, gpu_keys: Sequence[str]
+    ) -> list[GpuEvent]:
+        """Record `events` as record_gpu_events does, then return the events since `since` under any of `gpu_keys`,
+        oldest first: what recurrence needs for one alert in one round trip."""
+
     # --- audit log ------------------------------------------------------------------------------------
     @abc.abstractmethod
     async def record_audit(self, entry: AuditEntry) -> None:

@@ -109,14 +109,7 @@ class PostgresRecords(PostgresConnection):
     # --- GPU history -----------------------------------------------------------------------------------
     async def record_gpu_events(self, events: Sequence[GpuEvent]) -> None:
         async with self._transaction() as conn:
-            await conn.cursor().executemany(
-                """INSERT INTO gpu_events (gpu_key, host, pci_bus_id, uuid, kind, code, at, alert_key)
-                   VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING""",
-                [
-                    (e.gpu_key, e.host, e.pci_bus_id, e.uuid, e.kind, e.code, e.at.timestamp(), e.alert_key)
-                    for e in events
-                ],
-            )
+            await conn.cursor().executemany(_INSERT_GPU_EVENT, [_gpu_event_row(e) for e in events])
 
     async def gpu_events(
         self, since: datetime, gpu_key: str | None = None, kind: str | None = None, code: str | None = None
@@ -130,6 +123,21 @@ class PostgresRecords(PostgresConnection):
         query = sql.SQL("SELECT * FROM gpu_events WHERE {} ORDER BY at").format(sql.SQL(" AND ").join(clauses))
         async with self._connection() as conn:
             rows = await (await conn.execute(query, args)).fetchall()
+        return [core.gpu_event_from_row(row) for row in rows]
+
+    async def record_and_read_gpu_events(
+        self, events: Sequence[GpuEvent], since: datetime, gpu_keys: Sequence[str]
+    ) -> list[GpuEvent]:
+        async with self._transaction() as conn:
+            if events:
+                await conn.cursor().executemany(_INSERT_GPU_EVENT, [_gpu_event_row(e) for e in events])
+            if not gpu_keys:
+                return []
+            cursor = await conn.execute(
+                "SELECT * FROM gpu_events WHERE at >= %s AND gpu_key = ANY(%s) ORDER BY at",
+                (since.timestamp(), list(gpu_keys)),
+            )
+            rows = await cursor.fetchall()
         return [core.gpu_event_from_row(row) for row in rows]
 
     # --- audit log ------------------------------------------------------------------------------------
@@ -248,3 +256,11 @@ async def _insert_note(conn: Conn, alert_key: str, text: str, now: float) -> int
     event_id = await _insert_event(conn, alert_key, EventKind.NOTE, now)
     await conn.execute("INSERT INTO event_notes (event_id, text) VALUES (%s, %s)", (event_id, text))
     return event_id
+
+
+_INSERT_GPU_EVENT = """INSERT INTO gpu_events (gpu_key, host, pci_bus_id, uuid, kind, code, at, alert_key)
+    VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"""
+
+
+def _gpu_event_row(e: GpuEvent) -> tuple[Any, ...]:
+    return (e.gpu_key, e.host, e.pci_bus_id, e.uuid, e.kind, e.code, e.at.timestamp(), e.alert_key)

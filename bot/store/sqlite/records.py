@@ -164,6 +164,25 @@ class SqliteRecords(SqliteConnection):
         )
         return [gpu_event_from_row(row) for row in rows]
 
+    async def record_and_read_gpu_events(
+        self, events: Sequence[GpuEvent], since: datetime, gpu_keys: Sequence[str]
+    ) -> list[GpuEvent]:
+        rows = await self._run(self._record_and_read_gpu_events_sync, events, since, gpu_keys)
+        return [gpu_event_from_row(row) for row in rows]
+
+    def _record_and_read_gpu_events_sync(
+        self, events: Sequence[GpuEvent], since: datetime, gpu_keys: Sequence[str]
+    ) -> list[sqlite3.Row]:
+        if events:
+            self._record_gpu_events_sync(events)
+        if not gpu_keys:
+            return []
+        marks = ", ".join("?" * len(gpu_keys))
+        return self._fetchall(
+            f"SELECT * FROM gpu_events WHERE at >= ? AND gpu_key IN ({marks}) ORDER BY at",  # noqa: S608
+            [since.timestamp(), *gpu_keys],
+        )
+
     # --- audit log ------------------------------------------------------------------------------------
     async def record_audit(self, entry: AuditEntry) -> None:
         row = (entry.at.timestamp(), entry.actor, entry.action, entry.target, entry.outcome, entry.detail)
