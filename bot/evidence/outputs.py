@@ -147,6 +147,20 @@ class XidWorst(EvidenceModel):
     action: str
 
 
+class XidCatalogEntry(EvidenceModel):
+    """The catalog's entry for one Xid code the alert or its kernel lines name (bot.xid_catalog.XidEntry)."""
+
+    name: str
+    title: str
+    severity: str
+    action: str
+    follow_up: str = ""
+    causes: list[str] = Field(default_factory=list)
+    # NVIDIA's resolution buckets (immediate, investigatory); empty in enrichment stored before they existed.
+    nvidia: dict[str, str] = Field(default_factory=dict)
+    known: bool = True
+
+
 class XidEvidence(SectionEvidence):
     section: ClassVar[str] = "xid"
 
@@ -157,7 +171,8 @@ class XidEvidence(SectionEvidence):
     alert_xid_label: str | None = None
     events: list[DecodedXidRecord] = Field(default_factory=list)
     events_total: int = 0
-    catalog: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # Keyed by the Xid code as text (JSON object keys).
+    catalog: dict[str, XidCatalogEntry] = Field(default_factory=dict)
     worst: XidWorst | None = None
     stale_gauge: bool | None = None
     stale_reason: str = ""
@@ -168,14 +183,39 @@ class XidEvidence(SectionEvidence):
     truncated: bool = False
 
 
+class EscalationVerdict(EvidenceModel):
+    """One of the catalog's escalation rules that one GPU's Xid history meets (bot.xid_escalation.Verdict)."""
+
+    rule: str
+    xid: int
+    count: int
+    severity: str
+    text: str
+
+
+class AlertCount(EvidenceModel):
+    name: str
+    count: int
+
+
+class RecurrenceGpu(GpuIdentityData):
+    """One GPU's history in the window: its identity, Xid counts (keyed by the code as text), this alert's
+    count and its escalation verdicts."""
+
+    gpu_key: str
+    xids: dict[str, int] = Field(default_factory=dict)
+    alert: AlertCount
+    verdicts: list[EscalationVerdict] = Field(default_factory=list)
+
+
 class RecurrenceEvidence(SectionEvidence):
     section: ClassVar[str] = "recurrence"
 
     window: str
     window_seconds: float
-    # Per GPU: its identity, Xid counts, this alert's count and its escalation verdicts.
-    gpus: list[dict[str, Any]] = Field(default_factory=list)
-    verdicts: list[dict[str, Any]] = Field(default_factory=list)
+    gpus: list[RecurrenceGpu] = Field(default_factory=list)
+    # Every GPU's verdicts, most severe first.
+    verdicts: list[EscalationVerdict] = Field(default_factory=list)
     escalate: bool = False
     recorded: int = 0
 
