@@ -2,8 +2,8 @@
 fields, so a misspelt one is a type error rather than an empty section.
 
 Field names are the keys enrichment has always been stored under (the store keeps `model_dump(mode="json")`),
-so enrichment stored before these models existed reads back unchanged. Lists that only messages show (an Xid
-event's decoding, the catalog's entries, recurrence per GPU) keep their JSON shape beyond the fields code reads.
+so enrichment stored before these models existed reads back unchanged. An Xid event's decoding, which only
+messages show, keeps its JSON shape beyond the fields code reads.
 """
 
 from __future__ import annotations
