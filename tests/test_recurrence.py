@@ -14,7 +14,7 @@ from bot.enrich.base import Enricher
 from bot.enrich.gpu import GpuEnricher
 from bot.enrich.recurrence import RecurrenceEnricher
 from bot.enrich.xid import XidEnricher
-from bot.evidence import Enrichment, EnrichmentSection
+from bot.evidence import AlertCount, Enrichment, EnrichmentSection
 from bot.models import AlertState
 from bot.store.sqlite import SqliteStore
 from bot.xid_catalog import XidCatalog, load_catalog
@@ -110,10 +110,10 @@ async def test_third_xid79_on_one_gpu_in_30_days_escalates(
     assert third.summary.startswith("Third Xid 79 on this GPU in 30 days: hardware suspect, prepare an RMA")
     assert third.lines == ["This GPU in the last 30 days: Xid 79 3 times, GPUXIDError 3 times"]
     [gpu] = third.data.gpus
-    assert (gpu["gpu_key"], gpu["xids"], gpu["alert"]) == (
+    assert (gpu.gpu_key, gpu.xids, gpu.alert) == (
         UUID_3B.lower(),
         {"79": 3},
-        {"name": "GPUXIDError", "count": 3},
+        AlertCount(name="GPUXIDError", count=3),
     )
 
 
@@ -122,7 +122,7 @@ async def test_an_xid79_older_than_the_window_does_not_count(store: SqliteStore,
     await alert_with_lines(store, catalog, GPU_A, NOW - timedelta(days=9), [FALL_A], "a2")
     third = await alert_with_lines(store, catalog, GPU_A, NOW - timedelta(minutes=5), [FALL_A], "a3")
     assert third.data.escalate is False
-    assert third.data.gpus[0]["xids"] == {"79": 2}
+    assert third.data.gpus[0].xids == {"79": 2}
 
 
 async def test_same_fatal_xid_five_times_in_24h(store: SqliteStore, catalog: XidCatalog) -> None:
@@ -142,7 +142,7 @@ async def test_counts_are_per_physical_gpu_not_per_host(store: SqliteStore, cata
     await alert_with_lines(store, catalog, GPU_A, NOW - timedelta(days=2), [FALL_A], "a2")
     other = await alert_with_lines(store, catalog, GPU_B, NOW - timedelta(days=1), [FALL_B], "b1")
     assert other.data.escalate is False
-    assert other.data.gpus[0]["xids"] == {"79": 1}
+    assert other.data.gpus[0].xids == {"79": 1}
     third_on_a = await alert_with_lines(store, catalog, GPU_A, NOW, [FALL_A], "a3")
     assert third_on_a.data.escalate is True
 
@@ -150,9 +150,9 @@ async def test_counts_are_per_physical_gpu_not_per_host(store: SqliteStore, cata
 async def test_host_level_alert_records_each_gpu_under_its_own_key(store: SqliteStore, catalog: XidCatalog) -> None:
     host_alert = {"alertname": "NodeKernelNvrm"}
     section = await alert_with_lines(store, catalog, host_alert, NOW - timedelta(hours=1), [FALL_A, FALL_B], "h1")
-    assert sorted(g["pci_bus_id"] for g in section.data.gpus) == ["00000000:3B:00.0", "00000000:86:00.0"]
+    assert sorted(g.pci_bus_id for g in section.data.gpus) == ["00000000:3B:00.0", "00000000:86:00.0"]
     later = await alert_with_lines(store, catalog, GPU_B, NOW, [FALL_B], "b1")
-    assert later.data.gpus[0]["xids"] == {"79": 2}
+    assert later.data.gpus[0].xids == {"79": 2}
 
 
 async def test_recording_twice_keeps_one(store: SqliteStore, catalog: XidCatalog) -> None:
@@ -165,8 +165,8 @@ async def test_recording_twice_keeps_one(store: SqliteStore, catalog: XidCatalog
 async def test_two_alerts_that_saw_one_kernel_line_count_it_once(store: SqliteStore, catalog: XidCatalog) -> None:
     await alert_with_lines(store, catalog, GPU_A, NOW, [FALL_A], "xid-alert")
     temp = await alert_with_lines(store, catalog, {**GPU_A, "alertname": "GPUTempCritical"}, NOW, [FALL_A], "temp")
-    assert temp.data.gpus[0]["xids"] == {"79": 1}
-    assert temp.data.gpus[0]["alert"] == {"name": "GPUTempCritical", "count": 1}
+    assert temp.data.gpus[0].xids == {"79": 1}
+    assert temp.data.gpus[0].alert == AlertCount(name="GPUTempCritical", count=1)
 
 
 async def test_history_without_uuid_joins_history_with_uuid(store: SqliteStore, catalog: XidCatalog) -> None:
@@ -219,7 +219,7 @@ async def test_the_kernel_line_and_the_label_of_one_xid_count_once(store: Sqlite
     )
     assert both.summary == "First Xid 79 and first GPUXIDError on this GPU in the last 30 days"
     later = await alert_from_labels(store, catalog, XID79, NOW, "label-only")
-    assert later.data.gpus[0]["xids"] == {"79": 2}
+    assert later.data.gpus[0].xids == {"79": 2}
 
 
 async def test_a_kernel_line_read_later_is_the_same_xid_as_the_label(store: SqliteStore, catalog: XidCatalog) -> None:
@@ -229,7 +229,7 @@ async def test_a_kernel_line_read_later_is_the_same_xid_as_the_label(store: Sqli
     fall = [(NOW - timedelta(minutes=14), FALL_A)]
     missing = alert_state({**GPU_A, "alertname": "GPUMissing"}, starts_at=NOW, fingerprint="missing")
     section = recurrence(await enrich(store, catalog, missing, Static(loki_section(fall))))
-    assert section.data.gpus[0]["xids"] == {"79": 1}
+    assert section.data.gpus[0].xids == {"79": 1}
 
 
 async def test_the_stuck_gauge_alert_of_the_same_series_adds_no_xid(store: SqliteStore, catalog: XidCatalog) -> None:
@@ -238,7 +238,7 @@ async def test_the_stuck_gauge_alert_of_the_same_series_adds_no_xid(store: Sqlit
     await alert_from_labels(store, catalog, XID79, NOW - timedelta(hours=2), "xid")
     stuck = {**XID79, "alertname": "DCGMXidGaugeStuck"}
     section = await alert_from_labels(store, catalog, stuck, NOW - timedelta(hours=2) + timedelta(minutes=4), "stuck")
-    assert section.data.gpus[0]["xids"] == {"79": 1}
+    assert section.data.gpus[0].xids == {"79": 1}
     assert section.summary == "This GPU in the last 30 days: Xid 79 once, first DCGMXidGaugeStuck"
 
 
@@ -249,7 +249,7 @@ async def test_a_label_the_kernel_log_shows_stale_is_not_a_new_xid(store: Sqlite
     result = await enrich(store, catalog, refired, Static(loki_section([])), Static(gauge))
     xid, section = result.get("xid"), recurrence(result)
     assert xid is not None and xid.data.stale_gauge is True
-    assert section.data.gpus[0]["xids"] == {"79": 1}
+    assert section.data.gpus[0].xids == {"79": 1}
     assert section.summary == "This GPU in the last 30 days: Xid 79 once, GPUXIDError 2 times"
 
 

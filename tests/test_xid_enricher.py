@@ -155,7 +155,7 @@ async def test_decodes_the_xids_of_the_alerts_gpu_only(catalog: XidCatalog) -> N
         "err_code",
     )
     assert xid.data.stale_gauge is False
-    assert xid.data.catalog["79"]["title"] == "GPU has fallen off the bus"
+    assert xid.data.catalog["79"].title == "GPU has fallen off the bus"
     assert any(line.startswith("  -> Cordon and drain the node") for line in xid.lines)
 
 

@@ -19,11 +19,20 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Literal
 
 from bot.enrich.base import EnrichmentRequest
 from bot.enrich.gpu import GpuIdentity, resolve_identity
-from bot.evidence import DecodedXidRecord, EnrichmentSection, RecurrenceEvidence, XidEvidence, evidence_of
+from bot.evidence import (
+    AlertCount,
+    DecodedXidRecord,
+    EnrichmentSection,
+    EscalationVerdict,
+    RecurrenceEvidence,
+    RecurrenceGpu,
+    XidEvidence,
+    evidence_of,
+)
 from bot.models import AlertState, GpuEvent
 from bot.nvrm import PciAddress
 from bot.selftest.marking import is_selftest
@@ -153,8 +162,8 @@ class RecurrenceEnricher:
             data=RecurrenceEvidence(
                 window=window,
                 window_seconds=self._window,
-                gpus=[s.to_dict() for s in summaries],
-                verdicts=[v.to_dict() for v in verdicts],
+                gpus=[s.to_data() for s in summaries],
+                verdicts=[_verdict_data(v) for v in verdicts],
                 escalate=bool(verdicts),
                 recorded=recorded,
             ),
@@ -186,14 +195,26 @@ class _GpuSummary:
         parts = [_count_text(what, n, what in self.firsts) for what, n in counts]
         return f"{_capitalised(gpu)} in the last {window}: {', '.join(parts)}"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "gpu_key": self.identity.gpu_key,
-            **self.identity.to_data().model_dump(),
-            "xids": {str(code): count for code, count in self.xids.items()},
-            "alert": {"name": self.alertname, "count": self.alert_count},
-            "verdicts": [v.to_dict() for v in self.verdicts],
-        }
+    def to_data(self) -> RecurrenceGpu:
+        gpu = self.identity.to_data()
+        return RecurrenceGpu(
+            gpu_key=self.identity.gpu_key,
+            index=gpu.index,
+            uuid=gpu.uuid,
+            pci_bus_id=gpu.pci_bus_id,
+            model=gpu.model,
+            host=gpu.host,
+            serial=gpu.serial,
+            xids={str(code): count for code, count in self.xids.items()},
+            alert=AlertCount(name=self.alertname, count=self.alert_count),
+            verdicts=[_verdict_data(v) for v in self.verdicts],
+        )
+
+
+def _verdict_data(verdict: Verdict) -> EscalationVerdict:
+    return EscalationVerdict(
+        rule=verdict.rule, xid=verdict.xid, count=verdict.count, severity=verdict.severity, text=verdict.text
+    )
 
 
 def _capitalised(text: str) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
 
 from bot.enrich.base import EnrichmentRequest
 from bot.enrich.gpu import GpuIdentity, from_kernel, kernel_report, resolve_identity
@@ -23,6 +22,7 @@ from bot.evidence import (
     PrometheusEvidence,
     PrometheusSeries,
     Verdict,
+    XidCatalogEntry,
     XidEvidence,
     XidWorst,
     evidence_of,
@@ -30,7 +30,7 @@ from bot.evidence import (
 from bot.models import AlertState
 from bot.nvrm import XidEvent
 from bot.verdict import STALE_XID_GAUGE, XID_GAUGE_UNJUDGED
-from bot.xid_catalog import DecodedXid, XidCatalog, decode_events, severity_rank, worst
+from bot.xid_catalog import DecodedXid, XidCatalog, XidEntry, decode_events, severity_rank, worst
 
 XID_GAUGE = "DCGM_FI_DEV_XID_ERRORS"
 GAUGE_QUERY_NAME = "xid_gauge"
@@ -147,24 +147,24 @@ class XidEnricher:
             lines.append(f"... and {len(mine) - MAX_EVENTS_SHOWN} more Xid events")
         return lines
 
-    def _catalog_entries(self, codes: set[int]) -> dict[str, dict[str, Any]]:
-        entries = {}
-        for code in sorted(codes):
-            entry = self._catalog.entry(code)
-            entries[str(code)] = {
-                "name": entry.name,
-                "title": entry.title,
-                "severity": entry.severity,
-                "action": entry.action,
-                "follow_up": entry.follow_up,
-                "causes": list(entry.causes),
-                "nvidia": entry.nvidia.model_dump(),
-                "known": entry.known,
-            }
-        return entries
+    def _catalog_entries(self, codes: set[int]) -> dict[str, XidCatalogEntry]:
+        return {str(code): _catalog_entry(self._catalog.entry(code)) for code in sorted(codes)}
 
     async def close(self) -> None:
         return None
+
+
+def _catalog_entry(entry: XidEntry) -> XidCatalogEntry:
+    return XidCatalogEntry(
+        name=entry.name,
+        title=entry.title,
+        severity=entry.severity,
+        action=entry.action,
+        follow_up=entry.follow_up,
+        causes=list(entry.causes),
+        nvidia=entry.nvidia.model_dump(),
+        known=entry.known,
+    )
 
 
 def _on_gpu(event: XidEvent, identity: GpuIdentity) -> bool:

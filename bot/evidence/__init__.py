@@ -1,7 +1,9 @@
 """Evidence: the shapes enrichment produces and everything downstream reads (a leaf of the import graph)."""
 
 from bot.evidence.outputs import (
+    AlertCount,
     DecodedXidRecord,
+    EscalationVerdict,
     GpuEvidence,
     GpuIdentityData,
     LokiEvidence,
@@ -9,10 +11,12 @@ from bot.evidence.outputs import (
     PrometheusSeries,
     PrometheusWindow,
     RecurrenceEvidence,
+    RecurrenceGpu,
     RelatedAlertFound,
     RelatedEvidence,
     SectionData,
     Verdict,
+    XidCatalogEntry,
     XidEvidence,
     XidWorst,
 )
@@ -26,10 +30,12 @@ from bot.evidence.sections import (
 )
 
 __all__ = [
+    "AlertCount",
     "DecodedXidRecord",
     "Enrichment",
     "EnrichmentHints",
     "EnrichmentSection",
+    "EscalationVerdict",
     "GpuEvidence",
     "GpuIdentityData",
     "LokiEvidence",
@@ -37,12 +43,14 @@ __all__ = [
     "PrometheusSeries",
     "PrometheusWindow",
     "RecurrenceEvidence",
+    "RecurrenceGpu",
     "RelatedAlertFound",
     "RelatedAlertHint",
     "RelatedEvidence",
     "SectionData",
     "SectionStatus",
     "Verdict",
+    "XidCatalogEntry",
     "XidEvidence",
     "XidWorst",
     "evidence_of",

@@ -2,8 +2,8 @@
 fields, so a misspelt one is a type error rather than an empty section.
 
 Field names are the keys enrichment has always been stored under (the store keeps `model_dump(mode="json")`),
-so enrichment stored before these models existed reads back unchanged. Lists that only messages show (an Xid
-event's decoding, the catalog's entries, recurrence per GPU) keep their JSON shape beyond the fields code reads.
+so enrichment stored before these models existed reads back unchanged. An Xid event's decoding, which only
+messages show, keeps its JSON shape beyond the fields code reads.
 """
 
 from __future__ import annotations
@@ -147,6 +147,20 @@ class XidWorst(EvidenceModel):
     action: str
 
 
+class XidCatalogEntry(EvidenceModel):
+    """The catalog's entry for one Xid code the alert or its kernel lines name (bot.xid_catalog.XidEntry)."""
+
+    name: str
+    title: str
+    severity: str
+    action: str
+    follow_up: str = ""
+    causes: list[str] = Field(default_factory=list)
+    # NVIDIA's resolution buckets (immediate, investigatory); empty in enrichment stored before they existed.
+    nvidia: dict[str, str] = Field(default_factory=dict)
+    known: bool = True
+
+
 class XidEvidence(SectionEvidence):
     section: ClassVar[str] = "xid"
 
@@ -157,7 +171,8 @@ class XidEvidence(SectionEvidence):
     alert_xid_label: str | None = None
     events: list[DecodedXidRecord] = Field(default_factory=list)
     events_total: int = 0
-    catalog: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # Keyed by the Xid code as text (JSON object keys).
+    catalog: dict[str, XidCatalogEntry] = Field(default_factory=dict)
     worst: XidWorst | None = None
     stale_gauge: bool | None = None
     stale_reason: str = ""
@@ -168,14 +183,39 @@ class XidEvidence(SectionEvidence):
     truncated: bool = False
 
 
+class EscalationVerdict(EvidenceModel):
+    """One of the catalog's escalation rules that one GPU's Xid history meets (bot.xid_escalation.Verdict)."""
+
+    rule: str
+    xid: int
+    count: int
+    severity: str
+    text: str
+
+
+class AlertCount(EvidenceModel):
+    name: str
+    count: int
+
+
+class RecurrenceGpu(GpuIdentityData):
+    """One GPU's history in the window: its identity, Xid counts (keyed by the code as text), this alert's
+    count and its escalation verdicts."""
+
+    gpu_key: str
+    xids: dict[str, int] = Field(default_factory=dict)
+    alert: AlertCount
+    verdicts: list[EscalationVerdict] = Field(default_factory=list)
+
+
 class RecurrenceEvidence(SectionEvidence):
     section: ClassVar[str] = "recurrence"
 
     window: str
     window_seconds: float
-    # Per GPU: its identity, Xid counts, this alert's count and its escalation verdicts.
-    gpus: list[dict[str, Any]] = Field(default_factory=list)
-    verdicts: list[dict[str, Any]] = Field(default_factory=list)
+    gpus: list[RecurrenceGpu] = Field(default_factory=list)
+    # Every GPU's verdicts, most severe first.
+    verdicts: list[EscalationVerdict] = Field(default_factory=list)
     escalate: bool = False
     recorded: int = 0
 
