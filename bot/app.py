@@ -6,36 +6,29 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Literal, TextIO
+from typing import TYPE_CHECKING, Literal, TextIO
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from bot.actions.admin import add_admin_routes
 from bot.actions.build import RemediationService, build_remediation
-from bot.actions.engine import Authorizer
 from bot.auth import WebhookAuth
 from bot.clock import SYSTEM_CLOCK, Clock
-from bot.config import BotConfig
+from bot.config import BotConfig, InteractivityConfig
 from bot.deadman import Deadman
-from bot.enrich import build_enrichers
-from bot.enrich.base import EnrichmentRunner
 from bot.heartbeat import heartbeat_checks
 from bot.ingest import WEBHOOK_PATH, WebhookHandler, json_error
-from bot.interact.approval import approval_messages
-from bot.interact.remediation import RemediationCommands, SlackAuthorizer
-from bot.interact.service import Interactivity, slack_controls
-from bot.interact.service import add_http_routes as add_slack_routes
-from bot.interact.service import enabled as interactivity_enabled
 from bot.metrics import Metrics
-from bot.outbox import Outbox
-from bot.pipeline import Pipeline
 from bot.playbooks import PlaybookSet
-from bot.routing import Router
 from bot.server import request_deadlines
-from bot.sinks import build_sinks
 from bot.store import Store, StoreUnavailable, open_store
-from bot.worker import Worker
+
+if TYPE_CHECKING:
+    from bot.enrich.base import EnrichmentRunner
+    from bot.interact.service import Interactivity
+    from bot.outbox import Outbox
+    from bot.worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +88,16 @@ def start_processing(
 ) -> Processing:
     """Sinks, outbox, enrichers, pipeline and worker, started. `executable`: the remediation actions whose
     buttons the Slack messages show."""
+    # Imported here: an ingest process (serve --role ingest) never builds the worker side, whose sinks,
+    # enrichers and their clients (slack_sdk, httpx, aiosmtplib) would cost it tens of MB.
+    from bot.enrich import build_enrichers
+    from bot.interact.service import slack_controls
+    from bot.outbox import Outbox
+    from bot.pipeline import Pipeline
+    from bot.routing import Router
+    from bot.sinks import build_sinks
+    from bot.worker import Worker
+
     sinks = build_sinks(config.receivers, store, metrics, console, slack_controls(config, executable), clock)
     metrics.init_receivers(sinks)
     outbox = Outbox(store, sinks, config.outbox, metrics, receiver_lease=config.store.receiver_lease, clock=clock)
@@ -126,25 +129,14 @@ async def start_runtime(
 ) -> Runtime:
     """`side` "all" runs the worker and outbox in this process too; "ingest" leaves them to a worker process."""
     store = await open_store(config.store, side=side, clock=clock)
-    interactivity = Interactivity(config, store) if interactivity_enabled(config.interactivity) else None
+    interactivity = _interactivity(config, store)
     runtime = Runtime(store=store, processing=None, interactivity=interactivity)
-
     # Built before the sinks, which show a button only for an action the engine can run.
     remediation = (
-        build_remediation(
-            config,
-            store,
-            runtime.notify_worker,
-            metrics,
-            playbooks,
-            authorizer=_slack_authorizer(interactivity),
-        )
+        _remediation_service(config, store, runtime.notify_worker, metrics, playbooks, interactivity)
         if config.remediation.hosts
         else None
     )
-    if remediation is not None and interactivity is not None:
-        RemediationCommands(remediation.engine, interactivity.access).register(interactivity.dispatcher)
-        remediation.engine.watch_approvals(approval_messages(config, interactivity, store))
     if side == "all":
         runtime.processing = start_processing(
             config, store, metrics, playbooks, console, executable_actions(remediation), clock
@@ -164,12 +156,47 @@ def executable_actions(remediation: RemediationService | None) -> frozenset[str]
     return frozenset(remediation.engine.executable_actions()) if remediation is not None else frozenset()
 
 
-def _slack_authorizer(interactivity: Interactivity | None) -> Callable[[Authorizer], Authorizer] | None:
-    """Approvals by Slack users are judged by their Slack role; the CLI's by `remediation.approvers`."""
-    if interactivity is None:
+def _interactive(section: InteractivityConfig | None) -> bool:
+    return section is not None and section.enabled
+
+
+def _interactivity(config: BotConfig, store: Store) -> Interactivity | None:
+    if not _interactive(config.interactivity):
         return None
+    # Imported here: slack_sdk and the Slack commands cost tens of MB to a bot without interactivity.
+    from bot.interact.service import Interactivity
+
+    return Interactivity(config, store)
+
+
+def _remediation_service(
+    config: BotConfig,
+    store: Store,
+    notify: Callable[[], None],
+    metrics: Metrics,
+    playbooks: PlaybookSet,
+    interactivity: Interactivity | None,
+) -> RemediationService:
+    """The remediation engine, answering Slack's commands and buttons when interactivity is on."""
+    if interactivity is None:
+        return build_remediation(config, store, notify, metrics, playbooks)
+    # Imported here like the Interactivity they extend (_interactivity).
+    from bot.interact.approval import approval_messages
+    from bot.interact.remediation import RemediationCommands, SlackAuthorizer
+
     access = interactivity.access
-    return lambda configured: SlackAuthorizer(access, configured)
+    remediation = build_remediation(
+        config,
+        store,
+        notify,
+        metrics,
+        playbooks,
+        # Approvals by Slack users are judged by their Slack role; the CLI's by `remediation.approvers`.
+        authorizer=lambda configured: SlackAuthorizer(access, configured),
+    )
+    RemediationCommands(remediation.engine, access).register(interactivity.dispatcher)
+    remediation.engine.watch_approvals(approval_messages(config, interactivity, store))
+    return remediation
 
 
 RUNTIME_KEY = web.AppKey("runtime", Runtime)
@@ -217,7 +244,11 @@ def build_app(
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)
-    add_slack_routes(app, config.interactivity, lambda request: request.app[RUNTIME_KEY].interactivity)
+    if _interactive(config.interactivity):
+        # Imported here like the Interactivity it serves (_interactivity).
+        from bot.interact.service import add_http_routes
+
+        add_http_routes(app, config.interactivity, lambda request: request.app[RUNTIME_KEY].interactivity)
     admin_token = config.remediation.admin_token_file
     add_admin_routes(app, admin_token.get() if admin_token else None, _remediation)
     return app

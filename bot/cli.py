@@ -1,6 +1,9 @@
 """Command line: `gpu-alert-bot serve | check-config | explain | xid | gpus | audit | healthcheck | selftest |
 run | approve | refuse | reset-breaker | migrate | store copy` (and
-`python -m bot`)."""
+`python -m bot`).
+
+Each command's own modules are imported by its handler (`_xid`, `_gpus`...), not here: every process of `serve`
+imports this module, and would otherwise keep the enrichers, sinks and self-test of the other commands in memory."""
 
 from __future__ import annotations
 
@@ -15,20 +18,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bot.actions.cli import remediation_command
-from bot.audit import audit_command
-from bot.commands.gpus import gpus_command
-from bot.commands.xid import xid_command
 from bot.config import BotConfig, ConfigError, listen_address, load_config, parse_duration, secret_file_warnings
-from bot.explain import run as run_explain
-from bot.healthcheck import ALIVE_PATH, READY_PATH, probe
 from bot.logs import configure_logging, tag_records
 from bot.playbooks import PlaybookError, PlaybookSet
 from bot.roles import ROLES, listen_host, serve_ingest, serve_worker, worker_command
-from bot.selftest.command import Options as SelftestOptions
-from bot.selftest.command import selftest_command
 from bot.store import StoreUnavailable
-from bot.store.copy import migrate_command, store_copy_command
 from bot.supervisor import PARENT_PIPE_OPTION
 
 log = logging.getLogger("bot")
@@ -201,6 +195,8 @@ def _ask_bot(args: argparse.Namespace, verb: str, payload: dict[str, Any]) -> in
     except ConfigError as exc:
         _print_problems(exc.problems)
         return EXIT_CONFIG
+    from bot.actions.cli import remediation_command
+
     return remediation_command(config, verb, payload, args.url)
 
 
@@ -248,10 +244,14 @@ def _explain(args: argparse.Namespace) -> int:
     except (ConfigError, PlaybookError) as exc:
         _print_problems(exc.problems)
         return EXIT_CONFIG
+    from bot.explain import run as run_explain
+
     return run_explain(args.payload, config, playbooks, enrich=args.enrich, output=args.format)
 
 
 def _xid(args: argparse.Namespace) -> int:
+    from bot.commands.xid import xid_command
+
     return xid_command(args.file, args.format, args.explain, args.catalog)
 
 
@@ -261,6 +261,8 @@ def _gpus(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         _print_problems(exc.problems)
         return EXIT_CONFIG
+    from bot.commands.gpus import gpus_command
+
     return asyncio.run(gpus_command(config, args.since, args.format))
 
 
@@ -270,6 +272,8 @@ def _audit(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         _print_problems(exc.problems)
         return EXIT_CONFIG
+    from bot.audit import audit_command
+
     return asyncio.run(audit_command(config, args.since, args.format))
 
 
@@ -279,6 +283,9 @@ def _selftest(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         _print_problems(exc.problems)
         return EXIT_CONFIG
+    from bot.selftest.command import Options as SelftestOptions
+    from bot.selftest.command import selftest_command
+
     options = SelftestOptions(
         alertmanager=args.alertmanager,
         receiver=args.receiver,
@@ -291,10 +298,14 @@ def _selftest(args: argparse.Namespace) -> int:
 
 
 def _migrate(args: argparse.Namespace) -> int:
+    from bot.store.copy import migrate_command
+
     return asyncio.run(migrate_command(args.config))
 
 
 def _store_copy(args: argparse.Namespace) -> int:
+    from bot.store.copy import store_copy_command
+
     return asyncio.run(store_copy_command(args.from_config, args.to_config))
 
 
@@ -342,5 +353,7 @@ def _healthcheck(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         _print_problems(exc.problems)
         return EXIT_CONFIG
+    from bot.healthcheck import ALIVE_PATH, READY_PATH, probe
+
     path = READY_PATH if args.ready else ALIVE_PATH
     return EXIT_OK if probe(listen_host(config), config.server.port, args.timeout, path) else EXIT_START

@@ -1,4 +1,5 @@
-"""The import graph of bot/: no cycle anywhere, and the playbook model stays light to import."""
+"""The import graph of bot/: no cycle anywhere, the playbook model stays light to import, and a process of `serve`
+loads only what its role and its configuration use."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ from collections.abc import Iterator
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
+import httpx
 import pytest
 
 import bot
+from tests.support.payloads import am_alert, body, webhook
+from tests.support.processes import REPO, ManagedProcess, free_port, wait_http
 
 PACKAGE = Path(bot.__file__).parent
 
@@ -97,3 +101,39 @@ def test_the_playbook_model_and_evidence_load_no_enricher_http_client_or_store(m
     loaded = loaded_by(module)
     heavy = {name for name in loaded if name == "httpx" or name.startswith(("bot.store", "bot.enrich"))}
     assert heavy == set()
+
+
+# Runs `serve` as the command line does and writes, as the process exits, every module it had loaded.
+_SERVE_AND_LIST_MODULES = """
+import atexit, json, sys
+from pathlib import Path
+from bot.cli import main
+atexit.register(lambda: Path(sys.argv[1]).write_text(json.dumps(sorted(sys.modules))))
+sys.exit(main(sys.argv[2:]))
+"""
+_WORKER_ONLY = ("psycopg", "slack_sdk", "aiosmtplib", "bot.store.postgresql", "bot.enrich", "bot.sinks", "bot.outbox")
+
+
+def test_an_ingest_process_with_the_example_config_loads_no_postgresql_enricher_or_sink(tmp_path: Path) -> None:
+    modules = tmp_path / "modules.json"
+    port = free_port()
+    serve = ["serve", "--role", "ingest", "--config", str(REPO / "config" / "bot.example.yaml")]
+    serve += ["--store", str(tmp_path / "bot.db"), "--listen", f"127.0.0.1:{port}"]
+    ingest = ManagedProcess([sys.executable, "-c", _SERVE_AND_LIST_MODULES, str(modules), *serve], cwd=tmp_path)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/healthz", timeout=60, process=ingest.process)
+        answer = httpx.post(
+            f"http://127.0.0.1:{port}/alertmanager",
+            content=body(webhook([am_alert(host="k-ai-01", gpu="3")])),
+            headers={"Content-Type": "application/json"},
+        )
+        assert answer.json()["status"] == "accepted"
+    finally:
+        assert ingest.stop() == 0
+    loaded = json.loads(modules.read_text())
+    assert "bot.ingest" in loaded
+    assert [name for name in loaded if any(_within(name, package) for package in _WORKER_ONLY)] == []
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(f"{package}.")

@@ -11,7 +11,6 @@ from bot.actions.authorization import ConfigAuthorizer
 from bot.actions.engine import AlertFinder, Authorizer, Remediation, Verification
 from bot.actions.executor import Executor
 from bot.actions.policy import AutomaticPolicy
-from bot.actions.verify import ExporterRestartCheck
 from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import BotConfig, RemediationConfig
 from bot.metrics import Metrics
@@ -126,6 +125,10 @@ def build_remediation(
     prometheus = remediation.prometheus or config.enrichment.prometheus
     verifiers: dict[str, Verification] = {}
     if prometheus is not None:
+        # Imported here: its Prometheus client loads the enrichers, which a bot without a verification source
+        # (or an ingest process with no remediation) never uses.
+        from bot.actions.verify import ExporterRestartCheck
+
         verifiers["restart-dcgm-exporter"] = ExporterRestartCheck(prometheus, clock, remediation.poll_interval)
     engine = Remediation(
         store,

@@ -8,8 +8,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Literal
 
-import psycopg
-from psycopg.conninfo import conninfo_to_dict
 from pydantic import Field, PlainValidator, model_validator
 
 from bot.config.base import ConfigPath, StrictModel, listen_address
@@ -42,6 +40,10 @@ class StoreConfig(StrictModel):
     def dsn_password(self) -> Iterator[str]:
         """The password inside the DSN, a secret of its own: a driver's error may quote it without the rest."""
         if self.dsn_file is not None:
+            # Imported here: psycopg costs every process tens of MB, and only a PostgreSQL store needs it.
+            import psycopg
+            from psycopg.conninfo import conninfo_to_dict
+
             with contextlib.suppress(psycopg.ProgrammingError):
                 password = conninfo_to_dict(self.dsn_file.get()).get("password")
                 if isinstance(password, str) and password:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import StoreConfig
 from bot.store.base import Store, StoreSide, StoreUnavailable
-from bot.store.postgresql import PostgresStore
 from bot.store.sqlite import SqliteStore
 
 __all__ = ["Store", "StoreSide", "StoreUnavailable", "open_store"]
@@ -18,6 +17,9 @@ async def open_store(
     store: they never migrate it. `side` is the part of the bot this process runs (`serve --role`). Every time the
     store writes or compares comes from `clock`."""
     if config.backend == "postgresql":
+        # Imported here: psycopg costs every process tens of MB, and the default store is SQLite.
+        from bot.store.postgresql import PostgresStore
+
         assert config.dsn_file is not None  # StoreConfig refuses postgresql without it
         pg = PostgresStore(
             config.dsn_file.get(),
