@@ -23,12 +23,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bench.common import ALERTS_PER_WEBHOOK, webhook_body
-from bot.app import start_runtime
 from bot.config import BotConfig
 from bot.dedup import plan_events
 from bot.metrics import Metrics
 from bot.models import WebhookPayload
 from bot.playbooks import PlaybookSet
+from bot.service.app import start_runtime
 from bot.store.base import IncomingNotification
 from bot.store.sqlite import SqliteStore
 

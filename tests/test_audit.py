@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from bot.audit import AuditLog, format_audit_table
-from bot.cli import main
+from bot.commands.cli import main
 from tests.support.clock import FakeClock
 from tests.support.store import sqlite_store
 

@@ -19,8 +19,8 @@ import httpx
 import pytest
 import yaml
 
-from bot.cli import main
-from bot.healthcheck import probe_url
+from bot.commands.cli import main
+from bot.commands.healthcheck import probe_url
 from tests.support.payloads import am_alert, body, webhook
 from tests.support.processes import BotProcess, ManagedProcess, free_port, wait_http
 

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import yaml
 
-from bot.cli import main
+from bot.commands.cli import main
+from bot.gpu.xid_catalog import load_catalog
 from bot.models import GpuEvent
 from bot.store.sqlite import SqliteStore
-from bot.xid_catalog import load_catalog
 from tests.test_recurrence import XID79, alert_from_labels
 from tests.test_xid_enricher import UUID_3B
 

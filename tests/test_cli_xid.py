@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from bot.cli import main
+from bot.commands.cli import main
 
 FIXTURES = Path(__file__).parent / "fixtures" / "kernel_logs"
 CLI = Path(sys.executable).parent / "gpu-alert-bot"

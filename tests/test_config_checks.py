@@ -12,7 +12,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bot.cli import main
+from bot.commands.cli import main
 from bot.config import ConfigError, http_url, load_config
 from bot.playbooks import PlaybookError, PlaybookSet
 from bot.yamldoc import duplicate_keys

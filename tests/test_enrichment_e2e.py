@@ -14,8 +14,8 @@ import pytest
 
 from bot.config import EnrichmentConfig
 from bot.enrich import build_enrichers
+from bot.gpu.xid_catalog import bundled_catalog
 from bot.metrics import Metrics
-from bot.xid_catalog import bundled_catalog
 from tests.fakes.loki import FakeLoki
 from tests.support.bot import RunningBot, eventually, running_bot
 from tests.support.payloads import am_alert, webhook

@@ -13,10 +13,10 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from bot.cli import main
+from bot.commands.cli import main
+from bot.commands.explain import explain as explain_report
+from bot.commands.explain import format_text
 from bot.config import load_config
-from bot.explain import explain as explain_report
-from bot.explain import format_text
 from bot.models import Delivery, WebhookPayload
 from bot.playbooks import PlaybookSet
 from bot.sinks import SINK_TYPES, DeliveryResult, Preview, SinkResources, SinkType

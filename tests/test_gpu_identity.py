@@ -6,7 +6,7 @@ import pytest
 
 from bot.enrich.gpu import GpuEnricher, GpuIdentity, PciAddress, same_host
 from bot.evidence import Enrichment, EnrichmentSection
-from bot.nvrm import parse_kernel_log
+from bot.gpu.nvrm import parse_kernel_log
 from tests.test_xid_enricher import (
     HOST,
     UUID_3B,

@@ -12,7 +12,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bot.cli import main
+from bot.commands.cli import main
 from bot.printable import printable, printable_json
 from tests.support.payloads import am_alert, body, webhook
 

@@ -107,7 +107,7 @@ def test_the_playbook_model_and_evidence_load_no_enricher_http_client_or_store(m
 _SERVE_AND_LIST_MODULES = """
 import atexit, json, sys
 from pathlib import Path
-from bot.cli import main
+from bot.commands.cli import main
 atexit.register(lambda: Path(sys.argv[1]).write_text(json.dumps(sorted(sys.modules))))
 sys.exit(main(sys.argv[2:]))
 """

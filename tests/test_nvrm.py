@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.nvrm import PciAddress, XidEvent, parse_kernel_log
+from bot.gpu.nvrm import PciAddress, XidEvent, parse_kernel_log
 
 FIXTURES = Path(__file__).parent / "fixtures" / "kernel_logs"
 T0 = datetime(2026, 5, 18, 19, 2, 39, tzinfo=UTC)

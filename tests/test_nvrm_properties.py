@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bot.nvrm import PciAddress, parse_kernel_log
+from bot.gpu.nvrm import PciAddress, parse_kernel_log
 
 FRAGMENTS = [
     "NVRM: ",

@@ -13,10 +13,10 @@ from pathlib import Path
 import httpx
 import yaml
 
-from bot.heartbeat import STALE_AFTER, Heartbeat
 from bot.metrics import Metrics
-from bot.supervisor import WorkerSupervisor
-from bot.wakeup import WATCH_EVERY, CommitWatch
+from bot.service.heartbeat import STALE_AFTER, Heartbeat
+from bot.service.supervisor import WorkerSupervisor
+from bot.service.wakeup import WATCH_EVERY, CommitWatch
 from tests.support.bot import eventually, running_bot
 from tests.support.clock import FakeClock
 from tests.support.payloads import am_alert, body, webhook

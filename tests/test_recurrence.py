@@ -15,9 +15,9 @@ from bot.enrich.gpu import GpuEnricher
 from bot.enrich.recurrence import RecurrenceEnricher
 from bot.enrich.xid import XidEnricher
 from bot.evidence import AlertCount, Enrichment, EnrichmentSection
+from bot.gpu.xid_catalog import XidCatalog, load_catalog
 from bot.models import AlertState
 from bot.store.sqlite import SqliteStore
-from bot.xid_catalog import XidCatalog, load_catalog
 from tests.support.bot import RunningBot, eventually, running_bot
 from tests.support.payloads import am_alert, webhook
 from tests.test_xid_enricher import (

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bot.cli import main
+from bot.commands.cli import main
 from bot.models import short_id
 from bot.store.base import BreakerState
 from tests.fakes.docker import FakeDocker

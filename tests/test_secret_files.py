@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bot.cli import main
+from bot.commands.cli import main
 from bot.config import Secret, load_config
 from bot.enrich.loki import LokiEnricher
 from bot.logs import JsonFormatter

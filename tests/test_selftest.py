@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bot.cli import main
+from bot.commands.cli import main
 from bot.config import BotConfig
 from bot.selftest.command import Options, selftest_command
 from tests.fakes.pagerduty import FakePagerDuty

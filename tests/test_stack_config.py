@@ -14,7 +14,7 @@ import httpx
 import pytest
 import yaml
 
-from bot.cli import listen_host
+from bot.commands.cli import listen_host
 from bot.config import load_config
 from bot.playbooks import PlaybookSet
 from tests.support.bot import eventually, running_bot

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from bot.cli import main
+from bot.commands.cli import main
 from bot.config import load_config
 from bot.models import short_id
 from bot.store import open_store

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 import yaml
 
-from bot.cli import main
+from bot.commands.cli import main
 from bot.config import ConfigError, load_config
 from bot.dedup import plan_events
 from bot.models import EventKind

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from bot.compose import compose_message
 from bot.enrich.xid import STALE_GAUGE_TEXT, XidEnricher
 from bot.evidence import Enrichment, EnrichmentSection, Verdict
+from bot.gpu.xid_catalog import XidCatalog, load_catalog
 from bot.message import Message
 from bot.models import AlertState, Event, EventKind
 from bot.playbooks import Evidence, PlaybookSet
@@ -19,7 +20,6 @@ from bot.render.email import render_email
 from bot.render.pagerduty import pagerduty_event
 from bot.render.slack import slack_payload
 from bot.verdict import STALE_XID_GAUGE, verdicts_of
-from bot.xid_catalog import XidCatalog, load_catalog
 from tests.support.processes import REPO
 from tests.test_pagerduty import ROUTING_KEY, receiver
 from tests.test_xid_enricher import (

@@ -14,13 +14,12 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bot.cli import main
+from bot.commands.cli import main
 from bot.commands.xid import explain, format_table
 from bot.enrich.xid import MAX_DETAILS_SHOWN, XidEnricher
-from bot.nvlink import BUNDLED_NVLINK_REGISTERS, load_nvlink_registers, nvlink_details
-from bot.nvrm import XidEvent, parse_kernel_log
-from bot.playbooks import PlaybookError, PlaybookSet
-from bot.xid_catalog import (
+from bot.gpu.nvlink import BUNDLED_NVLINK_REGISTERS, load_nvlink_registers, nvlink_details
+from bot.gpu.nvrm import XidEvent, parse_kernel_log
+from bot.gpu.xid_catalog import (
     BUNDLED_CATALOG,
     DecodedXid,
     XidCatalog,
@@ -29,6 +28,7 @@ from bot.xid_catalog import (
     decode_events,
     load_catalog,
 )
+from bot.playbooks import PlaybookError, PlaybookSet
 from tests.test_xid_enricher import GPU_LABELS, Static, alert_state, at, loki_section, run
 
 TAG = "NVRM: Xid (PCI:0000:3b:00): "

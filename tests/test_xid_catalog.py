@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bot.gpu.xid_catalog import BUNDLED_CATALOG, SEVERITIES, XidCatalogError, load_catalog
 from bot.playbooks import PlaybookSet
-from bot.xid_catalog import BUNDLED_CATALOG, SEVERITIES, XidCatalogError, load_catalog
 
 ROOT = Path(__file__).resolve().parents[1]
 # The research catalog the bundled one is generated from (a copy of ../shared/reference/xid_catalog.yaml).

@@ -15,9 +15,9 @@ from bot.enrich.gpu import GpuEnricher
 from bot.enrich.loki import LokiEnricher
 from bot.enrich.xid import STALE_GAUGE_TEXT, XidEnricher
 from bot.evidence import Enrichment, EnrichmentSection
+from bot.gpu.xid_catalog import XidCatalog, load_catalog
 from bot.metrics import Metrics
 from bot.models import AlertState
-from bot.xid_catalog import XidCatalog, load_catalog
 from tests.fakes.loki import FakeLoki
 from tests.support.payloads import alert_state as episode
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from bot.nvrm import parse_kernel_log
-from bot.xid_catalog import DecodedXid, XidCatalog, decode_events, load_catalog, worst
-from bot.xid_escalation import escalate, ordinal, window_text
+from bot.gpu.nvrm import parse_kernel_log
+from bot.gpu.xid_catalog import DecodedXid, XidCatalog, decode_events, load_catalog, worst
+from bot.gpu.xid_escalation import escalate, ordinal, window_text
 
 FIXTURES = Path(__file__).parent / "fixtures" / "kernel_logs"
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)

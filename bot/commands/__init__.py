@@ -1,1 +1,1 @@
-"""The operator's commands beside `serve`: their argument handling and printing (bot/cli.py dispatches)."""
+"""The operator's commands beside `serve`: their argument handling and printing (bot/commands/cli.py dispatches)."""

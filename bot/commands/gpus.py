@@ -12,10 +12,10 @@ from typing import Any
 
 from bot.config import BotConfig
 from bot.enrich.recurrence import NONFATAL_SUFFIX, parse_xid_code, xid_history
+from bot.gpu.xid_catalog import XidCatalog, XidCatalogError, load_catalog
+from bot.gpu.xid_escalation import Verdict, escalate, incidents, window_text
 from bot.models import GpuEvent
 from bot.store import StoreUnavailable, open_store
-from bot.xid_catalog import XidCatalog, XidCatalogError, load_catalog
-from bot.xid_escalation import Verdict, escalate, incidents, window_text
 
 
 @dataclass

@@ -10,13 +10,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
-from bot.nvlink import (
+from bot.gpu.nvlink import (
     NVLINK5_XIDS,
     XID_NVLINK_ERROR,
     register_table_text,
 )
-from bot.nvrm import XID_RECOVERY_ACTION, XidEvent, parse_kernel_log
-from bot.xid_catalog import (
+from bot.gpu.nvrm import XID_RECOVERY_ACTION, XidEvent, parse_kernel_log
+from bot.gpu.xid_catalog import (
     DecodedXid,
     EscalationRule,
     XidCatalog,
@@ -25,7 +25,7 @@ from bot.xid_catalog import (
     decode_events,
     load_catalog,
 )
-from bot.xid_escalation import window_text
+from bot.gpu.xid_escalation import window_text
 
 
 def explain(entry: XidEntry, catalog: XidCatalog) -> str:

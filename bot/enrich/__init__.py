@@ -10,10 +10,10 @@ from bot.enrich.prometheus import PrometheusEnricher
 from bot.enrich.recurrence import RecurrenceEnricher
 from bot.enrich.related import RelatedAlertsEnricher
 from bot.enrich.xid import XidEnricher
+from bot.gpu.xid_catalog import XidCatalog
 from bot.metrics import Metrics
 from bot.models import DEFAULT_HOST_LABELS
 from bot.store.base import Store
-from bot.xid_catalog import XidCatalog
 
 __all__ = ["Enricher", "EnrichmentRequest", "EnrichmentRunner", "build_enrichers"]
 

@@ -16,8 +16,8 @@ from typing import Any
 
 from bot.enrich.base import EnrichmentRequest
 from bot.evidence import EnrichmentSection, GpuEvidence, GpuIdentityData, LokiEvidence, PrometheusEvidence, evidence_of
+from bot.gpu.nvrm import KernelLogReport, PciAddress, parse_kernel_log
 from bot.models import DEFAULT_HOST_LABELS, host_from_labels
-from bot.nvrm import KernelLogReport, PciAddress, parse_kernel_log
 
 __all__ = ["GpuEnricher", "GpuIdentity", "PciAddress", "kernel_report", "resolve_identity", "same_host"]
 

@@ -27,10 +27,10 @@ from bot.evidence import (
     XidWorst,
     evidence_of,
 )
+from bot.gpu.nvrm import XidEvent
+from bot.gpu.xid_catalog import DecodedXid, XidCatalog, XidEntry, decode_events, severity_rank, worst
 from bot.models import AlertState
-from bot.nvrm import XidEvent
 from bot.verdict import STALE_XID_GAUGE, XID_GAUGE_UNJUDGED
-from bot.xid_catalog import DecodedXid, XidCatalog, XidEntry, decode_events, severity_rank, worst
 
 XID_GAUGE = "DCGM_FI_DEV_XID_ERRORS"
 GAUGE_QUERY_NAME = "xid_gauge"

@@ -128,7 +128,7 @@ class RelatedEvidence(SectionEvidence):
 
 
 class DecodedXidRecord(EvidenceModel):
-    """A decoded kernel Xid line (bot.xid_catalog.DecodedXid.to_dict): the fields code reads are typed, the rest
+    """A decoded kernel Xid line (bot.gpu.xid_catalog.DecodedXid.to_dict): the fields code reads are typed, the rest
     of the decoding is kept for messages."""
 
     model_config = ConfigDict(extra="allow")
@@ -148,7 +148,7 @@ class XidWorst(EvidenceModel):
 
 
 class XidCatalogEntry(EvidenceModel):
-    """The catalog's entry for one Xid code the alert or its kernel lines name (bot.xid_catalog.XidEntry)."""
+    """The catalog's entry for one Xid code the alert or its kernel lines name (bot.gpu.xid_catalog.XidEntry)."""
 
     name: str
     title: str
@@ -184,7 +184,7 @@ class XidEvidence(SectionEvidence):
 
 
 class EscalationVerdict(EvidenceModel):
-    """One of the catalog's escalation rules that one GPU's Xid history meets (bot.xid_escalation.Verdict)."""
+    """One of the catalog's escalation rules that one GPU's Xid history meets (bot.gpu.xid_escalation.Verdict)."""
 
     rule: str
     xid: int

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from bot.actions.registry import ACTIONS
+from bot.gpu.xid_catalog import XidCatalog, XidCatalogError, load_catalog
 from bot.playbooks.base import PlaybookError
 from bot.playbooks.conditions import (
     AnyCondition,
@@ -23,7 +24,6 @@ from bot.playbooks.conditions import (
 from bot.playbooks.schema import GENERIC, ActionChoice, Case, Playbook
 from bot.playbooks.templating import text_template_problems
 from bot.querytemplate import query_template_problems
-from bot.xid_catalog import XidCatalog, XidCatalogError, load_catalog
 from bot.yamldoc import Document, Loc, NotUtf8Error, duplicate_keys, read_document
 
 NOT_PLAYBOOKS = frozenset({"xid_catalog.yaml", "xid74_registers.yaml"})

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from bot.actions.registry import ACTIONS
 from bot.evidence import Enrichment
+from bot.gpu.xid_catalog import XidCatalog, bundled_catalog
 from bot.message import ActionRef, Link
 from bot.models import AlertState
 from bot.playbooks.conditions import Evidence
@@ -15,7 +16,6 @@ from bot.playbooks.loader import load_playbooks
 from bot.playbooks.schema import GENERIC, ActionChoice, Advice, Case, Playbook, Step, Threshold
 from bot.playbooks.templating import fill, fill_command, template_values
 from bot.routing import LabelMatcher
-from bot.xid_catalog import XidCatalog, bundled_catalog
 
 # Grafana UIDs of the community dashboards the seed imports: 12239 (NVIDIA DCGM Exporter) and 1860 (Node
 # Exporter Full). `playbooks.vars` overrides them when a site re-imported the dashboards under other UIDs.

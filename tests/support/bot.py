@@ -14,11 +14,11 @@ from typing import Any, Literal
 import yaml
 from aiohttp import web
 
-from bot.app import RUNTIME_KEY, Runtime, build_app
 from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import BotConfig, load_config
 from bot.metrics import Metrics
 from bot.playbooks import PlaybookSet
+from bot.service.app import RUNTIME_KEY, Runtime, build_app
 
 
 @dataclass

@@ -21,9 +21,9 @@ from typing import Any
 from bot.config import BotConfig, ConfigError, listen_address, load_config, parse_duration, secret_file_warnings
 from bot.logs import configure_logging, tag_records
 from bot.playbooks import PlaybookError, PlaybookSet
-from bot.roles import ROLES, listen_host, serve_ingest, serve_worker, worker_command
+from bot.service.roles import ROLES, listen_host, serve_ingest, serve_worker, worker_command
+from bot.service.supervisor import PARENT_PIPE_OPTION
 from bot.store import StoreUnavailable
-from bot.supervisor import PARENT_PIPE_OPTION
 
 log = logging.getLogger("bot")
 
@@ -244,7 +244,7 @@ def _explain(args: argparse.Namespace) -> int:
     except (ConfigError, PlaybookError) as exc:
         _print_problems(exc.problems)
         return EXIT_CONFIG
-    from bot.explain import run as run_explain
+    from bot.commands.explain import run as run_explain
 
     return run_explain(args.payload, config, playbooks, enrich=args.enrich, output=args.format)
 
@@ -353,7 +353,7 @@ def _healthcheck(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         _print_problems(exc.problems)
         return EXIT_CONFIG
-    from bot.healthcheck import ALIVE_PATH, READY_PATH, probe
+    from bot.commands.healthcheck import ALIVE_PATH, READY_PATH, probe
 
     path = READY_PATH if args.ready else ALIVE_PATH
     return EXIT_OK if probe(listen_host(config), config.server.port, args.timeout, path) else EXIT_START

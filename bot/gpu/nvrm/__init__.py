@@ -9,7 +9,7 @@ three-line 570 message without an Xid) are one Xid 79 event. Nothing here raises
 
 from __future__ import annotations
 
-from bot.nvrm.events import (
+from bot.gpu.nvrm.events import (
     FALLEN_OFF_THE_BUS,
     XID_FALLEN_OFF_THE_BUS,
     XID_PREEMPTIVE_CLEANUP,
@@ -19,7 +19,7 @@ from bot.nvrm.events import (
     RecoveryChange,
     XidEvent,
 )
-from bot.nvrm.parser import DEFAULT_BURST_SECONDS, DEFAULT_MAX_EVENTS, parse_kernel_log
+from bot.gpu.nvrm.parser import DEFAULT_BURST_SECONDS, DEFAULT_MAX_EVENTS, parse_kernel_log
 
 __all__ = [
     "DEFAULT_BURST_SECONDS",

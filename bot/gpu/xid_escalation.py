@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from bot.datafile import XidCatalogError as XidCatalogError  # what `load_catalog` raises: part of this API
-from bot.xid_catalog import EscalationRule, Severity, XidCatalog
+from bot.gpu.xid_catalog import EscalationRule, Severity, XidCatalog
 
 _ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth")
 

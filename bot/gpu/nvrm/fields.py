@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
-from bot.nvrm.events import PciAddress, RecoveryChange
+from bot.gpu.nvrm.events import PciAddress, RecoveryChange
 
 _PID = re.compile(r"pid=(?:(?P<pid>\d{1,10})|'?<unknown>'?)\s*(?:,\s*|$)")
 _NAME = re.compile(r"name=(?P<name>[^,]*?)\s*(?:,\s*|$)")

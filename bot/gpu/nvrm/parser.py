@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
 
-from bot.nvrm.events import (
+from bot.gpu.nvrm.events import (
     BDF,
     FALLEN_OFF_THE_BUS,
     XID_FALLEN_OFF_THE_BUS,
@@ -19,7 +19,7 @@ from bot.nvrm.events import (
     RecoveryChange,
     XidEvent,
 )
-from bot.nvrm.fields import (
+from bot.gpu.nvrm.fields import (
     NO_NVLINK,
     LinePrefix,
     NvlinkFields,

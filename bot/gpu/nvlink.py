@@ -18,7 +18,7 @@ from pydantic import Field, PrivateAttr, model_validator
 
 from bot.config import BUNDLED_PLAYBOOKS
 from bot.datafile import DataModel, data_file, load_model
-from bot.nvrm import XidEvent
+from bot.gpu.nvrm import XidEvent
 
 NVLINK_REGISTERS_FILE = "xid74_registers.yaml"
 BUNDLED_NVLINK_REGISTERS = BUNDLED_PLAYBOOKS / NVLINK_REGISTERS_FILE

@@ -2,8 +2,8 @@
 
 The catalog says what each Xid means and what to do. On top of it: an Xid 154 line names the recovery action
 the driver wants, which overrides the catalog's advice for the Xids of that GPU; an Xid 45 is only the clean-up
-of the Xid before it on the same GPU; and the catalog's escalation rules (applied by bot.xid_escalation) turn one
-GPU's history into verdicts. Decoded NVLink events carry the decode lines of `bot.nvlink`, whose register table
+of the Xid before it on the same GPU; and the catalog's escalation rules (applied by bot.gpu.xid_escalation) turn one
+GPU's history into verdicts. Decoded NVLink events carry the decode lines of `bot.gpu.nvlink`, whose register table
 is read beside the catalog. The operator's views of all this live in bot.commands.xid.
 """
 
@@ -22,7 +22,7 @@ from pydantic import Field, PrivateAttr, model_validator
 from bot.config import BUNDLED_PLAYBOOKS, Duration
 from bot.datafile import DataModel, data_file, load_model
 from bot.datafile import XidCatalogError as XidCatalogError  # what `load_catalog` raises: part of this API
-from bot.nvlink import (
+from bot.gpu.nvlink import (
     NvlinkRegisterTable,
     Sightings,
     bundled_nvlink_registers,
@@ -30,7 +30,7 @@ from bot.nvlink import (
     load_nvlink_registers,
     nvlink_details,
 )
-from bot.nvrm import XID_PREEMPTIVE_CLEANUP, XID_RECOVERY_ACTION, RecoveryChange, XidEvent
+from bot.gpu.nvrm import XID_PREEMPTIVE_CLEANUP, XID_RECOVERY_ACTION, RecoveryChange, XidEvent
 
 CATALOG_FILE = "xid_catalog.yaml"
 BUNDLED_CATALOG = BUNDLED_PLAYBOOKS / CATALOG_FILE

@@ -3,7 +3,7 @@
 - ingest: the HTTP side: webhooks, /healthz, /readyz, /metrics, Slack interactivity, the admin endpoints, the dead
   man's switch and remediation. It only writes to the store, so the worker's CPU work never delays an answer.
 - worker: dedup, pipeline and outbox, woken by the store's commits, with its own /metrics.
-- all (the default): an ingest process that starts and supervises a worker process (bot.supervisor).
+- all (the default): an ingest process that starts and supervises a worker process (bot.service.supervisor).
 """
 
 from __future__ import annotations
@@ -20,17 +20,17 @@ from typing import Literal
 from aiohttp import web
 
 from bot.actions.build import build_remediation
-from bot.app import Processing, build_app, build_metrics_app, executable_actions, start_processing
 from bot.clock import SYSTEM_CLOCK
 from bot.config import BotConfig, split_listen
-from bot.heartbeat import Heartbeat
 from bot.ingest import WEBHOOK_PATH
 from bot.metrics import Metrics
 from bot.playbooks import PlaybookSet
 from bot.server import GuardedSite
+from bot.service.app import Processing, build_app, build_metrics_app, executable_actions, start_processing
+from bot.service.heartbeat import Heartbeat
+from bot.service.supervisor import WorkerSupervisor, watch_parent
+from bot.service.wakeup import CommitWatch
 from bot.store import Store, open_store
-from bot.supervisor import WorkerSupervisor, watch_parent
-from bot.wakeup import CommitWatch
 
 log = logging.getLogger("bot")
 

@@ -17,11 +17,11 @@ from bot.auth import WebhookAuth
 from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import BotConfig, InteractivityConfig
 from bot.deadman import Deadman
-from bot.heartbeat import heartbeat_checks
 from bot.ingest import WEBHOOK_PATH, WebhookHandler, json_error
 from bot.metrics import Metrics
 from bot.playbooks import PlaybookSet
 from bot.server import request_deadlines
+from bot.service.heartbeat import heartbeat_checks
 from bot.store import Store, StoreUnavailable, open_store
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ class Processing:
 @dataclass
 class Runtime:
     """Everything that runs in the background of one bot process. `processing` is None in an ingest process,
-    whose worker runs in another process (bot.roles)."""
+    whose worker runs in another process (bot.service.roles)."""
 
     store: Store
     processing: Processing | None
@@ -215,7 +215,7 @@ def build_app(
     side: Literal["all", "ingest"] = "all",
 ) -> web.Application:
     """The bot as an aiohttp application. `console` is where console sinks write (default: stdout); `clock`
-    drives the dead man's switch; `side` "ingest" leaves the worker and outbox to a worker process (bot.roles),
+    drives the dead man's switch; `side` "ingest" leaves the worker and outbox to a worker process (bot.service.roles),
     whose heartbeat /readyz then reads."""
     metrics = metrics or Metrics()
     app = web.Application(client_max_size=config.server.max_body_bytes, middlewares=[request_deadlines, _json_errors])
