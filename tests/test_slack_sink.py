@@ -101,7 +101,11 @@ async def make_sink(tmp_path: Path, fake: FakeSlack, store: SqliteStore) -> Asyn
     sinks: list[SlackSink] = []
 
     def make(
-        metrics: Metrics | None = None, controls: Controls | None = None, clock: Clock = SYSTEM_CLOCK, **options: Any
+        metrics: Metrics | None = None,
+        controls: Controls | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        limits: SlackRateLimits | None = None,
+        **options: Any,
     ) -> SlackSink:
         config = {
             "type": "slack",
@@ -114,7 +118,7 @@ async def make_sink(tmp_path: Path, fake: FakeSlack, store: SqliteStore) -> Asyn
             **options,
         }
         receiver = SlackReceiver.model_validate(config, context={"base_dir": tmp_path})
-        sink = SlackSink(receiver, store, metrics or Metrics(), controls=controls or Controls(), clock=clock)
+        sink = SlackSink(receiver, store, metrics or Metrics(), limits, controls=controls or Controls(), clock=clock)
         sinks.append(sink)
         return sink
 
@@ -437,10 +441,17 @@ async def test_the_fake_answers_other_methods_like_slack(fake: FakeSlack) -> Non
 
 # --- storms, at the sink level -----------------------------------------------------------------------------------
 async def test_storm_one_summary_every_alert_in_its_thread(fake: FakeSlack, make_sink: SinkFactory) -> None:
-    sink = make_sink(storm_threshold=3, storm_window=30)
+    """The 60 alerts arrive at one instant of the storm's (fake) clock, however long the store takes to record
+    them: no lull between them lets a partial batch go early. Posts are paced on the real clock."""
+    clock = FakeClock(datetime.now(UTC))
+    sink = make_sink(clock=clock, limits=SlackRateLimits(), storm_threshold=3, storm_window=30)
     for n in range(1, 61):
         assert await sink.deliver(delivery(alert(n))) == DeliveryResult.ok()
+    async with running(clock):
+        await _storm_listed_and_counted(fake, sink)
 
+
+async def _storm_listed_and_counted(fake: FakeSlack, sink: SlackSink) -> None:
     def storm_lines() -> list[str]:
         summary = storm_summary(fake)
         assert summary is not None
@@ -480,12 +491,16 @@ async def test_storm_counts_follow_alerts_that_fire_again(fake: FakeSlack, make_
 
 
 async def test_storm_ends_after_a_quiet_window(fake: FakeSlack, make_sink: SinkFactory) -> None:
-    sink = make_sink(storm_threshold=2, storm_window=1)
+    """The 5 alerts arrive within the 1 s window on the storm's (fake) clock, however slow the store; then the
+    clock runs and the quiet window passes. Posts are paced on the real clock."""
+    clock = FakeClock(datetime.now(UTC))
+    sink = make_sink(clock=clock, limits=SlackRateLimits(), storm_threshold=2, storm_window=1)
     for n in range(1, 6):
         await sink.deliver(delivery(alert(n)))
     summary = await eventually(lambda: storm_summary(fake))
-    await eventually(lambda: "Alert storm over" in summary.text, timeout=10)
-    await sink.deliver(delivery(alert(6)))
+    async with running(clock):
+        await eventually(lambda: "Alert storm over" in summary.text, timeout=10)
+        await sink.deliver(delivery(alert(6)))
     assert fake.top_level()[-1].text.startswith("🔴 [CRITICAL] GPUTempHigh on k-ai-06")
 
 
