@@ -190,10 +190,8 @@ def _reset_breaker(args: argparse.Namespace) -> int:
 
 
 def _ask_bot(args: argparse.Namespace, verb: str, payload: dict[str, Any]) -> int:
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        _print_problems(exc.problems)
+    config = _load_or_report(args.config)
+    if config is None:
         return EXIT_CONFIG
     from bot.actions.cli import remediation_command
 
@@ -219,6 +217,15 @@ def _load(path: Path | None, overrides: dict[str, Any] | None = None) -> tuple[B
     config = load_config(path, overrides)
     playbooks = PlaybookSet.load(config.playbooks.dir, config.playbooks.vars)
     return config, playbooks
+
+
+def _load_or_report(path: Path | None, overrides: dict[str, Any] | None = None) -> BotConfig | None:
+    """The configuration, or None once its problems are printed (the command then exits with EXIT_CONFIG)."""
+    try:
+        return load_config(path, overrides)
+    except ConfigError as exc:
+        _print_problems(exc.problems)
+        return None
 
 
 def _print_problems(problems: Sequence[str]) -> None:
@@ -256,10 +263,8 @@ def _xid(args: argparse.Namespace) -> int:
 
 
 def _gpus(args: argparse.Namespace) -> int:
-    try:
-        config = load_config(args.config, _store_override(args))
-    except ConfigError as exc:
-        _print_problems(exc.problems)
+    config = _load_or_report(args.config, _store_override(args))
+    if config is None:
         return EXIT_CONFIG
     from bot.commands.gpus import gpus_command
 
@@ -267,10 +272,8 @@ def _gpus(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    try:
-        config = load_config(args.config, _store_override(args))
-    except ConfigError as exc:
-        _print_problems(exc.problems)
+    config = _load_or_report(args.config, _store_override(args))
+    if config is None:
         return EXIT_CONFIG
     from bot.audit import audit_command
 
@@ -278,10 +281,8 @@ def _audit(args: argparse.Namespace) -> int:
 
 
 def _selftest(args: argparse.Namespace) -> int:
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        _print_problems(exc.problems)
+    config = _load_or_report(args.config)
+    if config is None:
         return EXIT_CONFIG
     from bot.selftest.command import Options as SelftestOptions
     from bot.selftest.command import selftest_command
@@ -348,10 +349,8 @@ def _serve_options(args: argparse.Namespace) -> list[str]:
 
 
 def _healthcheck(args: argparse.Namespace) -> int:
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        _print_problems(exc.problems)
+    config = _load_or_report(args.config)
+    if config is None:
         return EXIT_CONFIG
     from bot.commands.healthcheck import ALIVE_PATH, READY_PATH, probe
 
