@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import shutil
+import sqlite3
 import subprocess
 from collections import Counter
 from collections.abc import Iterator
@@ -22,6 +24,7 @@ from typing import BinaryIO
 import httpx
 import pytest
 
+from bot.store.base import StoreUnavailable
 from bot.store.sqlite.threads import _WAL_LIMIT_BYTES
 from tests.support.bot import RunningBot, eventually, running_bot
 from tests.support.payloads import body, distinct_webhooks
@@ -120,3 +123,39 @@ async def test_a_wal_past_its_limit_is_checkpointed_and_truncated(
         assert wal.stat().st_size > 64 * 1024
         await eventually(lambda: wal.stat().st_size == 0, timeout=10)
         assert (await store.stats()).notifications_pending == 20  # copied into the database, not lost
+
+
+async def test_on_a_nearly_full_disk_the_wal_is_truncated_before_its_usual_limit(tmp_path: Path) -> None:
+    # A WAL allowed its usual 16 MiB on a disk with less than that free would, under a steady writer, take the
+    # last bytes the checkpoint needs to copy it into the database file: the disk would stay full for good.
+    with small_disk(tmp_path / "disk") as disk:
+        async with sqlite_store(disk) as store:
+            wal = disk / "bot.db-wal"
+            await asyncio.gather(*(ingest(store, payload) for payload in distinct_webhooks(150, 20, prefix="near")))
+            assert 1024 * 1024 < wal.stat().st_size < _WAL_LIMIT_BYTES
+            free = shutil.disk_usage(disk).free
+            (disk / "ballast").write_bytes(b"\0" * (free - 1536 * 1024))
+            await eventually(lambda: wal.stat().st_size == 0, timeout=10)
+            assert (await store.stats()).notifications_pending == 150
+
+
+async def test_a_failed_store_call_leaves_no_read_snapshot_behind(tmp_path: Path) -> None:
+    # The error a failed call raises may live on (a log record, an asyncio future in a cycle with its
+    # concurrent one): if it held the frames of the failed call, a cursor open in one of them would hold a
+    # read snapshot, and no checkpoint could get past it while the WAL grew.
+    async with sqlite_store(tmp_path) as store:
+        for payload in distinct_webhooks(3, 1, prefix="before"):
+            await ingest(store, payload)
+
+        def read_then_fail(conn: sqlite3.Connection) -> None:
+            cursor = conn.execute("SELECT id FROM notifications")
+            cursor.fetchone()
+            conn.execute("SELECT * FROM no_such_table")
+
+        with pytest.raises(StoreUnavailable) as failure:
+            await store._run(read_then_fail, store.connection)
+        await ingest(store, next(distinct_webhooks(1, 1, prefix="after")))
+        with contextlib.closing(sqlite3.connect(store.path, timeout=0.1)) as other:
+            busy, _, _ = other.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        assert busy == 0
+        assert "no_such_table" in str(failure.value)

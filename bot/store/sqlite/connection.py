@@ -197,15 +197,21 @@ class SqliteConnection(Store):
     async def _run(self, fn: Callable[..., T], *args: Any, priority: int = _BACKGROUND) -> T:
         try:
             return await asyncio.wrap_future(self._thread.submit(priority, functools.partial(self._guarded, fn, *args)))
-        except sqlite3.Error as exc:
-            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
         except RuntimeError as exc:  # the store thread is shut down
             raise StoreUnavailable(str(exc)) from exc
 
     def _guarded(self, fn: Callable[..., T], *args: Any) -> T:
         if self._shm_guard is not None:
             self._shm_guard.check()
-        return fn(*args)
+        try:
+            return fn(*args)
+        except sqlite3.Error as exc:
+            failure = StoreUnavailable(f"{type(exc).__name__}: {exc}")
+        # Raised outside the handler, so without the SQLite error as its context: that error's traceback holds
+        # the frames of `fn`, and a cursor left open in one of them holds a read snapshot for as long as the
+        # exception lives (an asyncio future and its concurrent future form a cycle only the GC breaks).
+        # Meanwhile no checkpoint can get past the snapshot and the WAL grows, over a freed disk as well.
+        raise failure
 
     def _transaction(self, fn: Callable[[sqlite3.Connection], T], *, acknowledged: bool = False) -> T:
         """Run `fn` in one write transaction. `acknowledged` writes are the ones a 2xx promises: with

@@ -10,6 +10,7 @@ each statement returns to Python holding the GIL, which the busy event loop make
 from __future__ import annotations
 
 import functools
+import os
 import sqlite3
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -34,6 +35,11 @@ class SqliteStore(SqliteAlertPath, SqliteRecords):
         await self._run(self._check_writable_sync, priority=_HEALTH)
 
     def _check_writable_sync(self) -> None:
+        # A rolled-back probe may never leave the page cache, and a commit may reuse the WAL's space: neither
+        # proves the disk has room. The file system's count of free blocks does.
+        disk = os.statvfs(self.path.parent)
+        if disk.f_bavail * disk.f_frsize < _WRITE_PROBE_BYTES:
+            raise StoreUnavailable(f"the disk holding {self.path} is full")
         self._execute(
             "INSERT INTO heartbeat (id, at) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET at = excluded.at",
             (self._now(),),

@@ -25,6 +25,7 @@ T = TypeVar("T")
 # Order in which work waiting for the store thread runs: an acknowledge waits for nothing else.
 _URGENT, _HEALTH, _BACKGROUND, _LAST = 0, 1, 2, 3
 _CHECKPOINT_EVERY = 1.0
+_WAL_SIZE_CHECK_EVERY = 0.1
 # Past this size the checkpointer copies the whole WAL and truncates it (and a WAL restarted by SQLite is cut
 # back to it): writers that never pause starve passive checkpoints, and the WAL would otherwise grow over the
 # whole disk, leaving nothing for the database file once space is freed (the store would never recover).
@@ -150,22 +151,33 @@ class _Checkpointer:
 
     def _run(self) -> None:
         conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        checks_per_checkpoint = round(_CHECKPOINT_EVERY / _WAL_SIZE_CHECK_EVERY)
         try:
-            while not self._stop.wait(_CHECKPOINT_EVERY):
+            for tick in itertools.count(1):
+                if self._stop.wait(_WAL_SIZE_CHECK_EVERY):
+                    return
                 try:
-                    self._checkpoint(conn)
+                    self._checkpoint(conn, passive=tick % checks_per_checkpoint == 0)
                 except (sqlite3.Error, OSError, StoreUnavailable) as exc:  # the writer reports that already
                     log.debug("checkpoint failed", extra={"reason": str(exc)})
         finally:
             conn.close()
 
-    def _checkpoint(self, conn: sqlite3.Connection) -> None:
+    def _checkpoint(self, conn: sqlite3.Connection, *, passive: bool) -> None:
         if self.shm_guard is not None:
             self.shm_guard.check()
-        conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-        if self._wal.exists() and self._wal.stat().st_size > _WAL_LIMIT_BYTES:
+        if passive:
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        if self._wal.exists() and self._wal.stat().st_size > self._wal_limit():
             # Waits for the writer of the moment, then holds writers off while it copies: a rare, bounded pause.
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+
+    def _wal_limit(self) -> int:
+        """The WAL may take half the disk's free space at most: a backlog drained right after a full disk was
+        freed writes megabytes a second, and a WAL that took all the space back would leave none for the
+        checkpoint that copies it into the database file; the disk would be full for good."""
+        disk = os.statvfs(self._path.parent)
+        return min(_WAL_LIMIT_BYTES, disk.f_bavail * disk.f_frsize // 2)
 
     def stop(self) -> None:
         self._stop.set()
