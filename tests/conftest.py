@@ -45,6 +45,14 @@ def _store_delay(pytestconfig: pytest.Config) -> Iterator[None]:
 
 
 @pytest.fixture
+def store_delay(pytestconfig: pytest.Config) -> float:
+    """How long each store call is delayed in this run (`--store-delay`), for the few tests whose deadline is a
+    volume of work: the time that work takes grows with it."""
+    delay: float = pytestconfig.getoption("--store-delay")
+    return delay
+
+
+@pytest.fixture
 def alertmanager_factory(tmp_path: Path) -> Iterator[object]:
     """Start real Alertmanagers that deliver to a given bot URL; all are stopped after the test."""
     started: list[Alertmanager] = []

@@ -187,6 +187,38 @@ async def test_an_alert_listed_in_a_storm_that_fires_again_is_shown_again(
     assert not shown.startswith("✅")
 
 
+async def test_in_a_storm_a_delivery_reads_no_state_it_wrote_and_writes_once(
+    fake: FakeSlack, make_sink: SinkFactory, store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One worker per SQLite store: the sink remembers what it wrote, so a storm's alerts cost a store round
+    # trip each (their record, line and counts together) and one read for an alert never seen.
+    calls: list[tuple[str, list[str]]] = []
+    get, put = store.get_sink_state, store.put_sink_states
+
+    async def counted_get(receiver: str, key: str) -> dict[str, Any] | None:
+        calls.append(("get", [key]))
+        return await get(receiver, key)
+
+    async def counted_put(receiver: str, values: dict[str, dict[str, Any]]) -> None:
+        calls.append(("put", sorted(values)))
+        await put(receiver, values)
+
+    monkeypatch.setattr(store, "get_sink_state", counted_get)
+    monkeypatch.setattr(store, "put_sink_states", counted_put)
+    clock = FakeClock(datetime.now(UTC))
+    async with running(clock):
+        sink = make_sink(clock=clock, storm_threshold=3, storm_window="60s")
+        for n in range(1, 6):
+            await sink.deliver(delivery(alert(n)))
+        calls.clear()
+        await sink.deliver(delivery(alert(6)))
+        await sink.close()
+    assert calls[0] == ("get", [f"alert:{alert(6).alert_key}"])
+    [(kind, keys)] = [call for call in calls[1:] if f"alert:{alert(6).alert_key}" in call[1]]
+    assert kind == "put" and len(keys) == 3  # the record, its line and the storm
+    assert [call for call in calls if call[0] == "get"] == calls[:1]
+
+
 async def test_a_related_alert_of_a_resolved_alert_is_posted_top_level(fake: FakeSlack, make_sink: SinkFactory) -> None:
     sink = make_sink()
     await sink.deliver(delivery(alert(1)))

@@ -200,8 +200,18 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def get_sink_state(self, receiver: str, key: str) -> dict[str, Any] | None: ...
 
+    async def put_sink_state(self, receiver: str, key: str, value: dict[str, Any]) -> None:
+        await self.put_sink_states(receiver, {key: value})
+
     @abc.abstractmethod
-    async def put_sink_state(self, receiver: str, key: str, value: dict[str, Any]) -> None: ...
+    async def put_sink_states(self, receiver: str, values: Mapping[str, dict[str, Any]]) -> None:
+        """Write several keys of one receiver's state in one transaction: all of them or none."""
+
+    @property
+    def receivers_move(self) -> bool:
+        """Whether a receiver can pass to another process while this one runs (replicas sharing the store): a
+        sink then cannot trust what it remembers of its state and reads the store each time."""
+        return False
 
     # --- alerts --------------------------------------------------------------------------------------
     @abc.abstractmethod

@@ -7,7 +7,9 @@ and `storm:<id>:<seq>` (a StormItem: one line listed in that storm).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import json
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -16,6 +18,9 @@ from pydantic import BaseModel, Field
 from bot.message import Message
 from bot.render.slack import StormSummary, shrink_for_slack
 from bot.store.base import Store
+
+# Sink-state keys remembered at most (a few MB): a storm of a thousand alerts keeps its records and lines.
+_REMEMBERED = 4096
 
 
 class Posting(BaseModel):
@@ -141,35 +146,41 @@ class StormItem(BaseModel):
 
 
 class SinkState:
-    """One receiver's sink state. `lock` guards every read-modify-write: deliveries and the storm flusher share it."""
+    """One receiver's sink state. `lock` guards every read-modify-write: deliveries and the storm flusher share it.
+
+    While no other process can send for this receiver (`Store.receivers_move` is false: one worker per SQLite
+    store), what was last read or written is remembered, as JSON, for the most recent `_REMEMBERED` keys: every
+    write goes through here, so the store holds nothing newer, and a storm's deliveries and its flusher need no
+    store round trip to read. What is remembered changes only after the store has taken the write.
+    """
 
     def __init__(self, store: Store, receiver: str) -> None:
         self._store = store
         self._receiver = receiver
         self.lock = asyncio.Lock()
+        self._remember = not store.receivers_move
+        self._remembered: OrderedDict[str, str | None] = OrderedDict()
 
     async def record(self, key: str) -> AlertRecord | None:
-        raw = await self._store.get_sink_state(self._receiver, f"alert:{key}")
-        return None if raw is None else AlertRecord.model_validate(raw)
+        raw = await self._read(f"alert:{key}")
+        return None if raw is None else AlertRecord.model_validate_json(raw)
 
     async def save_record(self, key: str, record: AlertRecord, message: Message | None = None) -> None:
-        if message is not None and record.mode != "storm":
-            record.message = shrink_for_slack(message).model_dump(mode="json")
-        await self._store.put_sink_state(self._receiver, f"alert:{key}", record.model_dump(mode="json"))
+        await self.save(records={key: (record, message)})
 
     async def channel_state(self) -> ChannelState:
-        raw = await self._store.get_sink_state(self._receiver, "channel")
-        return ChannelState() if raw is None else ChannelState.model_validate(raw)
+        raw = await self._read("channel")
+        return ChannelState() if raw is None else ChannelState.model_validate_json(raw)
 
     async def save_channel_state(self, state: ChannelState) -> None:
-        await self._store.put_sink_state(self._receiver, "channel", state.model_dump(mode="json"))
+        await self.save(channel=state)
 
     async def storm(self, storm_id: str) -> Storm | None:
-        raw = await self._store.get_sink_state(self._receiver, f"storm:{storm_id}")
-        return None if raw is None else Storm.model_validate(raw)
+        raw = await self._read(f"storm:{storm_id}")
+        return None if raw is None else Storm.model_validate_json(raw)
 
     async def save_storm(self, storm: Storm) -> None:
-        await self._store.put_sink_state(self._receiver, f"storm:{storm.id}", storm.model_dump(mode="json"))
+        await self.save(storm=storm)
 
     async def update_storm(self, storm_id: str, change: Callable[[Storm], None]) -> None:
         """Read-modify-write of a storm under the lock: deliveries and the flusher both change it."""
@@ -180,11 +191,53 @@ class SinkState:
                 await self.save_storm(storm)
 
     async def storm_item(self, storm_id: str, seq: int) -> StormItem | None:
-        raw = await self._store.get_sink_state(self._receiver, _item_key(storm_id, seq))
-        return None if raw is None else StormItem.model_validate(raw)
+        raw = await self._read(_item_key(storm_id, seq))
+        return None if raw is None else StormItem.model_validate_json(raw)
 
-    async def save_storm_item(self, storm_id: str, seq: int, item: StormItem) -> None:
-        await self._store.put_sink_state(self._receiver, _item_key(storm_id, seq), item.model_dump())
+    async def save(
+        self,
+        *,
+        records: Mapping[str, tuple[AlertRecord, Message | None]] | None = None,
+        storm: Storm | None = None,
+        items: Mapping[int, StormItem] | None = None,
+        channel: ChannelState | None = None,
+    ) -> None:
+        """Write these together, in one store transaction: alert records (with the message as shown, outside a
+        storm), a storm and lines of that storm, the channel's state."""
+        values: dict[str, BaseModel] = {}
+        for key, (record, message) in (records or {}).items():
+            if message is not None and record.mode != "storm":
+                record.message = shrink_for_slack(message).model_dump(mode="json")
+            values[f"alert:{key}"] = record
+        if items:
+            assert storm is not None, "storm lines are saved with their storm"
+            values.update({_item_key(storm.id, seq): item for seq, item in items.items()})
+        if storm is not None:
+            values[f"storm:{storm.id}"] = storm
+        if channel is not None:
+            values["channel"] = channel
+        await self._store.put_sink_states(
+            self._receiver, {key: model.model_dump(mode="json") for key, model in values.items()}
+        )
+        for key, model in values.items():
+            self._keep(key, model.model_dump_json())
+
+    async def _read(self, key: str) -> str | None:
+        if key in self._remembered:
+            self._remembered.move_to_end(key)
+            return self._remembered[key]
+        raw = await self._store.get_sink_state(self._receiver, key)
+        text = None if raw is None else json.dumps(raw)
+        self._keep(key, text)
+        return text
+
+    def _keep(self, key: str, text: str | None) -> None:
+        if not self._remember:
+            return
+        self._remembered[key] = text
+        self._remembered.move_to_end(key)
+        while len(self._remembered) > _REMEMBERED:
+            self._remembered.popitem(last=False)
 
 
 def _item_key(storm_id: str, seq: int) -> str:

@@ -88,54 +88,57 @@ class StormControl:
                 await self._state.save_channel_state(state)
                 return ""
             storm = Storm(id=f"{int(now * 1000)}", started_at=now, last_new_at=now)
-            await self._add_earlier(storm, [a.key for a in arrivals[:-1]])
-            await self._state.save_storm(storm)
+            records, items = await self._list_earlier(storm, [a.key for a in arrivals[:-1]])
             state.storm, state.arrivals = storm.id, []
             state.open_storms = [*state.open_storms, storm.id]
-            await self._state.save_channel_state(state)
+            await self._state.save(records=records, storm=storm, items=items, channel=state)
             log.warning(
                 "alert storm: new alerts now go to one summary message and its thread",
                 extra={"receiver": self.name, "storm": storm.id, "alerts_in_window": len(arrivals)},
             )
             return storm.id
 
-    async def _add_earlier(self, storm: Storm, keys: list[str]) -> None:
-        """The alerts just before the storm started (already posted) are listed and counted in it too."""
+    async def _list_earlier(
+        self, storm: Storm, keys: list[str]
+    ) -> tuple[dict[str, tuple[AlertRecord, None]], dict[int, StormItem]]:
+        """The alerts just before the storm started (already posted) are listed and counted in it too: their
+        records and lines, to be saved with the storm."""
+        records: dict[str, tuple[AlertRecord, None]] = {}
+        items: dict[int, StormItem] = {}
         for key in keys:
             record = await self._state.record(key)
             if record is None or record.message is None or record.storm:
                 continue
             message = Message.model_validate(record.message)
             seq = storm.next_seq
-            await self._state.save_storm_item(
-                storm.id, seq, StormItem(key=key, line=storm_line(message, posted_above=True))
-            )
+            items[seq] = StormItem(key=key, line=storm_line(message, posted_above=True))
             storm.next_seq = seq + 1
             storm.count(message, record.status)
             storm.pending_since = storm.pending_since or self._now()
             record.storm, record.seq = storm.id, seq
-            await self._state.save_record(key, record)
+            records[key] = (record, None)
+        return records, items
 
     async def join(self, storm_id: str, message: Message, record: AlertRecord | None) -> None:
-        """List a new alert in the storm: its record, then its line, then the counts (a retry completes it)."""
+        """List a new alert in the storm: its record, its line and the counts, together."""
         key = message.alert_key
         async with self._state.lock:
             storm = await self._state.storm(storm_id)
             if storm is None:
                 raise SlackFailure(DeliveryResult.retry_later("storm_state_missing", storm_id), sent=False)
             seq = record.seq if record is not None and record.storm == storm_id else storm.next_seq
-            await self._state.save_record(
-                key, AlertRecord(mode="storm", storm=storm_id, seq=seq, status=message.status)
-            )
-            if storm.next_seq > seq:
+            listed = {key: (AlertRecord(mode="storm", storm=storm_id, seq=seq, status=message.status), None)}
+            if storm.next_seq > seq:  # listed already, by an attempt whose answer was lost
+                await self._state.save(records=listed)
                 return
-            await self._state.save_storm_item(storm_id, seq, StormItem(key=key, line=storm_line(message)))
             storm.next_seq = seq + 1
             if not storm.reopen(key):
                 storm.count(message, message.status)
             storm.last_new_at = self._now()
             storm.pending_since = storm.pending_since or storm.last_new_at
-            await self._state.save_storm(storm)
+            await self._state.save(
+                records=listed, storm=storm, items={seq: StormItem(key=key, line=storm_line(message))}
+            )
         self._wake.set()
 
     async def handle(self, message: Message, record: AlertRecord) -> None:

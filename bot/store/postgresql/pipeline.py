@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -318,9 +318,15 @@ class PostgresAlertPath(PostgresConnection):
         value: dict[str, Any] = json.loads(row["value"])
         return value
 
-    async def put_sink_state(self, receiver: str, key: str, value: dict[str, Any]) -> None:
-        await self._execute(
-            """INSERT INTO sink_state (receiver, key, value, updated_at) VALUES (%s, %s, %s, %s)
-               ON CONFLICT (receiver, key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at""",
-            (receiver, key, json.dumps(value), self._now()),
-        )
+    async def put_sink_states(self, receiver: str, values: Mapping[str, dict[str, Any]]) -> None:
+        now = self._now()
+        async with self._transaction() as conn:
+            await conn.cursor().executemany(
+                b"""INSERT INTO sink_state (receiver, key, value, updated_at) VALUES (%s, %s, %s, %s)
+                    ON CONFLICT (receiver, key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at""",
+                [(receiver, key, json.dumps(value), now) for key, value in values.items()],
+            )
+
+    @property
+    def receivers_move(self) -> bool:
+        return True

@@ -6,7 +6,7 @@ import functools
 import json
 import logging
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -312,10 +312,11 @@ class SqliteAlertPath(SqliteConnection):
         value: dict[str, Any] = json.loads(row["value"])
         return value
 
-    async def put_sink_state(self, receiver: str, key: str, value: dict[str, Any]) -> None:
+    async def put_sink_states(self, receiver: str, values: Mapping[str, dict[str, Any]]) -> None:
+        now = self._now()
         await self._run(
-            self._execute,
+            self._executemany,
             """INSERT INTO sink_state (receiver, key, value, updated_at) VALUES (?, ?, ?, ?)
                ON CONFLICT (receiver, key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at""",
-            (receiver, key, json.dumps(value), self._now()),
+            [(receiver, key, json.dumps(value), now) for key, value in values.items()],
         )
