@@ -323,7 +323,8 @@ class PostgresAlertPath(PostgresConnection):
         async with self._transaction() as conn:
             await conn.cursor().executemany(
                 b"""INSERT INTO sink_state (receiver, key, value, updated_at) VALUES (%s, %s, %s, %s)
-                    ON CONFLICT (receiver, key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at""",
+                    ON CONFLICT (receiver, key)
+                    DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at""",
                 [(receiver, key, json.dumps(value), now) for key, value in values.items()],
             )
 
