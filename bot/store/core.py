@@ -174,7 +174,10 @@ class NotificationPlan:
     resolved_group: str | None = None
 
 
-def read_notification(body: bytes) -> tuple[WebhookPayload, list[AmAlert]]:
+ParsedNotification = tuple[WebhookPayload, list[AmAlert]]
+
+
+def read_notification(body: bytes) -> ParsedNotification:
     """The stored body and its alerts, one per episode even if a sender repeated an alert inside one body (the
     last copy wins). Raises ValueError for a body this version cannot read."""
     payload = WebhookPayload.model_validate_json(body)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from bot.models import AmAlert, WebhookPayload
+from bot.models import WebhookPayload
 from bot.store import core
 from bot.store.base import IncomingNotification, IngestResult
 
@@ -38,7 +38,7 @@ class ValidatedPayloads:
         while len(self._payloads) > self._limit:
             del self._payloads[next(iter(self._payloads))]
 
-    def read(self, notification_id: int, body: bytes) -> tuple[WebhookPayload, list[AmAlert]]:
+    def read(self, notification_id: int, body: bytes) -> core.ParsedNotification:
         """`read_notification(body)`, without the parse when ingest in this process validated it."""
         payload = self._payloads.pop(notification_id, None)
         return core.read_notification(body) if payload is None else (payload, core.episodes(payload))

@@ -19,6 +19,7 @@ from bot.store.core import (
     DELIVERY_NOT_BLOCKED,
     EVENT_NOT_BLOCKED,
     NotificationPlan,
+    ParsedNotification,
     plan_notification,
     split_copies,
 )
@@ -99,42 +100,62 @@ class SqliteAlertPath(SqliteConnection):
             "SELECT id, body FROM notifications WHERE state = 'pending' ORDER BY id LIMIT ?", (limit,)
         ).fetchall()
         if rows:
-            # One transaction (one fsync) for the batch; each notification is applied whole or not at all.
-            self._transaction(functools.partial(self._apply_notifications, rows=rows, planner=planner))
+            # Parsed before the write lock is taken: the ingest process waits for that lock to acknowledge.
+            parsed = [(row["id"], self._parse_stored(row["id"], row["body"])) for row in rows]
+            # A transaction each (no fsync: the worker's commits need none), so that the lock is held briefly.
+            for one in parsed:
+                self._transaction(functools.partial(self._apply_notifications, parsed=[one], planner=planner))
         return len(rows)
 
-    def _apply_notifications(self, conn: sqlite3.Connection, *, rows: list[sqlite3.Row], planner: Planner) -> None:
-        for row in rows:
+    def _parse_stored(self, notification_id: int, body: bytes) -> ParsedNotification | ValueError:
+        try:
+            return self._validated.read(notification_id, body)
+        except ValueError as exc:
+            return exc
+
+    def _apply_notifications(
+        self,
+        conn: sqlite3.Connection,
+        *,
+        parsed: list[tuple[int, ParsedNotification | ValueError]],
+        planner: Planner,
+    ) -> None:
+        for notification_id, notification in parsed:
             conn.execute("SAVEPOINT notification")
             try:
-                self._apply_notification(conn, notification_id=row["id"], body=row["body"], planner=planner)
+                self._apply_notification(conn, notification_id, notification, planner)
             except sqlite3.OperationalError:
                 raise  # the disk, not the notification: the whole batch waits for the next attempt
             except Exception as exc:
                 # A notification that cannot be applied must not block every later one: set it aside.
                 conn.execute("ROLLBACK TO notification")
-                log.exception("cannot apply a stored notification; set aside", extra={"notification_id": row["id"]})
-                conn.execute(
-                    "UPDATE notifications SET state = 'failed', error = ? WHERE id = ?",
-                    (f"{type(exc).__name__}: {exc}"[:2000], row["id"]),
+                log.exception(
+                    "cannot apply a stored notification; set aside", extra={"notification_id": notification_id}
                 )
+                self._set_aside(conn, notification_id, f"{type(exc).__name__}: {exc}")
             conn.execute("RELEASE notification")
 
     def _apply_notification(
-        self, conn: sqlite3.Connection, *, notification_id: int, body: bytes, planner: Planner
+        self,
+        conn: sqlite3.Connection,
+        notification_id: int,
+        notification: ParsedNotification | ValueError,
+        planner: Planner,
     ) -> None:
-        try:
-            payload, alerts = self._validated.read(notification_id, body)
-        except ValueError as exc:
-            conn.execute(
-                "UPDATE notifications SET state = 'failed', error = ? WHERE id = ?",
-                (str(exc)[:2000], notification_id),
-            )
+        if isinstance(notification, ValueError):
+            self._set_aside(conn, notification_id, str(notification))
             return
+        payload, alerts = notification
         known = {state.key: state for state in self._alerts_by_keys(conn, [a.key for a in alerts])}
         now = self._now()
         self._write_plan(conn, plan_notification(payload, alerts, known, planner, now), now)
         conn.execute("UPDATE notifications SET state = 'done' WHERE id = ?", (notification_id,))
+
+    @staticmethod
+    def _set_aside(conn: sqlite3.Connection, notification_id: int, error: str) -> None:
+        conn.execute(
+            "UPDATE notifications SET state = 'failed', error = ? WHERE id = ?", (error[:2000], notification_id)
+        )
 
     @staticmethod
     def _write_plan(conn: sqlite3.Connection, plan: NotificationPlan, now: float) -> None:
