@@ -186,7 +186,7 @@ def bot_rss_mib(root: int) -> tuple[float, int]:
     """Resident memory summed over a bot's processes, and how many there were."""
     total, counted = 0.0, 0
     for pid in bot_pids(root):
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, KeyError):  # KeyError: a process that ended but is not reaped yet
             total += rss_mib(pid)[0]
             counted += 1
     return total, counted
@@ -214,19 +214,33 @@ def pending_counts(db: Path) -> dict[str, int]:
 
 class StoreReader:
     """A read-only connection to a running bot's SQLite store, to poll it. Each query runs to its end, so no read
-    transaction stays open between polls: a reader left open would hold up the bot's WAL checkpoints."""
+    transaction stays open between polls: a reader left open would hold up the bot's WAL checkpoints.
+
+    Webhooks the worker has not taken yet are in the store's inbox file (`bot.db-inbox`), when the bot measured is
+    recent enough to have one."""
 
     def __init__(self, db: Path) -> None:
         self._conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        self._inbox = db.with_name(db.name + "-inbox")
+        self._inbox_attached = False
 
     def pending(self) -> dict[str, int]:
         """Work still waiting: cheap (partial indexes), so it can be polled often."""
         [row] = self._conn.execute(
-            """SELECT (SELECT COUNT(*) FROM notifications WHERE state = 'pending'),
+            f"""SELECT (SELECT COUNT(*) FROM notifications WHERE state = 'pending') + {self._not_taken()},
                       (SELECT COUNT(*) FROM events WHERE state = 'pending'),
-                      (SELECT COUNT(*) FROM deliveries WHERE state = 'pending')"""
+                      (SELECT COUNT(*) FROM deliveries WHERE state = 'pending')"""  # noqa: S608
         ).fetchall()
         return dict(zip(("notifications_pending", "events_pending", "deliveries_pending"), row, strict=True))
+
+    def _not_taken(self) -> str:
+        """The SQL counting the inbox's webhooks the worker has not copied into the main file yet."""
+        if not self._inbox_attached and self._inbox.exists():
+            self._conn.execute("ATTACH ? AS inbox", (f"file:{self._inbox}?mode=ro",))
+            self._inbox_attached = True
+        if not self._inbox_attached:
+            return "0"
+        return "(SELECT COUNT(*) FROM inbox.inbox WHERE id > (SELECT COALESCE(MAX(up_to), 0) FROM inbox_taken))"
 
     def counts(self) -> dict[str, int]:
         [(alerts,)] = self._conn.execute("SELECT COUNT(*) FROM alerts").fetchall()

@@ -130,7 +130,7 @@ async def test_on_a_nearly_full_disk_the_wal_is_truncated_before_its_usual_limit
     # last bytes the checkpoint needs to copy it into the database file: the disk would stay full for good.
     with small_disk(tmp_path / "disk") as disk:
         async with sqlite_store(disk) as store:
-            wal = disk / "bot.db-wal"
+            wal = disk / "bot.db-inbox-wal"  # where the webhooks are written
             await asyncio.gather(*(ingest(store, payload) for payload in distinct_webhooks(150, 20, prefix="near")))
             assert 1024 * 1024 < wal.stat().st_size < _WAL_LIMIT_BYTES
             free = shutil.disk_usage(disk).free

@@ -18,6 +18,7 @@ from bot.server import GuardedSite, install_accept_error_log
 from tests.support.bot import running_bot
 from tests.support.payloads import body, gpu_alerts, webhook
 from tests.support.processes import free_port
+from tests.support.store import refuse_writes
 
 
 class FakeClock:
@@ -75,7 +76,7 @@ async def test_a_store_that_cannot_write_logs_one_error_for_many_503s(
 ) -> None:
     caplog.set_level(logging.ERROR, logger="bot.ingest")
     async with running_bot(tmp_path) as bot, httpx.AsyncClient(timeout=10) as client:
-        await bot.runtime.store.pragma("query_only = 1")  # type: ignore[attr-defined]
+        await refuse_writes(bot.runtime.store, "query_only = 1")  # type: ignore[arg-type]
         for n in range(20):
             payload = body(webhook(gpu_alerts(2, host=f"h{n}")))
             refused = await client.post(bot.webhook_url, content=payload, headers={"Content-Type": "application/json"})

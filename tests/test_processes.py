@@ -64,7 +64,7 @@ async def test_a_commit_by_another_connection_wakes_the_worker_at_the_next_look(
         writer.execute("CREATE TABLE work (n INTEGER)")
         clock = FakeClock()
         wakeups: list[int] = []
-        watch = CommitWatch(database, lambda: wakeups.append(len(wakeups)), clock)
+        watch = CommitWatch([database], lambda: wakeups.append(len(wakeups)), clock)
         watch.start()
         try:
             await eventually(lambda: clock.sleeping == 1)

@@ -20,11 +20,13 @@ from tests.support.clock import FakeClock
 from tests.support.payloads import STARTED, am_alert, distinct_webhooks, gpu_alerts, webhook
 from tests.support.store import (
     Opener,
+    allow_writes,
     count,
     incoming,
     ingest,
     ingest_and_dedup,
     message,
+    refuse_writes,
     route_all,
     sqlite_store,
 )
@@ -350,16 +352,13 @@ async def test_a_store_that_refuses_writes_is_unavailable_then_recovers(
 ) -> None:
     async with sqlite_store(tmp_path) as store:
         await store.check_writable()
-        # No free pages to reuse, so a page limit at the current size really is a full disk.
-        assert await store.pragma("freelist_count") == [(0,)]
-        pages = (await store.pragma("page_count"))[0][0]
-        await store.pragma(pragma.format(pages=pages))
+        await refuse_writes(store, pragma)
         with pytest.raises(StoreUnavailable, match=reason):
             await store.check_writable()
         big = webhook(gpu_alerts(100, annotations={"description": "z" * 500}))
         with pytest.raises(StoreUnavailable, match=reason):
             await ingest(store, big)
-        await store.pragma("query_only = 0" if "query_only" in pragma else "max_page_count = 1073741823")
+        await allow_writes(store, "query_only = 0" if "query_only" in pragma else "max_page_count = 1073741823")
         await store.check_writable()
         assert not (await ingest(store, big)).duplicate
         assert (await store.stats()).notifications_pending == 1
@@ -383,17 +382,18 @@ async def test_the_group_commit_survives_an_unexpected_error(tmp_path: Path, mon
         original = store._ingest_batch
         calls: list[Any] = []
 
-        def flaky(conn: Any, batch: Any) -> Any:
+        def flaky(conn: Any, batch: Any, resolved: Any) -> Any:
             calls.append(batch)
             if len(calls) == 1:
-                conn.execute("INSERT INTO heartbeat (id, at) VALUES (1, 0)")  # a write that must be rolled back
+                # A write that must be rolled back.
+                conn.execute("INSERT INTO notification_keys (key, accepted_at, last_received_at) VALUES ('k', 0, 0)")
                 raise RuntimeError("bug")
-            return original(conn, batch)
+            return original(conn, batch, resolved)
 
         monkeypatch.setattr(store, "_ingest_batch", flaky)
         with pytest.raises(StoreUnavailable, match="bug"):
             await ingest(store, webhook(gpu_alerts(1)))
-        assert count(store, "SELECT COUNT(*) FROM heartbeat") == 0
+        assert count(store, "SELECT COUNT(*) FROM notification_keys") == 0
         assert not (await ingest(store, webhook(gpu_alerts(1)))).duplicate  # not half-written, and still running
 
 
@@ -414,9 +414,9 @@ async def test_read_only_open_of_a_missing_store_is_unavailable(tmp_path: Path) 
 async def test_an_acknowledged_ingest_commits_with_a_full_fsync(tmp_path: Path) -> None:
     async with sqlite_store(tmp_path) as store:
         statements: list[str] = []
-        store.connection.set_trace_callback(statements.append)
+        store._writable_inbox.set_trace_callback(statements.append)  # the webhooks' file
         await ingest(store, webhook(gpu_alerts(1)))
-        store.connection.set_trace_callback(None)
+        store._writable_inbox.set_trace_callback(None)
         commit = statements.index("COMMIT")
         assert "PRAGMA synchronous=FULL" in statements[:commit]
         assert statements[commit + 1 :][:1] == ["PRAGMA synchronous=NORMAL"]

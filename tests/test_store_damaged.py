@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bot.dedup import plan_events
 from bot.store.sqlite import SqliteStore, StoreDamaged
 from tests.support.payloads import distinct_webhooks
 from tests.support.processes import free_port
@@ -20,11 +21,17 @@ GARBAGE = 64 * 1024
 
 
 async def _populated_store(path: Path) -> None:
-    """A store of about 1 MB, checkpointed into its main file (as after a clean stop)."""
+    """A store of about 1 MB in its main file and as much in its inbox, both checkpointed (as after a clean
+    stop)."""
     async with sqlite_store(path) as store:
         for payload in distinct_webhooks(100, 20, prefix="damage"):
             await ingest(store, payload)
-        await store.pragma("wal_checkpoint(TRUNCATE)")
+        while await store.dedup_pending(plan_events, 100):
+            pass
+        for payload in distinct_webhooks(100, 20, prefix="waiting"):
+            await ingest(store, payload)
+        for inbox in (False, True):
+            await store.pragma("wal_checkpoint(TRUNCATE)", inbox=inbox)
 
 
 def _overwrite_the_middle(path: Path) -> None:
@@ -46,15 +53,16 @@ def _serve(config: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-async def test_garbage_in_the_middle_of_the_file_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("damaged", ["bot.db", "bot.db-inbox"])
+async def test_garbage_in_the_middle_of_the_file_is_refused(tmp_path: Path, damaged: str) -> None:
     db = tmp_path / "bot.db"
     await _populated_store(db)
-    _overwrite_the_middle(db)
+    _overwrite_the_middle(tmp_path / damaged)
     store = SqliteStore(db)
     with pytest.raises(StoreDamaged) as refused:
         await store.open()
     await store.close()
-    assert str(db) in str(refused.value)
+    assert str(tmp_path / damaged) in str(refused.value)
     assert "move" in str(refused.value)
 
 

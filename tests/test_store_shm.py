@@ -88,8 +88,9 @@ def test_an_immutable_shm_file_gives_503s_and_the_bot_recovers_when_it_is_writab
         assert httpx.get(f"{bot.url}/readyz").status_code == 200
 
 
-def test_a_truncated_shm_file_gives_503s_and_says_to_restart(tmp_path: Path) -> None:
-    shm = tmp_path / "bot.db-shm"
+@pytest.mark.parametrize("database", ["bot.db", "bot.db-inbox"])
+def test_a_truncated_shm_file_gives_503s_and_says_to_restart(tmp_path: Path, database: str) -> None:
+    shm = tmp_path / f"{database}-shm"
     with serving(tmp_path) as bot:
         assert post(bot, 1).status_code == 200
         settle(bot, 3)
@@ -97,7 +98,7 @@ def test_a_truncated_shm_file_gives_503s_and_says_to_restart(tmp_path: Path) -> 
         assert post(bot, 2).status_code == 503
         assert bot.process.poll() is None
         not_ready = httpx.get(f"{bot.url}/readyz").json()["checks"]["store"]
-        assert "bot.db-shm shrank" in not_ready and "restart the bot" in not_ready
+        assert f"{database}-shm shrank" in not_ready and "restart the bot" in not_ready
     assert bot.process.returncode == 0  # even its stop is clean
     with serving(tmp_path) as restarted:
         assert post(restarted, 3).status_code == 200

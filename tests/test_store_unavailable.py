@@ -18,6 +18,7 @@ import pytest
 
 from tests.support.bot import RunningBot, eventually, running_bot
 from tests.support.payloads import body, gpu_alerts, webhook
+from tests.support.store import allow_writes, refuse_writes
 
 UNWRITABLE = [
     pytest.param("query_only = 1", "query_only = 0", "readonly", id="read-only"),
@@ -26,10 +27,7 @@ UNWRITABLE = [
 
 
 async def _make_unwritable(bot: RunningBot, pragma: str) -> None:
-    store: Any = bot.runtime.store
-    assert await store.pragma("freelist_count") == [(0,)]  # no free page to reuse: the limit really is "full"
-    pages = (await store.pragma("page_count"))[0][0]
-    await store.pragma(pragma.format(pages=pages))
+    await refuse_writes(bot.runtime.store, pragma)  # type: ignore[arg-type]
 
 
 async def _ready(client: httpx.AsyncClient, bot: RunningBot) -> httpx.Response:
@@ -57,7 +55,7 @@ async def test_webhook_answers_503_and_readyz_fails_until_the_store_is_writable_
         assert reason in not_ready.json()["checks"]["store"]
         assert (await client.get(f"{bot.url}/healthz")).status_code == 200  # alive: do not restart it for this
 
-        await bot.runtime.store.pragma(fix_it)  # type: ignore[attr-defined]
+        await allow_writes(bot.runtime.store, fix_it)  # type: ignore[arg-type]
         assert (await _ready(client, bot)).status_code == 200
         retried = await client.post(bot.webhook_url, content=payload, headers={"Content-Type": "application/json"})
         assert retried.status_code == 200
@@ -89,7 +87,7 @@ async def test_alertmanager_retries_the_503_and_delivers_once_the_store_recovers
             lambda: bot.metric("gpu_alert_bot_errors_total", {"kind": "store_unavailable"}) >= 2, timeout=20
         )
         assert bot.console_events() == []
-        await bot.runtime.store.pragma("query_only = 0")  # type: ignore[attr-defined]
+        await allow_writes(bot.runtime.store, "query_only = 0")  # type: ignore[arg-type]
         events = await eventually(lambda: bot.console_events(), timeout=30)
         assert [(e["event"], e["alertname"], e["gpu"]) for e in events] == [("firing", "GPUFellOffTheBus", "5")]
 

@@ -31,6 +31,7 @@ from bot.service.heartbeat import Heartbeat
 from bot.service.supervisor import WorkerSupervisor, watch_parent
 from bot.service.wakeup import CommitWatch
 from bot.store import Store, open_store
+from bot.store.sqlite import sqlite_files
 
 log = logging.getLogger("bot")
 
@@ -131,7 +132,7 @@ async def _run_worker(
     heartbeat = Heartbeat(store, config.store.replica, SYSTEM_CLOCK, lambda: _states(processing))
     heartbeat.start()
     watch = (
-        CommitWatch(config.store.path, processing.worker.notify, SYSTEM_CLOCK)
+        CommitWatch(sqlite_files(config.store.path), processing.worker.notify, SYSTEM_CLOCK)
         if config.store.backend == "sqlite"
         else None
     )

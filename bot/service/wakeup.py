@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from collections.abc import Callable
-from contextlib import closing
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack, closing
 from pathlib import Path
 
 from bot.clock import Clock
@@ -27,8 +27,10 @@ WATCH_EVERY = 0.005
 
 
 class CommitWatch:
-    def __init__(self, database: Path, on_commit: Callable[[], None], clock: Clock) -> None:
-        self._database = database
+    """Watches each of `databases`: the store's main file and its inbox, which the webhook path writes."""
+
+    def __init__(self, databases: Sequence[Path], on_commit: Callable[[], None], clock: Clock) -> None:
+        self._databases = databases
         self._on_commit = on_commit
         self._clock = clock
         self._task: asyncio.Task[None] | None = None
@@ -42,21 +44,27 @@ class CommitWatch:
             await asyncio.gather(self._task, return_exceptions=True)
 
     async def _run(self) -> None:
-        uri = f"file:{self._database}?mode=ro"
-        # timeout=0: on the worker's event loop, a busy store is an error to skip, never a wait.
-        connection = sqlite3.connect(uri, uri=True, timeout=0, isolation_level=None, check_same_thread=False)
-        with closing(connection) as conn:
-            seen: int | None = None
+        with ExitStack() as stack:
+            connections = [stack.enter_context(closing(_connect(database))) for database in self._databases]
+            seen: list[int | None] = [None] * len(connections)
             while True:
-                try:
-                    version = _data_version(conn)
-                except sqlite3.OperationalError as exc:  # busy or unreadable: the worker's polling still runs
-                    log.debug("cannot read the store's data version", extra={"reason": str(exc)})
-                else:
-                    if seen is not None and version != seen:
+                for index, conn in enumerate(connections):
+                    try:
+                        version = _data_version(conn)
+                    except sqlite3.OperationalError as exc:  # busy or unreadable: the worker's polling still runs
+                        log.debug("cannot read the store's data version", extra={"reason": str(exc)})
+                        continue
+                    if seen[index] is not None and version != seen[index]:
                         self._on_commit()
-                    seen = version
+                    seen[index] = version
                 await self._clock.sleep(WATCH_EVERY)
+
+
+def _connect(database: Path) -> sqlite3.Connection:
+    # timeout=0: on the worker's event loop, a busy store is an error to skip, never a wait.
+    return sqlite3.connect(
+        f"file:{database}?mode=ro", uri=True, timeout=0, isolation_level=None, check_same_thread=False
+    )
 
 
 def _data_version(conn: sqlite3.Connection) -> int:

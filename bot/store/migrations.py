@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from bot.store.base import StoreUnavailable
 
-SQLITE_SCHEMA_VERSION = 1
+# 2: the webhooks and their idempotency keys are written to an inbox file of their own (bot/store/sqlite/inbox.py).
+SQLITE_SCHEMA_VERSION = 2
 
 
 class SchemaTooNew(StoreUnavailable):

@@ -96,9 +96,29 @@ async def ingest_and_dedup(store: Store, payload: dict[str, Any]) -> IngestResul
 
 
 def query(store: SqliteStore, sql: str, *args: Any) -> list[tuple[Any, ...]]:
-    """Read the store's file through a connection of its own, as any other SQLite reader would."""
+    """Read the store's file through a connection of its own, as any other SQLite reader would; the inbox's
+    tables (the webhooks not yet taken, the idempotency keys) by their names too."""
     with closing(sqlite3.connect(f"file:{store.path}?mode=ro", uri=True)) as conn:
+        conn.execute("ATTACH ? AS inbox", (f"file:{store.inbox_path}?mode=ro",))
         return conn.execute(sql, args).fetchall()
+
+
+async def refuse_writes(store: SqliteStore, pragma: str) -> None:
+    """Make both files of the real store (main and inbox) refuse writes as a read-only file system or a full disk
+    would: `pragma` is `query_only = 1`, or `max_page_count = {pages}` for each file's current size."""
+    for inbox in (False, True):
+        pages = 0
+        if "{pages}" in pragma:
+            # No free page to reuse: the limit really is "full".
+            assert await store.pragma("freelist_count", inbox=inbox) == [(0,)]
+            pages = (await store.pragma("page_count", inbox=inbox))[0][0]
+        await store.pragma(pragma.format(pages=pages), inbox=inbox)
+
+
+async def allow_writes(store: SqliteStore, pragma: str) -> None:
+    """Undo `refuse_writes`: `pragma` is `query_only = 0` or `max_page_count = 1073741823`."""
+    for inbox in (False, True):
+        await store.pragma(pragma, inbox=inbox)
 
 
 def count(store: SqliteStore, sql: str, *args: Any) -> int:

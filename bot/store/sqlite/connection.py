@@ -18,6 +18,7 @@ from bot.clock import SYSTEM_CLOCK, Clock
 from bot.store.base import IncomingNotification, IngestResult, Store, StoreSide, StoreUnavailable
 from bot.store.groupcommit import GroupCommit
 from bot.store.migrations import SQLITE_SCHEMA_VERSION, refuse_newer
+from bot.store.sqlite import inbox
 from bot.store.sqlite.schema import (
     _ALERT_SILENCE_COLUMNS,
     _SCHEMA,
@@ -83,7 +84,9 @@ class SqliteConnection(Store):
         self._clock = clock
         self._thread = _StoreThread()
         self._checkpointer = _Checkpointer(path)
+        self._inbox_checkpointer = _Checkpointer(inbox.inbox_path(path), housekeeping=inbox.Sweeper(path))
         self._conn: sqlite3.Connection | None = None
+        self._inbox: sqlite3.Connection | None = None
         self._shm_guard: _ShmGuard | None = None
         self._lock_fds: list[int] = []
         self._group_commit = GroupCommit(self._commit_batch, name="sqlite-group-commit")
@@ -93,36 +96,45 @@ class SqliteConnection(Store):
     async def open(self) -> None:
         await self._run(self._open_read_only if self._read_only else self._open_sync)
         if not self._read_only:
-            self._checkpointer.shm_guard = self._shm_guard
+            self._checkpointer.shm_guard = self._inbox_checkpointer.shm_guard = self._shm_guard
             self._checkpointer.start()
+            if self._side != "worker":
+                self._inbox_checkpointer.start()
             self._group_commit.start()
 
     def _open_read_only(self) -> None:
         if not self._path.exists():
             raise sqlite3.OperationalError(f"no store at {self._path}")
-        conn = sqlite3.connect(f"file:{self._path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False)
+        self._conn = self._connect_read_only(self._path)
+        if self.inbox_path.exists():
+            self._inbox = self._connect_read_only(self.inbox_path)
+
+    def _connect_read_only(self, path: Path) -> sqlite3.Connection:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False)
         conn.row_factory = sqlite3.Row
         conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
-        self._conn = conn
+        return conn
 
     def _open_sync(self) -> None:
         self._path.parent.mkdir(parents=True, exist_ok=True)
         try:
             for suffix in LOCK_SUFFIXES[self._side]:
                 self._lock_fds.append(_lock_exclusively(self._path, suffix))
-            conn = self._connect_sound()
+            conn = _connect_sound(self._path)
         except BaseException:
             self._unlock()
             raise
-        conn.row_factory = sqlite3.Row
-        conn.execute("PRAGMA journal_mode=WAL")
-        # The worker's own writes need no fsync of their own: they are redone from the stored notifications if
-        # lost, and the next acknowledge's fsync (or the checkpointer's) makes them durable too. See _transaction.
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
-        conn.execute("PRAGMA cache_size=-8000")
-        conn.execute(f"PRAGMA wal_autocheckpoint={_AUTOCHECKPOINT_PAGES}")
-        conn.execute(f"PRAGMA journal_size_limit={_WAL_LIMIT_BYTES}")
+        try:
+            self._set_up(conn)
+        except BaseException:
+            conn.close()
+            self._close_sync()
+            raise
+        # Only from here: opening may legitimately truncate an -shm file left by an earlier process.
+        self._shm_guard = _ShmGuard(self._path, self.inbox_path)
+
+    def _set_up(self, conn: sqlite3.Connection) -> None:
+        _configure(conn)
         refuse_newer(
             conn.execute("PRAGMA user_version").fetchone()[0], SQLITE_SCHEMA_VERSION, f"the store {self._path}"
         )
@@ -133,34 +145,26 @@ class SqliteConnection(Store):
         if self._side != "ingest":
             # The lock above guarantees this is the only worker using the store: leases left by a killed one are void.
             conn.execute("UPDATE events SET lease_until = 0 WHERE state = 'pending'")
+            # Moved to the inbox: the keys left here by an earlier version only answered copies within the window.
+            conn.execute("DROP TABLE IF EXISTS notification_keys")
         self._conn = conn
-        # Only from here: opening may legitimately truncate an -shm file left by an earlier process.
-        self._shm_guard = _ShmGuard(self._path)
-
-    def _connect_sound(self) -> sqlite3.Connection:
-        """A connection to the store, refused when an existing file is damaged: a 0-byte file (SQLite would take
-        it for a new, empty store) or one that fails PRAGMA quick_check."""
-        if self._path.exists() and self._path.stat().st_size == 0 and not self._wal_path.exists():
-            raise StoreDamaged(self._path, "the file is empty, 0 bytes")
-        conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
-        try:
-            _check_sound(conn, self._path)
-        except BaseException:
-            conn.close()
-            raise
-        return conn
+        self._inbox = _connect_sound(self.inbox_path)
+        _configure(self._inbox)
+        inbox.create(self._inbox, conn)
 
     async def close(self) -> None:
         await self._group_commit.stop()
         await asyncio.to_thread(self._checkpointer.stop)
+        await asyncio.to_thread(self._inbox_checkpointer.stop)
         with contextlib.suppress(StoreUnavailable):
             await self._run(self._close_sync)
         self._thread.shutdown()
 
     def _close_sync(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        for conn in (self._conn, self._inbox):  # closing twice is harmless
+            if conn is not None:
+                conn.close()
+        self._conn = self._inbox = None
         self._unlock()
 
     def _unlock(self) -> None:
@@ -176,8 +180,8 @@ class SqliteConnection(Store):
         return self._path
 
     @property
-    def _wal_path(self) -> Path:
-        return self._path.with_name(self._path.name + "-wal")
+    def inbox_path(self) -> Path:
+        return inbox.inbox_path(self._path)
 
     @property
     def connection(self) -> sqlite3.Connection:
@@ -185,13 +189,21 @@ class SqliteConnection(Store):
             raise StoreUnavailable("store is closed")
         return self._conn
 
-    async def pragma(self, statement: str) -> list[tuple[Any, ...]]:
-        """Run `PRAGMA <statement>` on the live connection, in the store's own thread.
+    @property
+    def _writable_inbox(self) -> sqlite3.Connection:
+        if self._inbox is None or self._read_only:
+            raise StoreUnavailable("the store's inbox is closed")
+        return self._inbox
+
+    async def pragma(self, statement: str, *, inbox: bool = False) -> list[tuple[Any, ...]]:
+        """Run `PRAGMA <statement>` on the live connection to the main file (or to the inbox), in the store's
+        own thread.
 
         For diagnostics, and for tests that make the real store refuse writes as a read-only file or a full disk
         would (`query_only = 1`, `max_page_count = N`).
         """
-        rows = await self._run(self._fetchall, f"PRAGMA {statement}", ())
+        conn = self._writable_inbox if inbox else self.connection
+        rows = await self._run(lambda: conn.execute(f"PRAGMA {statement}").fetchall())
         return [tuple(row) for row in rows]
 
     async def _run(self, fn: Callable[..., T], *args: Any, priority: int = _BACKGROUND) -> T:
@@ -213,10 +225,16 @@ class SqliteConnection(Store):
         # Meanwhile no checkpoint can get past the snapshot and the WAL grows, over a freed disk as well.
         raise failure
 
-    def _transaction(self, fn: Callable[[sqlite3.Connection], T], *, acknowledged: bool = False) -> T:
-        """Run `fn` in one write transaction. `acknowledged` writes are the ones a 2xx promises: with
-        `synchronous: full` their commit waits for the fsync of the WAL."""
-        conn = self.connection
+    def _transaction(
+        self,
+        fn: Callable[[sqlite3.Connection], T],
+        *,
+        acknowledged: bool = False,
+        conn: sqlite3.Connection | None = None,
+    ) -> T:
+        """Run `fn` in one write transaction, on the main file unless `conn` says otherwise. `acknowledged` writes
+        are the ones a 2xx promises: with `synchronous: full` their commit waits for the fsync of the WAL."""
+        conn = conn or self.connection
         fsync = acknowledged and self._synchronous == "full"
         if fsync:
             conn.execute("PRAGMA synchronous=FULL")
@@ -251,6 +269,32 @@ class SqliteConnection(Store):
 
     def _executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         self._transaction(lambda conn: conn.executemany(sql, rows))
+
+
+def _connect_sound(path: Path) -> sqlite3.Connection:
+    """A connection to a store file, refused when an existing file is damaged: a 0-byte file (SQLite would take
+    it for a new, empty one) or one that fails PRAGMA quick_check."""
+    if path.exists() and path.stat().st_size == 0 and not path.with_name(path.name + "-wal").exists():
+        raise StoreDamaged(path, "the file is empty, 0 bytes")
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        _check_sound(conn, path)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _configure(conn: sqlite3.Connection) -> None:
+    conn.row_factory = sqlite3.Row
+    conn.execute("PRAGMA journal_mode=WAL")
+    # The worker's own writes need no fsync of their own: they are redone from the stored notifications if
+    # lost, and the next acknowledge's fsync (or the checkpointer's) makes them durable too. See _transaction.
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+    conn.execute("PRAGMA cache_size=-8000")
+    conn.execute(f"PRAGMA wal_autocheckpoint={_AUTOCHECKPOINT_PAGES}")
+    conn.execute(f"PRAGMA journal_size_limit={_WAL_LIMIT_BYTES}")
 
 
 def _begin_promptly(conn: sqlite3.Connection) -> None:

@@ -24,10 +24,14 @@ from bot.store.core import (
     split_copies,
 )
 from bot.store.core import alert_from_row as _alert_from_row
+from bot.store.sqlite import inbox
 from bot.store.sqlite.connection import SqliteConnection, _dt
 from bot.store.sqlite.threads import _URGENT
 
 log = logging.getLogger(__name__)
+
+# The notifications moved from the inbox into the main file in one transaction: one fsync for this many.
+_TAKEN_AT_ONCE = 64
 
 
 _NOT_BLOCKED = DELIVERY_NOT_BLOCKED
@@ -46,24 +50,40 @@ class SqliteAlertPath(SqliteConnection):
         return await self._run(self._ingest_batch_sync, batch, priority=_URGENT)
 
     def _ingest_batch_sync(self, batch: list[IncomingNotification]) -> list[IngestResult]:
-        results = self._transaction(functools.partial(self._ingest_batch, batch=batch), acknowledged=True)
+        resolved = self._resolve_times({n.group_key for n in batch})
+        results = self._transaction(
+            functools.partial(self._ingest_batch, batch=batch, resolved=resolved),
+            acknowledged=True,
+            conn=self._writable_inbox,
+        )
         self._validated.keep(batch, results)  # in the store's thread, as dedup: no dedup runs in between
         return results
 
-    def _ingest_batch(self, conn: sqlite3.Connection, batch: list[IncomingNotification]) -> list[IngestResult]:
+    def _resolve_times(self, group_keys: set[str]) -> dict[str, float]:
+        """When each group last resolved, read from the main file (the worker writes it) before the inbox's lock
+        is taken."""
+        marks = ",".join("?" * len(group_keys))
+        rows = self.connection.execute(
+            f"SELECT group_key, resolved_at FROM group_resolves WHERE group_key IN ({marks})",  # noqa: S608
+            list(group_keys),
+        ).fetchall()
+        return {row[0]: row[1] for row in rows}
+
+    def _ingest_batch(
+        self, conn: sqlite3.Connection, batch: list[IncomingNotification], resolved: Mapping[str, float]
+    ) -> list[IngestResult]:
         now = self._now()
         keys = {n.idempotency_key: n.group_key for n in batch}
+        marks = ",".join("?" * len(keys))
         # A key accepted within the window, and since its group last resolved, makes a copy; so does a key
         # earlier in this same batch.
         taken = {
-            row[0]
-            for row in conn.execute(
-                f"""WITH incoming(key, group_key) AS (VALUES {",".join("(?, ?)" for _ in keys)})
-                    SELECT k.key FROM incoming i JOIN notification_keys k ON k.key = i.key
-                    LEFT JOIN group_resolves r ON r.group_key = i.group_key
-                    WHERE k.accepted_at >= ? AND (r.resolved_at IS NULL OR k.accepted_at > r.resolved_at)""",  # noqa: S608
-                [*(value for pair in keys.items() for value in pair), now - self._dedup_window],
+            key
+            for key, accepted_at in conn.execute(
+                f"SELECT key, accepted_at FROM notification_keys WHERE key IN ({marks}) AND accepted_at >= ?",  # noqa: S608
+                [*keys, now - self._dedup_window],
             )
+            if accepted_at > resolved.get(keys[key], float("-inf"))
         }
         split = split_copies(batch, taken)
         fresh, copies = split.fresh, split.copies
@@ -77,7 +97,7 @@ class SqliteAlertPath(SqliteConnection):
                 [value for n in fresh for value in (n.idempotency_key, now, now)],
             )
             cursor = conn.execute(
-                f"""INSERT INTO notifications (received_at, group_key, receiver, body)
+                f"""INSERT INTO inbox (received_at, group_key, receiver, body)
                     VALUES {",".join("(?, ?, ?, ?)" for _ in fresh)}""",  # noqa: S608
                 [value for n in fresh for value in (now, n.group_key, n.receiver, n.body)],
             )
@@ -96,6 +116,7 @@ class SqliteAlertPath(SqliteConnection):
         return await self._run(self._dedup_pending_sync, planner, limit)
 
     def _dedup_pending_sync(self, planner: Planner, limit: int) -> int:
+        self._take_from_inbox()
         rows = self.connection.execute(
             "SELECT id, body FROM notifications WHERE state = 'pending' ORDER BY id LIMIT ?", (limit,)
         ).fetchall()
@@ -106,6 +127,12 @@ class SqliteAlertPath(SqliteConnection):
             for one in parsed:
                 self._transaction(functools.partial(self._apply_notifications, parsed=[one], planner=planner))
         return len(rows)
+
+    def _take_from_inbox(self) -> None:
+        rows = inbox.not_taken(self._writable_inbox, inbox.taken(self.connection), _TAKEN_AT_ONCE)
+        if rows:
+            # Fsynced: the ingest process deletes from the inbox what it finds here (inbox.Sweeper).
+            self._transaction(functools.partial(inbox.copy_into_main, rows=rows), acknowledged=True)
 
     def _parse_stored(self, notification_id: int, body: bytes) -> ParsedNotification | ValueError:
         try:

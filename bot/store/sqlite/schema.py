@@ -10,13 +10,6 @@ from bot.models import short_id
 from bot.store.base import StoreUnavailable
 
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS notification_keys (
-    key TEXT PRIMARY KEY,
-    accepted_at REAL NOT NULL,
-    last_received_at REAL NOT NULL,
-    duplicates INTEGER NOT NULL DEFAULT 0
-) WITHOUT ROWID;
-
 -- When an alert of the group last resolved: a notification accepted before that is no copy of one sent after
 -- it, even if identical (the same alert firing again, with the same start).
 CREATE TABLE IF NOT EXISTS group_resolves (
@@ -35,6 +28,12 @@ CREATE TABLE IF NOT EXISTS notifications (
 );
 CREATE INDEX IF NOT EXISTS notifications_pending ON notifications(id) WHERE state = 'pending';
 CREATE INDEX IF NOT EXISTS notifications_failed ON notifications(id) WHERE state = 'failed';
+
+-- The last id the worker copied from the inbox file (bot/store/sqlite/inbox.py) into notifications.
+CREATE TABLE IF NOT EXISTS inbox_taken (
+    only INTEGER PRIMARY KEY CHECK (only = 1),
+    up_to INTEGER NOT NULL
+);
 
 CREATE TABLE IF NOT EXISTS alerts (
     key TEXT PRIMARY KEY,

@@ -18,6 +18,7 @@ from typing import Any
 
 from bot.store.base import StoreStats, StoreUnavailable
 from bot.store.core import copied_columns
+from bot.store.sqlite import inbox
 from bot.store.sqlite.pipeline import SqliteAlertPath
 from bot.store.sqlite.records import SqliteRecords
 from bot.store.sqlite.threads import _HEALTH
@@ -44,13 +45,13 @@ class SqliteStore(SqliteAlertPath, SqliteRecords):
             "INSERT INTO heartbeat (id, at) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET at = excluded.at",
             (self._now(),),
         )
-        conn = self.connection
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            conn.execute("INSERT INTO write_probe (data) VALUES (zeroblob(?))", (_WRITE_PROBE_BYTES,))
-        finally:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
+        for conn in (self.connection, self._writable_inbox):
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute("INSERT INTO write_probe (data) VALUES (zeroblob(?))", (_WRITE_PROBE_BYTES,))
+            finally:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
 
     async def export_rows(self, table: str) -> list[dict[str, Any]]:
         columns = copied_columns(table)
@@ -67,8 +68,10 @@ class SqliteStore(SqliteAlertPath, SqliteRecords):
         return int(cursor.rowcount)
 
     async def stats(self) -> StoreStats:
-        row = await self._run(
-            self._fetchone,
+        return await self._run(self._stats_sync)
+
+    def _stats_sync(self) -> StoreStats:
+        row = self._fetchone(
             """SELECT
                  (SELECT COUNT(*) FROM notifications WHERE state = 'pending') AS notifications_pending,
                  (SELECT COUNT(*) FROM notifications WHERE state = 'failed') AS notifications_failed,
@@ -81,7 +84,10 @@ class SqliteStore(SqliteAlertPath, SqliteRecords):
             (),
         )
         assert row is not None
-        return StoreStats(**{key: row[key] for key in row.keys()})  # noqa: SIM118
+        counts = {key: row[key] for key in row.keys()}  # noqa: SIM118
+        if self._inbox is not None:
+            counts["notifications_pending"] += inbox.waiting(self._inbox, self.connection)
+        return StoreStats(**counts)
 
     async def prune(self, older_than: datetime) -> int:
         return await self._run(self._prune_sync, older_than.timestamp())
@@ -108,10 +114,13 @@ class SqliteStore(SqliteAlertPath, SqliteRecords):
             conn.execute(
                 "DELETE FROM alert_short_ids WHERE NOT EXISTS (SELECT 1 FROM alerts a WHERE a.key = alert_key)"
             )
-            # A key older than the dedup window no longer makes anything a duplicate.
-            expired = self._now() - self._dedup_window
-            removed += conn.execute("DELETE FROM notification_keys WHERE accepted_at < ?", (expired,)).rowcount
             removed += conn.execute("DELETE FROM group_resolves WHERE resolved_at < ?", (expired,)).rowcount
             return removed
 
-        return self._transaction(prune)
+        # A key older than the dedup window no longer makes anything a duplicate. In the inbox: a short write, once
+        # per prune, the only one of the worker's a webhook may wait for.
+        expired = self._now() - self._dedup_window
+        removed = self._transaction(prune)
+        return removed + self._transaction(
+            functools.partial(inbox.forget_keys, accepted_before=expired), conn=self._writable_inbox
+        )

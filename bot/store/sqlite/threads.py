@@ -47,29 +47,34 @@ class _ShmGuard:
     out every other reader of the store (`gpu-alert-bot gpus` beside a running bot).
     """
 
-    def __init__(self, database: Path) -> None:
-        self._shm = database.with_name(database.name + "-shm")
-        self._lock = threading.Lock()  # the store's thread and the checkpointer's share one guard
-        self._largest = self._size()
-
-    def _size(self) -> int:
-        try:
-            return self._shm.stat().st_size
-        except FileNotFoundError:
-            return -1  # removed while mapped: the mapping keeps the old file, nothing faults
+    def __init__(self, *databases: Path) -> None:
+        """Guards the index of each of `databases` (the main file and the inbox: every connection reads both)."""
+        self._lock = threading.Lock()  # the store's thread and the checkpointers share one guard
+        self._largest = {shm: _size(shm) for shm in (d.with_name(d.name + "-shm") for d in databases)}
 
     def check(self) -> None:
-        size = self._size()
+        for shm in self._largest:
+            self._check(shm)
+
+    def _check(self, shm: Path) -> None:
+        size = _size(shm)
         if size < 0:
             return
         with self._lock:
-            if size < self._largest:
+            if size < self._largest[shm]:
                 raise StoreUnavailable(
-                    f"{self._shm} shrank from {self._largest} to {size} bytes while in use: restart the bot"
+                    f"{shm} shrank from {self._largest[shm]} to {size} bytes while in use: restart the bot"
                 )
-            self._largest = size
-        if not os.access(self._shm, os.W_OK):
-            raise StoreUnavailable(f"{self._shm} is not writable (read-only or immutable): make it writable again")
+            self._largest[shm] = size
+        if not os.access(shm, os.W_OK):
+            raise StoreUnavailable(f"{shm} is not writable (read-only or immutable): make it writable again")
+
+
+def _size(shm: Path) -> int:
+    try:
+        return shm.stat().st_size
+    except FileNotFoundError:
+        return -1  # removed while mapped: the mapping keeps the old file, nothing faults
 
 
 # The lock file of each side (StoreSide): one ingest and one worker per store, in one process or in two.
@@ -136,11 +141,13 @@ class _Checkpointer:
     """Copies the WAL into the database file from a connection and a thread of its own, every second.
 
     Left to SQLite, the commit that pushes the WAL past its threshold does the copy and its fsync, and that
-    commit may be a webhook's. A passive checkpoint on another connection never blocks the writer.
+    commit may be a webhook's. A passive checkpoint on another connection never blocks the writer. `housekeeping`,
+    when given, runs on that connection before each passive checkpoint.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, housekeeping: Callable[[sqlite3.Connection], None] | None = None) -> None:
         self._path = path
+        self._housekeeping = housekeeping
         self._wal = path.with_name(path.name + "-wal")
         self.shm_guard: _ShmGuard | None = None
         self._stop = threading.Event()
@@ -167,6 +174,8 @@ class _Checkpointer:
         if self.shm_guard is not None:
             self.shm_guard.check()
         if passive:
+            if self._housekeeping is not None:
+                self._housekeeping(conn)
             conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
         if self._wal.exists() and self._wal.stat().st_size > self._wal_limit():
             # Waits for the writer of the moment, then holds writers off while it copies: a rare, bounded pause.
