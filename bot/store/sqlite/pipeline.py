@@ -121,11 +121,11 @@ class SqliteAlertPath(SqliteConnection):
             "SELECT id, body FROM notifications WHERE state = 'pending' ORDER BY id LIMIT ?", (limit,)
         ).fetchall()
         if rows:
-            # Parsed before the write lock is taken: the ingest process waits for that lock to acknowledge.
+            # Parsed before the write lock is taken: the ingest process waits for it to record a Slack ack or a note.
             parsed = [(row["id"], self._parse_stored(row["id"], row["body"])) for row in rows]
             # A transaction each (no fsync: the worker's commits need none), so that the lock is held briefly.
-            for one in parsed:
-                self._transaction(functools.partial(self._apply_notifications, parsed=[one], planner=planner))
+            for stored in parsed:
+                self._transaction(functools.partial(self._apply_or_set_aside, stored=stored, planner=planner))
         return len(rows)
 
     def _take_from_inbox(self) -> None:
@@ -140,27 +140,25 @@ class SqliteAlertPath(SqliteConnection):
         except ValueError as exc:
             return exc
 
-    def _apply_notifications(
+    def _apply_or_set_aside(
         self,
         conn: sqlite3.Connection,
         *,
-        parsed: list[tuple[int, ParsedNotification | ValueError]],
+        stored: tuple[int, ParsedNotification | ValueError],
         planner: Planner,
     ) -> None:
-        for notification_id, notification in parsed:
-            conn.execute("SAVEPOINT notification")
-            try:
-                self._apply_notification(conn, notification_id, notification, planner)
-            except sqlite3.OperationalError:
-                raise  # the disk, not the notification: the whole batch waits for the next attempt
-            except Exception as exc:
-                # A notification that cannot be applied must not block every later one: set it aside.
-                conn.execute("ROLLBACK TO notification")
-                log.exception(
-                    "cannot apply a stored notification; set aside", extra={"notification_id": notification_id}
-                )
-                self._set_aside(conn, notification_id, f"{type(exc).__name__}: {exc}")
-            conn.execute("RELEASE notification")
+        notification_id, notification = stored
+        conn.execute("SAVEPOINT notification")
+        try:
+            self._apply_notification(conn, notification_id, notification, planner)
+        except sqlite3.OperationalError:
+            raise  # the disk, not the notification: it waits for the next attempt
+        except Exception as exc:
+            # A notification that cannot be applied must not block every later one: set it aside.
+            conn.execute("ROLLBACK TO notification")
+            log.exception("cannot apply a stored notification; set aside", extra={"notification_id": notification_id})
+            self._set_aside(conn, notification_id, f"{type(exc).__name__}: {exc}")
+        conn.execute("RELEASE notification")
 
     def _apply_notification(
         self,

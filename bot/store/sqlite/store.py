@@ -93,6 +93,9 @@ class SqliteStore(SqliteAlertPath, SqliteRecords):
         return await self._run(self._prune_sync, older_than.timestamp())
 
     def _prune_sync(self, cutoff: float) -> int:
+        # Past the dedup window, a key or a resolve time no longer decides whether a notification is a copy.
+        expired = self._now() - self._dedup_window
+
         def prune(conn: sqlite3.Connection) -> int:
             removed = 0
             for sql in (
@@ -117,9 +120,8 @@ class SqliteStore(SqliteAlertPath, SqliteRecords):
             removed += conn.execute("DELETE FROM group_resolves WHERE resolved_at < ?", (expired,)).rowcount
             return removed
 
-        # A key older than the dedup window no longer makes anything a duplicate. In the inbox: a short write, once
-        # per prune, the only one of the worker's a webhook may wait for.
-        expired = self._now() - self._dedup_window
+        # The keys are in the inbox: a short write, once per prune, the only one of the worker's a webhook may wait
+        # for.
         removed = self._transaction(prune)
         return removed + self._transaction(
             functools.partial(inbox.forget_keys, accepted_before=expired), conn=self._writable_inbox
