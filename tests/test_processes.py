@@ -5,14 +5,13 @@ layout are in test_crash_recovery.py."""
 from __future__ import annotations
 
 import signal
-import sqlite3
 import sys
-from contextlib import closing
 from pathlib import Path
 
 import httpx
 import yaml
 
+from bot.dedup import plan_events
 from bot.metrics import Metrics
 from bot.service.heartbeat import STALE_AFTER, Heartbeat
 from bot.service.supervisor import WorkerSupervisor
@@ -21,6 +20,7 @@ from tests.support.bot import eventually, running_bot
 from tests.support.clock import FakeClock
 from tests.support.payloads import am_alert, body, webhook
 from tests.support.processes import BotProcess
+from tests.support.store import ingest, sqlite_store
 
 RUNNING = {"worker": "running", "outbox": "running"}
 
@@ -57,30 +57,45 @@ async def test_an_ingest_process_is_ready_only_while_its_worker_process_beats(tm
             assert stopped.json()["checks"] == {"store": "writable", "worker": "running", "outbox": "stopped"}
 
 
-async def test_a_commit_by_another_connection_wakes_the_worker_at_the_next_look(tmp_path: Path) -> None:
-    database = tmp_path / "bot.db"
-    with closing(sqlite3.connect(database, isolation_level=None)) as writer:
-        writer.execute("PRAGMA journal_mode=WAL")
-        writer.execute("CREATE TABLE work (n INTEGER)")
-        clock = FakeClock()
-        wakeups: list[int] = []
-        watch = CommitWatch([database], lambda: wakeups.append(len(wakeups)), clock)
+async def test_a_commit_by_another_connection_wakes_the_worker_at_the_next_look_and_its_own_do_not(
+    tmp_path: Path,
+) -> None:
+    clock = FakeClock()
+    wakeups: list[int] = []
+    async with sqlite_store(tmp_path, side="worker") as worker:
+        watch = CommitWatch(worker.committed_elsewhere, lambda: wakeups.append(len(wakeups)), clock)
         watch.start()
         try:
             await eventually(lambda: clock.sleeping == 1)
             await clock.advance(WATCH_EVERY)
             assert wakeups == []  # nothing committed since the watch began
 
-            writer.execute("INSERT INTO work VALUES (1)")
-            await clock.advance(WATCH_EVERY)
-            assert wakeups == [0]
+            async with sqlite_store(tmp_path, side="ingest") as ingest_side:
+                await ingest(ingest_side, webhook([am_alert(host="k-ai-01", gpu="3")]))  # to the inbox
+                await look(clock)
+                assert wakeups == [0]
 
-            writer.execute("INSERT INTO work VALUES (2)")
-            writer.execute("INSERT INTO work VALUES (3)")
-            await clock.advance(WATCH_EVERY)
-            assert wakeups == [0, 1]  # one wakeup for whatever was committed since the last look
+                await Heartbeat(ingest_side, "other", clock, lambda: RUNNING).beat()  # to the main file
+                await Heartbeat(ingest_side, "another", clock, lambda: RUNNING).beat()
+                await look(clock)
+                assert wakeups == [0, 1]  # one wakeup for whatever was committed since the last look
+            # Closed, so that its inbox sweeper deletes nothing from here on.
+            await look(clock)
+            woken = len(wakeups)
+
+            while await worker.dedup_pending(plan_events, 8):  # the worker's own writes
+                pass
+            await Heartbeat(worker, "test", clock, lambda: RUNNING).beat()
+            await look(clock)
+            assert len(wakeups) == woken
         finally:
             await watch.stop()
+
+
+async def look(clock: FakeClock) -> None:
+    """Let the watch take one more look, and wait until it has."""
+    await clock.advance(WATCH_EVERY)
+    await eventually(lambda: clock.sleeping == 1)
 
 
 async def test_serve_runs_the_worker_in_a_process_of_its_own_which_stops_with_it(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ from bot.service.heartbeat import Heartbeat
 from bot.service.supervisor import WorkerSupervisor, watch_parent
 from bot.service.wakeup import CommitWatch
 from bot.store import Store, open_store
-from bot.store.sqlite import sqlite_files
+from bot.store.sqlite import SqliteStore
 
 log = logging.getLogger("bot")
 
@@ -132,8 +132,8 @@ async def _run_worker(
     heartbeat = Heartbeat(store, config.store.replica, SYSTEM_CLOCK, lambda: _states(processing))
     heartbeat.start()
     watch = (
-        CommitWatch(sqlite_files(config.store.path), processing.worker.notify, SYSTEM_CLOCK)
-        if config.store.backend == "sqlite"
+        CommitWatch(store.committed_elsewhere, processing.worker.notify, SYSTEM_CLOCK)
+        if isinstance(store, SqliteStore)
         else None
     )
     if watch is not None:

@@ -1,8 +1,7 @@
 """SQLite store (WAL): the default, embedded, single-process backend."""
 
-from bot.store.sqlite.inbox import sqlite_files
 from bot.store.sqlite.schema import StoreDamaged
 from bot.store.sqlite.store import SqliteStore
 from bot.store.sqlite.threads import StoreInUse
 
-__all__ = ["SqliteStore", "StoreDamaged", "StoreInUse", "sqlite_files"]
+__all__ = ["SqliteStore", "StoreDamaged", "StoreInUse"]

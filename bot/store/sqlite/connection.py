@@ -96,6 +96,7 @@ class SqliteConnection(Store):
         self._lock_fds: list[int] = []
         self._group_commit = GroupCommit(self._commit_batch, name="sqlite-group-commit")
         self._validated = ValidatedPayloads()
+        self._data_versions: tuple[int, ...] | None = None
 
     # --- lifecycle -----------------------------------------------------------------------------------
     async def open(self) -> None:
@@ -211,6 +212,18 @@ class SqliteConnection(Store):
         rows = await self._run(lambda: conn.execute(f"PRAGMA {statement}").fetchall())
         return [tuple(row) for row in rows]
 
+    async def committed_elsewhere(self) -> bool:
+        """Whether another connection, in this process or another, committed to the main file or the inbox since
+        the last call (False on the first). Asked of this store's own connections, `PRAGMA data_version` leaves out
+        their own commits: a worker polling it is woken by what the ingest side writes, not by its own writes."""
+        return await self._run(self._committed_elsewhere_sync)
+
+    def _committed_elsewhere_sync(self) -> bool:
+        versions = tuple(_data_version(conn) for conn in (self.connection, self._writable_inbox))
+        changed = self._data_versions is not None and versions != self._data_versions
+        self._data_versions = versions
+        return changed
+
     async def _run(self, fn: Callable[..., T], *args: Any, priority: int = _BACKGROUND) -> T:
         try:
             return await asyncio.wrap_future(self._thread.submit(priority, functools.partial(self._guarded, fn, *args)))
@@ -300,6 +313,11 @@ def _configure(conn: sqlite3.Connection, cache_kib: int = _CACHE_KIB) -> None:
     conn.execute(f"PRAGMA cache_size=-{cache_kib}")
     conn.execute(f"PRAGMA wal_autocheckpoint={_AUTOCHECKPOINT_PAGES}")
     conn.execute(f"PRAGMA journal_size_limit={_WAL_LIMIT_BYTES}")
+
+
+def _data_version(conn: sqlite3.Connection) -> int:
+    version: int = conn.execute("PRAGMA data_version").fetchone()[0]
+    return version
 
 
 def _begin_promptly(conn: sqlite3.Connection) -> None:

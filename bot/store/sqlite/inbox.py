@@ -44,11 +44,6 @@ def inbox_path(store: Path) -> Path:
     return store.with_name(store.name + "-inbox")
 
 
-def sqlite_files(store: Path) -> tuple[Path, Path]:
-    """The files another process's commits show up in: the main file and the inbox."""
-    return store, inbox_path(store)
-
-
 def create(inbox: sqlite3.Connection, main: sqlite3.Connection) -> None:
     """Create the inbox's tables, its ids past every id the main file has given (an inbox made anew beside an
     existing store, or a store written before the inbox, must never give an id twice)."""
