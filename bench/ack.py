@@ -13,9 +13,9 @@ machine's load drifts over each pair alike. The load always comes from another p
    load brings, and the work still pending at the end;
 2. saturated ingest, webhooks/s with `--connections` connections (wrk when installed);
 3. worker alerts/s: `--preload` notifications stored with the worker stopped, then the worker started and its
-   pending work (from the store's counts) timed down to zero or for `--drain-limit` seconds; with enrichment
-   off, then on against the Loki fake (tests/fakes/) and a real Prometheus scraping a synthetic DCGM exporter,
-   both started here;
+   pending work (from the store's counts), once deduplicated, timed down to zero or for `--drain-limit` seconds;
+   with enrichment off, then on against the Loki fake (tests/fakes/) and a real Prometheus scraping a synthetic
+   DCGM exporter, both started here;
 4. resident memory with `--alerts` alerts, summed over all the bot's processes (bench/memory.py's method).
 
 It ends with a markdown table for README. It prints figures; it asserts nothing.
@@ -113,11 +113,16 @@ def _alerts_pending(counts: dict[str, int]) -> int:
 
 
 def _time_drain(db: Path, stored: int, limit: float) -> dict[str, Any]:
-    """From the first poll that sees the worker at work (its pending work down from what was stored) until
-    nothing is pending or `limit` seconds passed: the start-up of its process is not counted."""
+    """From the first poll that sees the worker at work (its pending work down from what was stored) with every
+    notification deduplicated, until nothing is pending or `limit` seconds passed. The start-up of its process is
+    not counted, nor its dedup: a checkout without roles dedups while it is preloaded, one with roles after."""
     with StoreReader(db) as store:
         give_up = time.monotonic() + _WORKER_START_TIMEOUT
-        while (start_pending := _alerts_pending(store.pending())) >= stored and time.monotonic() < give_up:
+        while time.monotonic() < give_up:
+            counts = store.pending()
+            start_pending = _alerts_pending(counts)
+            if start_pending < stored and not counts["notifications_pending"]:
+                break
             time.sleep(_POLL)
         started = time.perf_counter()
         pending = start_pending
