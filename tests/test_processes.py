@@ -67,7 +67,7 @@ async def test_a_commit_by_another_connection_wakes_the_worker_at_the_next_look_
         watch.start()
         try:
             await eventually(lambda: clock.sleeping == 1)
-            await clock.advance(WATCH_EVERY)
+            await look(clock)
             assert wakeups == []  # nothing committed since the watch began
 
             async with sqlite_store(tmp_path, side="ingest") as ingest_side:
