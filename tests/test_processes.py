@@ -63,7 +63,12 @@ async def test_a_commit_by_another_connection_wakes_the_worker_at_the_next_look_
     clock = FakeClock()
     wakeups: list[int] = []
     async with sqlite_store(tmp_path, side="worker") as worker:
-        watch = CommitWatch(worker.committed_elsewhere, lambda: wakeups.append(len(wakeups)), clock)
+        watch = CommitWatch(
+            [worker.path, worker.inbox_path],
+            worker.committed_elsewhere,
+            lambda: wakeups.append(len(wakeups)),
+            clock,
+        )
         watch.start()
         try:
             await eventually(lambda: clock.sleeping == 1)

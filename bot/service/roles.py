@@ -132,7 +132,7 @@ async def _run_worker(
     heartbeat = Heartbeat(store, config.store.replica, SYSTEM_CLOCK, lambda: _states(processing))
     heartbeat.start()
     watch = (
-        CommitWatch(store.committed_elsewhere, processing.worker.notify, SYSTEM_CLOCK)
+        CommitWatch([store.path, store.inbox_path], store.committed_elsewhere, processing.worker.notify, SYSTEM_CLOCK)
         if isinstance(store, SqliteStore)
         else None
     )
