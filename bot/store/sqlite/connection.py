@@ -215,7 +215,7 @@ class SqliteConnection(Store):
     async def committed_elsewhere(self) -> bool:
         """Whether another connection, in this process or another, committed to the main file or the inbox since
         the last call (False on the first). Asked of this store's own connections, `PRAGMA data_version` leaves out
-        their own commits: a worker polling it is woken by what the ingest side writes, not by its own writes."""
+        their own commits: the worker's commit watch asks it, when it saw a change, whether to wake the worker."""
         return await self._run(self._committed_elsewhere_sync)
 
     def _committed_elsewhere_sync(self) -> bool:
