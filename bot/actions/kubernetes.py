@@ -3,18 +3,30 @@ inference pod by deleting it (its DaemonSet or Deployment recreates it), cordon,
 The node is the one the configuration gives for the host; pods are found by the configured label selector and
 the node name, never by a name taken from an alert.
 
-RBAC it needs: pods `list, delete` in the configured namespace; nodes `get, patch`; for drain-node also pods
-`list` in all namespaces and pods/eviction `create`."""
+Without a kubeconfig the executor runs in the cluster: the API server is the one KUBERNETES_SERVICE_HOST and
+KUBERNETES_SERVICE_PORT name (the kubelet sets them in every pod), reached with the service account's token and
+CA from `service_account_dir`, both read again on each run (bound tokens are rotated by the kubelet).
+
+RBAC it needs (deploy/kubernetes/components/, kept equal to the calls below by tests/test_kubernetes_rbac.py):
+pods `list, delete` in the configured namespace; nodes `patch`; for drain-node also pods `list` in all
+namespaces and pods/eviction `create`."""
 
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.config.incluster_config import (
+    SERVICE_HOST_ENV_NAME,
+    SERVICE_PORT_ENV_NAME,
+    InClusterConfigLoader,
+)
 
 from bot.actions.executor import ExecResult, ExecutorError
 from bot.config import KubernetesExecutorConfig
@@ -25,10 +37,13 @@ NODE_ACTIONS = frozenset({"cordon-node", "uncordon-node", "drain-node"})
 class KubernetesExecutor:
     kind = "kubernetes"
 
-    def __init__(self, host: str, node: str, config: KubernetesExecutorConfig) -> None:
+    def __init__(
+        self, host: str, node: str, config: KubernetesExecutorConfig, environ: Mapping[str, str] | None = None
+    ) -> None:
         self._host = host
         self._node = node
         self._config = config
+        self._environ = os.environ if environ is None else environ
 
     def actions(self) -> frozenset[str]:
         return NODE_ACTIONS | frozenset(self._config.pods)
@@ -57,12 +72,27 @@ class KubernetesExecutor:
     async def _configuration(self) -> client.Configuration:
         configuration = client.Configuration()
         if self._config.kubeconfig is None:
-            kube_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+            self._load_in_cluster(configuration)
         else:
             await kube_config.load_kube_config(
                 config_file=str(self._config.kubeconfig), client_configuration=configuration
             )
         return configuration
+
+    def _load_in_cluster(self, configuration: client.Configuration) -> None:
+        if not in_cluster(self._environ):
+            raise ExecutorError(
+                f"{self._host}: not in a Kubernetes cluster ({SERVICE_HOST_ENV_NAME} and {SERVICE_PORT_ENV_NAME} "
+                "are not set) and remediation.kubernetes.kubeconfig is not set"
+            )
+        directory = self._config.service_account_dir
+        loader = InClusterConfigLoader(
+            token_filename=str(directory / "token"),
+            cert_filename=str(directory / "ca.crt"),
+            try_refresh_token=False,  # a new configuration, hence a fresh read of the token, for every run
+            environ=dict(self._environ),
+        )
+        loader.load_and_set(configuration)
 
     async def _delete_pods(self, core: client.CoreV1Api, selector: str) -> ExecResult:
         namespace = self._config.namespace
@@ -98,6 +128,11 @@ class KubernetesExecutor:
 
     def _timeout(self) -> dict[str, Any]:
         return {"_request_timeout": self._config.timeout}
+
+
+def in_cluster(environ: Mapping[str, str]) -> bool:
+    """Whether the kubelet gave this process the API server's address, as it does in every pod."""
+    return bool(environ.get(SERVICE_HOST_ENV_NAME)) and bool(environ.get(SERVICE_PORT_ENV_NAME))
 
 
 def _daemon_set_pod(pod: Any) -> bool:

@@ -71,8 +71,15 @@ class RemediationHost(StrictModel):
     kubernetes_node: str | None = None
 
 
+# Where the kubelet mounts a pod's service account token, its cluster CA and namespace.
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
 class KubernetesExecutorConfig(StrictModel):
     kubeconfig: ConfigPath | None = None  # None: in-cluster, from the service account
+    # In-cluster only: the directory holding the service account's `token` and `ca.crt` (read again on each
+    # call, so a rotated token is taken up); the API server's address comes from KUBERNETES_SERVICE_HOST/PORT.
+    service_account_dir: ConfigPath = SERVICE_ACCOUNT_DIR
     namespace: str = "gpu-operator"
     # action -> label selector of the pod to delete on the alert's node (its DaemonSet/Deployment recreates it)
     pods: dict[str, str] = Field(default_factory=lambda: {"restart-dcgm-exporter": "app=nvidia-dcgm-exporter"})

@@ -6,11 +6,15 @@ under a new name, as its controller does); `PATCH /api/v1/nodes/{name}` as a str
 another Content-Type) to cordon and uncordon; `POST .../pods/{name}/eviction` (429 while a disruption budget
 blocks it). Errors are `Status` objects with `code`, `reason` and `message`; a bearer token is required (401),
 and verbs can be forbidden (403) as RBAC would. Every request is recorded as (method, path, query).
+
+With `tls` it serves HTTPS, as an API server does, and `in_cluster` lays out what the kubelet gives a pod: the
+service account's token and CA files and the KUBERNETES_SERVICE_HOST/PORT variables.
 """
 
 from __future__ import annotations
 
 import itertools
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,8 +65,9 @@ class Pod:
 
 
 class FakeKubernetes(LoopbackServer):
-    def __init__(self, token: str = "bot-token") -> None:  # noqa: S107 (a throwaway test token)
+    def __init__(self, token: str = "bot-token", tls: ssl.SSLContext | None = None) -> None:  # noqa: S107
         self.token = token
+        self.tls = tls
         self.pods: list[Pod] = []
         self.nodes: dict[str, dict[str, Any]] = {}
         self.forbidden: set[tuple[str, str]] = set()  # (verb, resource), e.g. ("delete", "pods")
@@ -97,6 +102,24 @@ class FakeKubernetes(LoopbackServer):
             )
         )
         return path
+
+    def in_cluster(self, service_account_dir: Path, ca_pem: bytes) -> dict[str, str]:
+        """Writes the pod's service account files; the environment its containers get."""
+        service_account_dir.mkdir(parents=True, exist_ok=True)
+        (service_account_dir / "token").write_text(self.token)
+        (service_account_dir / "ca.crt").write_bytes(ca_pem)
+        (service_account_dir / "namespace").write_text("gpu-alert-bot")
+        return {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(self.port)}
+
+    async def _listen(self) -> None:
+        assert self._runner is not None
+        self._site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True, ssl_context=self.tls)
+        await self._site.start()
+        self.port = self._runner.addresses[-1][1]
+
+    @property
+    def base_url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     def application(self) -> web.Application:
         return web.Application(middlewares=[self._record_and_authorize])
