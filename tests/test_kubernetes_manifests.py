@@ -310,3 +310,29 @@ def test_the_api_token_is_in_the_pod_only_with_remediation(tmp_path: Path, overl
     assert not {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"} & {m["kind"] for m in without}
     with_remediation = rendered(tmp_path / "with", overlay, ("remediation",))
     assert pod_spec(with_remediation)["automountServiceAccountToken"] is True
+
+
+def _uncommented(text: str, section: str) -> str:
+    """bot.yaml with its commented-out top-level `section` switched on."""
+    lines, inside = [], False
+    for line in text.splitlines():
+        if line == f"# {section}:":
+            inside = True
+        elif inside and not line.startswith("#   "):
+            inside = False
+        lines.append(line.removeprefix("# ") if inside else line)
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_example_remediation_takes_the_gpu_operators_labels_and_namespace(tmp_path: Path, overlay: str) -> None:
+    manifests = rendered(tmp_path, overlay, ("remediation",))
+    config_map = only(manifests, "ConfigMap")
+    config_map["data"]["bot.yaml"] = _uncommented(config_map["data"]["bot.yaml"], "remediation")
+    remediation = _load_bot_yaml(manifests, tmp_path).remediation
+    # dcgm-exporter's Hostname is the node's name under the GPU operator; instance and pod change with the pod.
+    assert remediation.host_labels[0] == "Hostname"
+    assert {"pod", "exported_pod"}.isdisjoint(remediation.host_labels)
+    assert remediation.kubernetes is not None and remediation.kubernetes.kubeconfig is None
+    assert remediation.kubernetes.namespace == only(manifests, "Role")["metadata"]["namespace"]
+    assert all(host.kubernetes_node == name for name, host in remediation.hosts.items())
