@@ -72,7 +72,7 @@ _PANEL_METRICS = (
 )
 _PLAIN_SELECTOR = re.compile(r"^\s*([A-Za-z_:][A-Za-z0-9_:]*)\s*(\{[^}]*\})?\s*$")
 _METRIC_NAME = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
-_SAFE_NAME = re.compile(r"[^A-Za-z0-9._]+")
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 _PROMQL_WORDS = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset"})
 
 

@@ -1,0 +1,189 @@
+"""An alert's picture in its Slack thread: after the message, with Slack's three-step upload, exactly once."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.config import SlackReceiver
+from bot.metrics import Metrics
+from bot.render.graph_worker import GraphLimits, GraphRenderer
+from bot.sinks.base import DeliveryResult
+from bot.sinks.graphs import AlertPictures
+from bot.sinks.slack import SlackSink
+from bot.store.sqlite import SqliteStore
+from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack, SlackMessage
+from tests.support.graphs import stored_alert_delivery
+from tests.support.store import sqlite_store
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+SinkFactory = Callable[..., SlackSink]
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeSlack]:
+    async with FakeSlack() as slack:
+        yield slack
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    async with sqlite_store(tmp_path) as opened:
+        yield opened
+
+
+@pytest.fixture
+async def make_sink(tmp_path: Path, fake: FakeSlack, store: SqliteStore) -> AsyncIterator[SinkFactory]:
+    """A Slack sink with pictures; each call is a new process's sink (its own graph worker) on the same store."""
+    (tmp_path / "slack_token").write_text(DEFAULT_TOKEN + "\n")
+    sinks: list[SlackSink] = []
+
+    def make(metrics: Metrics | None = None, limits: GraphLimits | None = None, **options: Any) -> SlackSink:
+        config = {
+            "type": "slack",
+            "name": "slack",
+            "channel": "#gpu-alerts",
+            "token_file": "slack_token",
+            "api_url": fake.api_url,
+            "timeout": 2,
+            "messages_per_second": 50,
+            **options,
+        }
+        receiver = SlackReceiver.model_validate(config, context={"base_dir": tmp_path})
+        metrics = metrics or Metrics()
+        renderer = GraphRenderer(metrics, limits or GraphLimits())
+        pictures = AlertPictures(store, renderer, receiver.graphs, receiver.graph_theme)
+        sink = SlackSink(receiver, store, metrics, pictures=pictures)
+        sinks.append(sink)
+        return sink
+
+    yield make
+    for sink in sinks:
+        await sink.close()
+
+
+def the_message(fake: FakeSlack) -> SlackMessage:
+    [message] = fake.top_level()
+    return message
+
+
+def methods(fake: FakeSlack) -> list[str]:
+    return [call.method for call in fake.calls if call.method != "conversations.list"]
+
+
+async def test_one_alert_is_one_message_then_one_image_in_its_thread(
+    fake: FakeSlack, make_sink: SinkFactory, store: SqliteStore
+) -> None:
+    metrics = Metrics()
+    sink = make_sink(metrics)
+    delivery = await stored_alert_delivery(store, "slack")
+    assert await sink.deliver(delivery) == DeliveryResult.ok()
+    message = the_message(fake)
+    [image] = fake.files_in_thread(message)
+    assert image["mimetype"] == "image/png" and image["name"] == "GPUTempCritical-k-ai-01-gpu3.png"
+    assert image["title"] == "GPUTempCritical · k-ai-01 GPU 3"
+    upload = fake.uploads[image["id"]]
+    assert upload.data is not None and upload.data.startswith(b"\x89PNG") and upload.shares == 1
+    assert "fires when > 87 °C" in upload.alt_txt
+    # The text first, then the three steps; the share names the channel's ID and the message as the thread.
+    assert methods(fake) == [
+        "chat.postMessage",
+        "files.getUploadURLExternal",
+        "upload",
+        "files.completeUploadExternal",
+    ]
+    [complete] = fake.calls_of("files.completeUploadExternal")
+    assert (complete.args["channel_id"], complete.args["thread_ts"]) == (message.channel, message.ts)
+    assert "Authorization" not in fake.calls_of("upload")[0].headers  # the upload URL is its own authority
+    assert metrics.graphs.labels("rendered")._value.get() == 1
+    # Delivered again (an HA copy, a retry after a lost answer to the outbox): nothing more in Slack.
+    assert await sink.deliver(delivery) == DeliveryResult.ok()
+    assert len(fake.messages) == 2 and len(fake.uploads) == 1
+
+
+async def test_a_restart_during_the_upload_still_shows_one_image(
+    fake: FakeSlack, make_sink: SinkFactory, store: SqliteStore
+) -> None:
+    delivery = await stored_alert_delivery(store, "slack")
+    fake.lose_answer("files.completeUploadExternal")  # Slack shares the file, its answer never arrives
+    result = await make_sink().deliver(delivery)
+    assert (result.delivered, result.retry) == (False, True)
+    assert len(fake.files_in_thread(the_message(fake))) == 1
+    # A new process retries the delivery the outbox kept: the message is not posted again, the share in doubt is
+    # found in the thread instead of being made twice.
+    assert await make_sink().deliver(delivery) == DeliveryResult.ok()
+    assert len(fake.top_level()) == 1
+    assert len(fake.files_in_thread(the_message(fake))) == 1
+    assert len(fake.calls_of("files.completeUploadExternal")) == 1
+    assert fake.calls_of("conversations.replies")
+
+
+async def test_a_restart_between_the_message_and_its_image_posts_the_image_once(
+    fake: FakeSlack, make_sink: SinkFactory, store: SqliteStore
+) -> None:
+    delivery = await stored_alert_delivery(store, "slack")
+    fake.fail_next("upload", status=503)
+    result = await make_sink().deliver(delivery)
+    assert (result.retry, result.reason) == (True, "upload_http_503")
+    assert fake.files_in_thread(the_message(fake)) == []
+    assert await make_sink().deliver(delivery) == DeliveryResult.ok()
+    assert len(fake.top_level()) == 1
+    assert len(fake.files_in_thread(the_message(fake))) == 1
+    assert len(fake.calls_of("chat.postMessage")) == 1
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        pytest.param(lambda fake: fake.fail_next("upload", status=404, body="invalid upload URL"), id="invalid-url"),
+        pytest.param(lambda fake: setattr(fake, "member_of", set()), id="not_in_channel"),
+        pytest.param(
+            lambda fake: fake.fail_next("files.getUploadURLExternal", error="missing_scope"), id="no-files-write"
+        ),
+    ],
+)
+async def test_an_upload_refused_for_good_leaves_the_message_alone_and_is_counted(
+    fake: FakeSlack, make_sink: SinkFactory, store: SqliteStore, failure: Callable[[FakeSlack], None]
+) -> None:
+    metrics = Metrics()
+    failure(fake)
+    delivery = await stored_alert_delivery(store, "slack")
+    assert await make_sink(metrics).deliver(delivery) == DeliveryResult.ok()
+    assert fake.files_in_thread(the_message(fake)) == []
+    assert metrics.graphs.labels("upload_failed")._value.get() == 1
+    assert await make_sink(metrics).deliver(delivery) == DeliveryResult.ok()  # given up: not tried again
+    assert len(fake.calls_of("files.getUploadURLExternal")) <= 1
+
+
+async def test_an_upload_that_keeps_failing_is_given_up_after_a_few_attempts(
+    fake: FakeSlack, make_sink: SinkFactory, store: SqliteStore
+) -> None:
+    metrics = Metrics()
+    sink = make_sink(metrics)
+    delivery = await stored_alert_delivery(store, "slack")
+    fake.fail_next("upload", status=500, times=5)
+    outcomes = [await sink.deliver(delivery) for _ in range(3)]
+    assert [o.retry for o in outcomes] == [True, True, False] and outcomes[-1].delivered
+    assert len(fake.top_level()) == 1 and fake.files_in_thread(the_message(fake)) == []
+    assert metrics.graphs.labels("upload_failed")._value.get() == 1
+
+
+async def test_graphs_false_sends_the_text_alone(fake: FakeSlack, make_sink: SinkFactory, store: SqliteStore) -> None:
+    delivery = await stored_alert_delivery(store, "slack")
+    assert await make_sink(graphs=False).deliver(delivery) == DeliveryResult.ok()
+    assert methods(fake) == ["chat.postMessage"]
+
+
+async def test_a_failed_drawing_sends_the_text_alone_and_is_counted(
+    fake: FakeSlack, make_sink: SinkFactory, store: SqliteStore
+) -> None:
+    metrics = Metrics()
+    delivery = await stored_alert_delivery(store, "slack")
+    sink = make_sink(metrics, GraphLimits(memory_mb=1), graph_theme="dark")
+    assert await sink.deliver(delivery) == DeliveryResult.ok()
+    assert methods(fake) == ["chat.postMessage"]
+    assert metrics.graphs.labels("failed")._value.get() == 1
