@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import SlackReceiver
 from bot.metrics import Metrics
 from bot.render.graph_worker import GraphLimits, GraphRenderer
@@ -16,6 +17,8 @@ from bot.sinks.graphs import AlertPictures
 from bot.sinks.slack import SlackSink
 from bot.store.sqlite import SqliteStore
 from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack, SlackMessage
+from tests.support.bot import eventually
+from tests.support.clock import FakeClock, running
 from tests.support.graphs import stored_alert_delivery
 from tests.support.store import sqlite_store
 
@@ -42,7 +45,9 @@ async def make_sink(tmp_path: Path, fake: FakeSlack, store: SqliteStore) -> Asyn
     (tmp_path / "slack_token").write_text(DEFAULT_TOKEN + "\n")
     sinks: list[SlackSink] = []
 
-    def make(metrics: Metrics | None = None, limits: GraphLimits | None = None, **options: Any) -> SlackSink:
+    def make(
+        metrics: Metrics | None = None, limits: GraphLimits | None = None, clock: Clock = SYSTEM_CLOCK, **options: Any
+    ) -> SlackSink:
         config = {
             "type": "slack",
             "name": "slack",
@@ -57,7 +62,7 @@ async def make_sink(tmp_path: Path, fake: FakeSlack, store: SqliteStore) -> Asyn
         metrics = metrics or Metrics()
         renderer = GraphRenderer(metrics, limits or GraphLimits())
         pictures = AlertPictures(store, renderer, receiver.graphs, receiver.graph_theme)
-        sink = SlackSink(receiver, store, metrics, pictures=pictures)
+        sink = SlackSink(receiver, store, metrics, clock=clock, pictures=pictures)
         sinks.append(sink)
         return sink
 
@@ -187,3 +192,36 @@ async def test_a_failed_drawing_sends_the_text_alone_and_is_counted(
     assert await sink.deliver(delivery) == DeliveryResult.ok()
     assert methods(fake) == ["chat.postMessage"]
     assert metrics.graphs.labels("failed")._value.get() == 1
+
+
+async def test_a_storm_gets_one_picture_in_its_summarys_thread_and_its_alerts_none(
+    fake: FakeSlack, make_sink: SinkFactory, store: SqliteStore
+) -> None:
+    async with running(FakeClock()) as clock:
+        sink = make_sink(clock=clock, storm_threshold=2, storm_window=120)
+        for n in range(1, 7):
+            delivery = await stored_alert_delivery(store, "slack", host=f"k-ai-{n % 3:02d}", gpu=str(n))
+            assert await sink.deliver(delivery) == DeliveryResult.ok()
+        summary = await eventually(lambda: next((m for m in fake.top_level() if "Alert storm" in m.text), None))
+        storm_images = await eventually(lambda: fake.files_in_thread(summary), timeout=20)
+    [image] = storm_images
+    assert image["name"].startswith("storm-") and image["title"].startswith("Alert storm: 6 alerts on 3 hosts")
+    # The alerts posted before the storm began keep their own picture; none listed in the storm gets one.
+    alone = [m for m in fake.top_level() if m is not summary]
+    assert len(alone) == 2 and all(len(fake.files_in_thread(m)) == 1 for m in alone)
+    assert len(fake.uploads) == 3
+
+
+def test_the_storm_picture_is_renewed_at_most_every_five_minutes() -> None:
+    from bot.sinks.slack.state import Storm
+    from bot.sinks.slack.storm_picture import StormPicture
+
+    due = StormPicture.due
+    storm = Storm(id="1", started_at=1000.0, last_new_at=1000.0, summary_ts="1.0", version=3)
+    assert not due(None, storm, 1059.0)  # type: ignore[arg-type]
+    assert due(None, storm, 1060.0)  # type: ignore[arg-type]
+    shown = storm.model_copy(update={"picture_version": 3, "picture_at": 1060.0})
+    assert not due(None, shown, 2000.0)  # type: ignore[arg-type]  (nothing changed since)
+    changed = shown.model_copy(update={"version": 4})
+    assert not due(None, changed, 1359.0)  # type: ignore[arg-type]
+    assert due(None, changed, 1360.0)  # type: ignore[arg-type]

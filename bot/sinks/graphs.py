@@ -23,7 +23,7 @@ class AlertPictures:
 
     def __init__(self, store: Store, renderer: GraphRenderer, enabled: bool | None, theme: GraphTheme) -> None:
         self._store = store
-        self._renderer = renderer
+        self.renderer = renderer
         self.enabled = renderer.available if enabled is None else enabled and renderer.available
         self._theme = theme
 
@@ -45,7 +45,7 @@ class AlertPictures:
 
     async def png(self, graph: AlertGraph) -> bytes | None:
         """The PNG of the picture, or None when drawing it failed or took too long (counted by the renderer)."""
-        return await self._renderer.render(functools.partial(render_alert_graph, theme=self._theme), graph)
+        return await self.renderer.render(functools.partial(render_alert_graph, theme=self._theme), graph)
 
     async def close(self) -> None:
-        await self._renderer.close()
+        await self.renderer.close()

@@ -93,5 +93,4 @@ async def stored_alert_delivery(store: Store, receiver: str, *, gpu: str = "3", 
     message = gpu_message(event.alert.key, gpu=gpu, host=host)
     stored = enrichment(temperature_evidence(gpu=gpu)).model_dump(mode="json")
     await store.route_event(event.id, stored, [NewDelivery(receiver=receiver, message=message)])
-    [delivery] = await store.due_deliveries(receiver, 10)
-    return delivery
+    return next(d for d in await store.due_deliveries(receiver, 100) if d.alert_key == event.alert.key)

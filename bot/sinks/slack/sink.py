@@ -40,9 +40,10 @@ from bot.sinks.base import DeliveryResult, Preview
 from bot.sinks.graphs import AlertPictures
 from bot.sinks.slack.channel import SlackChannel, SlackFailure
 from bot.sinks.slack.pacing import SlackRateLimits
-from bot.sinks.slack.pictures import ThreadPictures
+from bot.sinks.slack.pictures import SlackFiles, ThreadPictures
 from bot.sinks.slack.state import AlertRecord, Posting, Related, SinkState, Storm
 from bot.sinks.slack.storm import StormControl
+from bot.sinks.slack.storm_picture import StormPicture
 from bot.store.base import Store, StoreUnavailable
 
 log = logging.getLogger(__package__)
@@ -77,9 +78,13 @@ class SlackSink:
         self._rendering = SlackRendering(receiver, controls)
         self._state = SinkState(store, receiver.name)
         self._channel = SlackChannel(receiver, self._state, limits or SlackRateLimits(clock))
-        self._storms = StormControl(receiver, self._state, self._channel, metrics, clock)
         self._graphs = pictures
         self._pictures = ThreadPictures(self._channel, self._state, pictures, metrics, clock)
+        storm_picture = None
+        if pictures is not None and pictures.enabled:
+            files = SlackFiles(self._channel)
+            storm_picture = StormPicture(files, self._state, pictures.renderer, receiver.graph_theme, metrics, clock)
+        self._storms = StormControl(receiver, self._state, self._channel, metrics, clock, storm_picture)
         with contextlib.suppress(RuntimeError):  # no running loop: the first delivery starts the flusher
             asyncio.get_running_loop()
             self._storms.ensure_flusher()
