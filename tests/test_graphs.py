@@ -23,6 +23,7 @@ from bot.render.graph import (
     render_alert_graph,
 )
 from bot.render.graph_worker import GraphLimits, GraphRenderer
+from bot.render.storm_graph import render_storm_heat, storm_heat
 from tests.support.clock import FakeClock
 from tests.support.graphs import THRESHOLD, gpu_message, temperature_evidence
 from tests.support.payloads import STARTED
@@ -81,6 +82,15 @@ def test_the_png_is_readable_sized_not_blank_and_has_the_threshold_line_at_its_h
     assert len(set(hits)) > (right - left) * 0.6  # a line across the axes (labels and the series cross it)
     elsewhere = [x for x in range(left, right) if image.getpixel((x, row - 40)) == red]
     assert len(elsewhere) < (right - left) * 0.1
+
+
+def test_label_values_are_drawn_as_text_never_as_mathtext() -> None:
+    hostile = "$\\frac{" + "x" * 300
+    graph = alert_graph(temperature_evidence(), alertname=hostile, host="k-$ai$-01", gpu="$3", started_at=STARTED)
+    assert graph is not None
+    assert render_alert_graph(graph).startswith(b"\x89PNG")
+    heat = storm_heat(hostile, {"h$ost$": {"2026-11-29T13:31": 2}, "$\\sqrt{": {"2026-11-29T13:33": 1}})
+    assert heat is not None and render_storm_heat(heat, "dark").startswith(b"\x89PNG")
 
 
 def test_dark_and_light_themes_differ_in_background() -> None:

@@ -13,7 +13,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from bot.evidence import Enrichment, PrometheusEvidence, PrometheusSeries
 from bot.message import Message, format_duration
@@ -72,6 +72,8 @@ _PANEL_METRICS = (
 )
 _PLAIN_SELECTOR = re.compile(r"^\s*([A-Za-z_:][A-Za-z0-9_:]*)\s*(\{[^}]*\})?\s*$")
 _METRIC_NAME = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
+# Label values are data: a `$` in a host name must not start matplotlib's mathtext (nor fail the drawing).
+_AS_TEXT: dict[str, Any] = {"parse_math": False}
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 _PROMQL_WORDS = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset"})
 
@@ -219,8 +221,10 @@ def build_figure(graph: AlertGraph, theme: Theme = "light") -> tuple[Figure, Axe
         cells = rows[1].subgridspec(1, len(graph.panels), wspace=0.32)
         for index, panel in enumerate(graph.panels):
             _draw_panel(figure.add_subplot(cells[index]), panel, graph, colours)
-    figure.suptitle(graph.title, x=0.01, ha="left", fontsize=15, fontweight="bold", color=colours.text)
-    figure.text(0.01, 1 - 0.42 / height, graph.subtitle, ha="left", va="top", fontsize=10.5, color=colours.muted)
+    figure.suptitle(graph.title, x=0.01, ha="left", fontsize=15, fontweight="bold", color=colours.text, **_AS_TEXT)
+    figure.text(
+        0.01, 1 - 0.42 / height, graph.subtitle, ha="left", va="top", fontsize=10.5, color=colours.muted, **_AS_TEXT
+    )
     figure.subplots_adjust(left=0.1, right=0.97, top=1 - 0.75 / height, bottom=0.35 / height + 0.04, hspace=0.55)
     return figure, main
 
@@ -241,6 +245,7 @@ def _draw_main(axes: Axes, graph: AlertGraph, colours: _Colours) -> None:
             ha="right",
             va="bottom",
             fontsize=11.5,
+            **_AS_TEXT,
             fontweight="bold",
             color=THRESHOLD_COLOUR,
         )
@@ -267,6 +272,7 @@ def _draw_main(axes: Axes, graph: AlertGraph, colours: _Colours) -> None:
             textcoords="offset points",
             ha="right",
             fontsize=12.5,
+            **_AS_TEXT,
             fontweight="bold",
             color=colours.text,
             zorder=5,
@@ -284,7 +290,7 @@ def _draw_panel(axes: Axes, panel: Panel, graph: AlertGraph, colours: _Colours) 
         axes.axvline(_when(graph.started_at), color=colours.start, linewidth=1.0, linestyle="--")
     _fit_y(axes, values, None)
     latest = f" · now {values[-1]:.0f} {panel.unit}" if values else ""
-    axes.set_title(f"{panel.title} ({panel.unit}){latest}", fontsize=11, color=colours.text, loc="left")
+    axes.set_title(f"{panel.title} ({panel.unit}){latest}", fontsize=11, color=colours.text, loc="left", **_AS_TEXT)
 
 
 def _style(axes: Axes, colours: _Colours, window: tuple[float, float], small: bool = False) -> None:
@@ -297,7 +303,9 @@ def _style(axes: Axes, colours: _Colours, window: tuple[float, float], small: bo
     axes.grid(True, color=colours.grid, linewidth=0.8)
     locator = AutoDateLocator(minticks=2, maxticks=4 if small else 7, tz=UTC)  # type: ignore[no-untyped-call]
     axes.xaxis.set_major_locator(locator)
-    axes.xaxis.set_major_formatter(DateFormatter("%H:%M", tz=UTC))  # type: ignore[no-untyped-call]
+    # Seconds too for a short window, or its ticks would read 21:24, 21:24, 21:25...
+    clock = "%H:%M" if window[1] - window[0] >= 600 else "%H:%M:%S"
+    axes.xaxis.set_major_formatter(DateFormatter(clock, tz=UTC))  # type: ignore[no-untyped-call]
     # A little room right of now, so the current value's marker is not cut by the frame.
     axes.set_xlim(_when(window[0]), _when(window[1] + (window[1] - window[0]) * 0.015))
 

@@ -51,7 +51,7 @@ def render_storm_heat(heat: StormHeat, theme: Theme = "light") -> bytes:
     axes = figure.add_subplot()
     axes.set_facecolor(background)
     image = axes.imshow(heat.counts, aspect="auto", cmap=colour_map, interpolation="nearest", vmin=0)
-    axes.set_yticks(range(len(heat.hosts)), labels=list(heat.hosts), fontsize=10, color=text)
+    axes.set_yticks(range(len(heat.hosts)), labels=list(heat.hosts), fontsize=10, color=text, parse_math=False)
     step = max(1, -(-len(heat.minutes) // 6))
     ticks = list(range(0, len(heat.minutes), step))
     axes.set_xticks(ticks, labels=[heat.minutes[i][-5:] for i in ticks], fontsize=10, color=text)
@@ -61,6 +61,8 @@ def render_storm_heat(heat: StormHeat, theme: Theme = "light") -> bytes:
     bar.set_label("alerts", color=text, fontsize=10)
     bar.ax.tick_params(colors=text, labelsize=9)
     more = f" (and {heat.left_out} more hosts)" if heat.left_out else ""
-    figure.suptitle(f"{heat.title}{more}", x=0.01, ha="left", fontsize=14, fontweight="bold", color=text)
+    figure.suptitle(
+        f"{heat.title}{more}", x=0.01, ha="left", fontsize=14, fontweight="bold", color=text, parse_math=False
+    )
     figure.subplots_adjust(left=0.2, right=0.92, top=1 - 0.6 / height, bottom=0.9 / height)
     return png_of(figure)
