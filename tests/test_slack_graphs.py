@@ -225,3 +225,15 @@ def test_the_storm_picture_is_renewed_at_most_every_five_minutes() -> None:
     changed = shown.model_copy(update={"version": 4})
     assert not due(None, changed, 1359.0)  # type: ignore[arg-type]
     assert due(None, changed, 1360.0)  # type: ignore[arg-type]
+
+
+async def test_the_upload_takes_its_turns_in_the_channels_pace(
+    fake: FakeSlack, make_sink: SinkFactory, store: SqliteStore
+) -> None:
+    delivery = await stored_alert_delivery(store, "slack")
+    async with running(FakeClock()) as clock:
+        sink = make_sink(clock=clock, messages_per_second=1)
+        assert await sink.deliver(delivery) == DeliveryResult.ok()
+    # The message at once, then getUploadURLExternal and completeUploadExternal one second apart each.
+    assert clock.monotonic() >= 2.0
+    assert len(fake.files_in_thread(the_message(fake))) == 1

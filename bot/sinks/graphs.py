@@ -26,6 +26,8 @@ class AlertPictures:
         self.renderer = renderer
         self.enabled = renderer.available if enabled is None else enabled and renderer.available
         self._theme = theme
+        if enabled and not renderer.available:
+            log.warning("graphs: true, but matplotlib is not installed (the graphs extra): messages go without them")
 
     async def graph(self, message: Message) -> AlertGraph | None:
         """What the alert's picture would show; None when this receiver shows none or there is nothing to draw."""
