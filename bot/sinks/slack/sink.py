@@ -6,7 +6,8 @@
   adds a short reply to the thread;
 - an alert whose `related_to` names an earlier alert posted here goes into that alert's thread, and the earlier
   message is updated to mention it;
-- during a storm, new alerts go to the storm's summary and thread instead (see `storm`).
+- during a storm, new alerts go to the storm's summary and thread instead (see `storm`);
+- after a new alert's message, the graph of its metric goes into its thread (see `pictures`).
 
 Exactly once: before an alert's first post (top-level, or in a related alert's thread) the sink records its
 intent, a nonce, in the alert's record; an attempt after one without a clear answer looks for that nonce in Slack
