@@ -12,7 +12,8 @@ looks for that file in the thread (conversations.replies, the history scopes) be
 
 The message always goes first and alone: a picture that cannot be drawn is left out, an upload refused for good
 (not_in_channel, missing_scope: files:write, an invalid upload URL) or failing `_ATTEMPTS` times is given up.
-Both are counted in `gpu_alert_bot_graphs_total{result}`. Each Web API call takes its turn in the channel's pace.
+Both are counted in `gpu_alert_bot_graphs_total{result}`. The share, which posts into the channel, takes its turn
+in the channel's pace (`messages_per_second`) like any other post.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class SlackFiles:
         answer = await self._channel.api(
             "files.getUploadURLExternal",
             lambda c: c.files_getUploadURLExternal(filename=filename, length=len(png), alt_txt=alt_text),
+            paced=False,  # nothing shows in the channel yet: the share is the post that takes a turn
         )
         url, file_id = str(answer.get("upload_url") or ""), str(answer.get("file_id") or "")
         await self._channel.send_bytes(url, png, "image/png")

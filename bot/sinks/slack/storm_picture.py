@@ -3,7 +3,8 @@ summary's thread, renewed at most every `_INTERVAL` while the storm changes. Ale
 of their own: a hundred graphs would bury the thread.
 
 Shared once per version like an alert's picture (bot/sinks/slack/pictures.py): before the share the storm says
-`sharing` with the file's ID, and a flusher step that finds it so looks in the thread first.
+`sharing` with the file's ID, and a flusher step that finds it so looks in the thread first. A failed upload is
+not retried (it would hold the storm's lines back): counted, and the storm's next version tries again.
 """
 
 from __future__ import annotations
@@ -58,12 +59,12 @@ class StormPicture:
             try:
                 await self._share(storm)
             except SlackFailure as failure:
-                if failure.result.retry:
-                    raise
+                # Never retried here: the flusher would hold the storm's lines behind a picture. The next
+                # version of the storm gets the next try.
                 self._metrics.graph("upload_failed")
                 log.warning(
                     "the storm's picture cannot be shared in Slack",
-                    extra={"storm": storm.id, "reason": failure.result.reason},
+                    extra={"storm": storm.id, "reason": failure.result.reason, "detail": failure.result.detail},
                 )
 
         def posted(s: Storm) -> None:
