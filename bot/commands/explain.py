@@ -114,6 +114,10 @@ class Pictures:
             self.problems.append(problem)
             return {"problem": problem}
         renderer = GraphRenderer()
+        if not renderer.available:
+            problem = "matplotlib is not installed: pip install 'gpu-alert-bot[graphs]'"
+            self.problems.append(problem)
+            return {"problem": problem}
         try:
             png = await renderer.render(render_alert_graph, graph, self._theme)
         finally:
