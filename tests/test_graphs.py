@@ -14,6 +14,7 @@ from bot.metrics import Metrics
 from bot.render.graph import (
     THEMES,
     THRESHOLD_COLOUR,
+    AlertGraph,
     Theme,
     alert_graph,
     build_figure,
@@ -31,7 +32,7 @@ from tests.support.payloads import STARTED
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
-def _graph(gpu: str = "3"):  # type: ignore[no-untyped-def]
+def _graph(gpu: str = "3") -> AlertGraph:
     graph = alert_graph(
         temperature_evidence(gpu=gpu), alertname="GPUTempCritical", host="k-ai-01", gpu=gpu, started_at=STARTED
     )

@@ -6,7 +6,10 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import SlackReceiver
@@ -254,3 +257,28 @@ async def test_the_upload_takes_its_turns_in_the_channels_pace(
     # The message at once; the share, a post into the channel too, one second later (at 1 message/s).
     assert clock.monotonic() >= 1.0
     assert len(fake.files_in_thread(the_message(fake))) == 1
+
+
+async def test_the_fake_takes_slack_sdks_own_three_step_upload_and_answers_its_errors(fake: FakeSlack) -> None:
+    client = AsyncWebClient(token=DEFAULT_TOKEN, base_url=fake.api_url)
+    parent = await client.chat_postMessage(channel="#gpu-alerts", text="alert")
+    channel, ts = parent["channel"], parent["ts"]
+    # slack_sdk's files_upload_v2 does the three steps itself: the fake speaks what it sends.
+    await client.files_upload_v2(channel=channel, thread_ts=ts, content=b"\x89PNG-bytes", filename="g.png", title="G")
+    [message] = [m for m in fake.top_level() if m.ts == ts]
+    [shared] = fake.files_in_thread(message)
+    assert (shared["title"], fake.uploads[shared["id"]].data) == ("G", b"\x89PNG-bytes")
+    # Errors: a file never uploaded, a channel the bot is not in, an unknown upload URL, a wrong length.
+    pending = await client.files_getUploadURLExternal(filename="x.png", length=3)
+    with pytest.raises(SlackApiError, match="file_not_found"):
+        await client.files_completeUploadExternal(files=[{"id": pending["file_id"]}], channel_id=channel)
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{fake.url}/upload/v1/F-unknown", data=b"abc") as answer:
+            assert answer.status == 404
+        async with http.post(pending["upload_url"], data=b"abcd") as answer:
+            assert answer.status == 400
+        async with http.post(pending["upload_url"], data=b"abc") as answer:
+            assert answer.status == 200
+    fake.member_of = set()
+    with pytest.raises(SlackApiError, match="not_in_channel"):
+        await client.files_completeUploadExternal(files=[{"id": pending["file_id"]}], channel_id=channel, thread_ts=ts)
