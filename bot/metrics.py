@@ -42,6 +42,9 @@ ERROR_KINDS: tuple[ErrorKind, ...] = get_args(ErrorKind)
 DeliveryOutcome = Literal["delivered", "retry", "failed"]
 DELIVERY_RESULTS: tuple[DeliveryOutcome, ...] = get_args(DeliveryOutcome)
 ALERT_STATUSES = ("firing", "resolved")
+# `graphs_total{result}`: a picture drawn, or the message sent without one (drawing failed, too slow, upload failed).
+GraphResult = Literal["rendered", "failed", "timeout", "upload_failed"]
+GRAPH_RESULTS: tuple[GraphResult, ...] = get_args(GraphResult)
 REMEDIATION_OUTCOMES = (
     "requested",
     "approved",
@@ -122,6 +125,15 @@ class Metrics:
             ["receiver", "reason"],
             registry=r,
         )
+        self.graphs = Counter(
+            f"{_PREFIX}_graphs",
+            "Pictures of an alert's history (or a storm's), by result: rendered, or failed, timeout, "
+            "upload_failed (the message went as text alone).",
+            ["result"],
+            registry=r,
+        )
+        for graph_result in GRAPH_RESULTS:
+            self.graphs.labels(graph_result)
         self.enrichment_duration = Histogram(
             f"{_PREFIX}_enrichment_duration_seconds",
             "Time spent by each enricher.",
@@ -171,6 +183,9 @@ class Metrics:
             "Times `serve --role all` restarted its worker process after it died.",
             registry=r,
         )
+
+    def graph(self, result: GraphResult) -> None:
+        self.graphs.labels(result).inc()
 
     def error(self, kind: ErrorKind) -> None:
         self.errors.labels(kind).inc()

@@ -86,6 +86,10 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument("--config", type=Path, help="YAML configuration file (default: built-in defaults)")
     explain.add_argument("--enrich", action="store_true", help="run the configured enrichers (read-only)")
     explain.add_argument("--format", choices=("text", "json"), default="text", help="output format")
+    explain.add_argument(
+        "--graph", type=Path, metavar="OUT.png", help="write the picture of each alert's history (needs --enrich)"
+    )
+    explain.add_argument("--graph-theme", choices=("light", "dark"), default="light", help="the picture's theme")
     explain.set_defaults(run=_explain)
 
     xid = commands.add_parser(
@@ -253,7 +257,15 @@ def _explain(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     from bot.commands.explain import run as run_explain
 
-    return run_explain(args.payload, config, playbooks, enrich=args.enrich, output=args.format)
+    return run_explain(
+        args.payload,
+        config,
+        playbooks,
+        enrich=args.enrich,
+        output=args.format,
+        graph=args.graph,
+        theme=args.graph_theme,
+    )
 
 
 def _xid(args: argparse.Namespace) -> int:

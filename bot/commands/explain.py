@@ -4,7 +4,8 @@ For each alert: the routing rules tried (and why each did or did not match), the
 what every receiver would get: the pipeline's own decision (`bot.pipeline.decide`), previewed by each receiver's
 sink type (`Sink.preview`, built by `bot.sinks.build_previews`). Nothing is sent and the store is never
 written. Enrichment is skipped unless asked for (`--enrich`); it then runs the configured read-only enrichers
-within the usual budget, against the store opened read-only (or an empty temporary one).
+within the usual budget, against the store opened read-only (or an empty temporary one). `--graph out.png`
+writes the picture Slack and email would show of each alert's history (out.png, out-2.png, ...).
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ from bot.evidence import Enrichment
 from bot.message import Message
 from bot.metrics import Metrics
 from bot.models import AlertState, AmAlert, Delivery, Event, EventKind, WebhookPayload
-from bot.pipeline import Enrich, decide
+from bot.pipeline import Decision, Enrich, decide
 from bot.playbooks import Playbook, PlaybookSet
 from bot.printable import printable, printable_json
+from bot.render.graph import Theme, message_graph, render_alert_graph
+from bot.render.graph_worker import GraphRenderer
 from bot.routing import Router, RouteTrace
 from bot.sinks import Previewer, build_previews
 from bot.store import Store, StoreUnavailable, open_store
@@ -65,24 +68,76 @@ def _unwrap_capture(raw: bytes) -> bytes:
     return raw
 
 
-def run(path: Path, config: BotConfig, playbooks: PlaybookSet, *, enrich: bool, output: OutputFormat) -> int:
-    """The `explain` command: print the report on stdout; 0 when done, 2 when the payload is unusable."""
+def run(
+    path: Path,
+    config: BotConfig,
+    playbooks: PlaybookSet,
+    *,
+    enrich: bool,
+    output: OutputFormat,
+    graph: Path | None = None,
+    theme: Theme = "light",
+) -> int:
+    """The `explain` command: print the report on stdout; 0 when done, 2 when the payload is unusable, 1 when
+    a picture was asked for (`graph`) and none could be drawn."""
     try:
         payload = read_payload(path)
     except PayloadError as exc:
         print(printable(str(exc), keep="\n"), file=sys.stderr)
         return 2
-    report = asyncio.run(explain(payload, config, playbooks, enrich=enrich))
+    pictures = Pictures(graph, theme) if graph is not None else None
+    report = asyncio.run(explain(payload, config, playbooks, enrich=enrich, pictures=pictures))
     # Label values are data: a terminal escape in one is shown, never run (as the console sink's JSON does).
     if output == "json":
         print(printable_json(json.dumps(report, indent=2, ensure_ascii=False)))
     else:
         print(printable(format_text(report), keep="\n\t"))
+    if pictures is not None and not pictures.written:
+        print("no picture written: " + "; ".join(pictures.problems or ["no alert"]), file=sys.stderr)
+        return 1
     return 0
 
 
+class Pictures:
+    """Where `--graph` writes each alert's picture: the path given for the first, `-2`, `-3`... for the next."""
+
+    def __init__(self, path: Path, theme: Theme) -> None:
+        self._path = path
+        self._theme = theme
+        self.written: list[Path] = []
+        self.problems: list[str] = []
+
+    async def write(self, decision: Decision, number: int) -> dict[str, str]:
+        graph = message_graph(decision.enrichment, decision.message)
+        if graph is None:
+            problem = "no metric history to draw (two points at least; the Prometheus enricher runs with --enrich)"
+            self.problems.append(problem)
+            return {"problem": problem}
+        renderer = GraphRenderer()
+        if not renderer.available:
+            problem = "matplotlib is not installed: pip install 'gpu-alert-bot[graphs]'"
+            self.problems.append(problem)
+            return {"problem": problem}
+        try:
+            png = await renderer.render(render_alert_graph, graph, self._theme)
+        finally:
+            await renderer.close()
+        if png is None:
+            self.problems.append("drawing failed (see the log)")
+            return {"problem": "drawing failed (see the log)"}
+        path = self._path if number == 1 else self._path.with_stem(f"{self._path.stem}-{number}")
+        path.write_bytes(png)
+        self.written.append(path)
+        return {"path": str(path)}
+
+
 async def explain(
-    payload: WebhookPayload, config: BotConfig, playbooks: PlaybookSet, *, enrich: bool = False
+    payload: WebhookPayload,
+    config: BotConfig,
+    playbooks: PlaybookSet,
+    *,
+    enrich: bool = False,
+    pictures: Pictures | None = None,
 ) -> dict[str, Any]:
     """The whole report as JSON-ready data; `format_text` prints the same content for people."""
     router = Router(config.routing)
@@ -91,7 +146,7 @@ async def explain(
     now = datetime.now(UTC)
     async with _enrichment(config, playbooks, enrich) as enrich_alert:
         alerts = []
-        for am_alert in payload.alerts:
+        for number, am_alert in enumerate(payload.alerts, 1):
             alert = _alert_state(am_alert, payload, now)
             kind = EventKind.FIRING if alert.status == "firing" else EventKind.RESOLVED
             event = Event(id=0, kind=kind, created_at=now, alert=alert)
@@ -110,6 +165,8 @@ async def explain(
                     ],
                 }
             )
+            if pictures is not None:
+                alerts[-1]["graph"] = await pictures.write(decision, number)
     return {
         "payload": {
             "receiver": payload.receiver_name,
@@ -247,6 +304,8 @@ def _alert_text(alert: dict[str, Any]) -> list[str]:
     lines += [f"  {line}" for line in _route_text(alert["route"])]
     lines.append(f"Playbook:   {alert['playbook']}")
     lines.append(f"Enrichment: {_enrichment_text(alert['enrichment'])}")
+    if "graph" in alert:
+        lines.append(f"Graph:      {alert['graph'].get('path') or alert['graph'].get('problem')}")
     for entry in alert["messages"]:
         lines += ["", f"--- {entry['receiver']} ({entry['type']}) ---", *_message_text(entry)]
     return lines

@@ -14,6 +14,7 @@ from bot.config.duration import Duration
 from bot.config.secrets import Secret, SecretFile
 
 _BOOL = TypeAdapter(bool)
+GraphTheme = Literal["light", "dark"]
 
 
 def _smarthost(value: Any) -> str:
@@ -36,6 +37,10 @@ class SlackReceiver(StrictModel):
     # More than storm_threshold new alerts in storm_window: one summary message, details in its thread.
     storm_threshold: int = Field(default=5, ge=1)
     storm_window: Duration = 60.0
+    # The metric's history as a picture in the alert's thread (needs files:write); unset: on when the `graphs`
+    # extra (matplotlib) is installed.
+    graphs: bool | None = None
+    graph_theme: GraphTheme = "light"
 
 
 class EmailReceiver(StrictModel):
@@ -51,6 +56,9 @@ class EmailReceiver(StrictModel):
     password_file: SecretFile | None = None
     ca_file: ConfigPath | None = None
     timeout: Duration = 30.0
+    # The metric's history as a picture inline in the HTML part; unset: on when matplotlib is installed.
+    graphs: bool | None = None
+    graph_theme: GraphTheme = "light"
 
     @model_validator(mode="after")
     def _plaintext_is_explicit(self) -> EmailReceiver:

@@ -7,6 +7,9 @@ can carry markup. Links are only made clickable for http, https and mailto URLs.
 Threading: the firing mail of an alert episode has a Message-ID derived from the alert key, so the resolve and
 the acknowledgement can be sent later as replies (In-Reply-To / References) without remembering anything, and a
 retried send carries the same Message-ID (mail clients drop the copy).
+
+A picture of the alert's history (bot/render/graph.py) goes inline in the HTML part, which then becomes a
+multipart/related of the HTML and the PNG it names by `cid:`; the text part is the same with or without it.
 """
 
 from __future__ import annotations
@@ -55,6 +58,22 @@ class RenderedEmail:
 
 
 @dataclass(frozen=True)
+class InlineImage:
+    """A PNG shown in the HTML part: `cid` is its Content-ID without the angle brackets."""
+
+    png: bytes
+    cid: str
+    alt: str
+    filename: str = "graph.png"
+
+
+def graph_image(message: Message, domain: str, png: bytes, alt: str, filename: str) -> InlineImage:
+    """The alert's picture, with a Content-ID of its own per alert episode and domain."""
+    digest = hashlib.sha256(message.alert_key.encode()).hexdigest()[:24]
+    return InlineImage(png=png, cid=f"graph.{digest}@{domain}", alt=alt, filename=filename)
+
+
+@dataclass(frozen=True)
 class _Block:
     """One titled part of the body. `kind` is a section kind, "pairs" (label: value) or "links" (text, url)."""
 
@@ -70,8 +89,9 @@ def thread_message_id(alert_key: str, domain: str, event: str = "firing") -> str
     return f"<gpu-alert-bot.{digest}.{event}@{domain}>"
 
 
-def render_email(message: Message, domain: str) -> RenderedEmail:
-    """Subject, bodies and threading headers; `domain` is the right-hand side of the Message-IDs."""
+def render_email(message: Message, domain: str, image: InlineImage | None = None) -> RenderedEmail:
+    """Subject, bodies and threading headers; `domain` is the right-hand side of the Message-IDs. The HTML shows
+    `image` (by its cid) when one is given."""
     title = _one_line(message.title, _SUBJECT_TITLE_LIMIT)
     firing_id = thread_message_id(message.alert_key, domain)
     root_id = thread_message_id(message.related_to, domain) if message.related_to else None
@@ -82,7 +102,7 @@ def render_email(message: Message, domain: str) -> RenderedEmail:
     return RenderedEmail(
         subject=_subject(message, title, is_reply),
         text=_text(headline, blocks, message),
-        html=_html(headline, blocks, message),
+        html=_html(headline, blocks, message, image),
         message_id=_reply_id(message, domain) if is_reply else firing_id,
         in_reply_to=parents[-1] if parents else None,
         references=parents,
@@ -104,8 +124,11 @@ def _reply_id(message: Message, domain: str) -> str:
     return thread_message_id(message.alert_key, domain, f"{message.event}.{message.times_seen}")
 
 
-def build_email(rendered: RenderedEmail, sender: str, to: Sequence[str], date: datetime) -> EmailMessage:
-    """The MIME message: multipart/alternative, text/plain first, text/html last (the preferred part)."""
+def build_email(
+    rendered: RenderedEmail, sender: str, to: Sequence[str], date: datetime, image: InlineImage | None = None
+) -> EmailMessage:
+    """The MIME message: multipart/alternative, text/plain first, text/html last (the preferred part); with an
+    image, the HTML part is a multipart/related of the HTML and the PNG."""
     mail = EmailMessage()
     mail["From"] = sender
     mail["To"] = ", ".join(to)
@@ -122,6 +145,17 @@ def build_email(rendered: RenderedEmail, sender: str, to: Sequence[str], date: d
     mail["X-GPU-Alert-Status"] = rendered.status
     mail.set_content(rendered.text)
     mail.add_alternative(rendered.html, subtype="html")
+    if image is not None:
+        html_part = next(part for part in mail.iter_parts() if part.get_content_type() == "text/html")
+        assert isinstance(html_part, EmailMessage)
+        html_part.add_related(
+            image.png,
+            maintype="image",
+            subtype="png",
+            cid=f"<{image.cid}>",
+            filename=image.filename,
+            disposition="inline",
+        )
     return mail
 
 
@@ -240,8 +274,13 @@ def _colour(message: Message) -> str:
     return _SEVERITY_COLOURS.get(message.severity.lower(), _OTHER_COLOUR)
 
 
-def _html(headline: str, blocks: list[_Block], message: Message) -> str:
+def _html(headline: str, blocks: list[_Block], message: Message, image: InlineImage | None) -> str:
     body = "\n".join(_html_block(block) for block in blocks)
+    if image is not None:
+        body = (
+            f'<p><img src="cid:{_esc(image.cid)}" alt="{_esc(image.alt)}" width="800" '
+            'style="max-width:100%;height:auto;border:1px solid #e0e0e0"></p>\n' + body
+        )
     return (
         '<!DOCTYPE html>\n<html><head><meta charset="utf-8"></head>\n'
         '<body style="font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;font-size:14px;color:#212121">\n'

@@ -16,6 +16,7 @@ from bot.alertmanager import AlertmanagerClient, AlertmanagerError, AmStatus
 from bot.config import EmailReceiver, LokiConfig, PagerDutyReceiver, PrometheusConfig, Secret, SlackReceiver
 from bot.datafile import bundled_rules
 from bot.enrich.queryapi import bearer_auth, body_text
+from bot.render.graph_worker import graphs_installed
 from bot.selftest.steps import StepFailed
 from bot.sinks.email import probe_smtp
 
@@ -103,6 +104,7 @@ async def slack_receiver(receiver: SlackReceiver) -> str:
             f"cannot reach Slack at {receiver.api_url}: {type(exc).__name__}: {exc}",
             "no network route to Slack, or a proxy in the way",
         ) from None
+    _check_files_scope(receiver, who.headers)
     if channel is None:
         return f"token of {who.get('user')} in {who.get('team')}; channel membership not checked (no channels:read)"
     if not channel.get("is_member"):
@@ -112,6 +114,27 @@ async def slack_receiver(receiver: SlackReceiver) -> str:
             f"in Slack: /invite @{who.get('user')} in {receiver.channel}",
         )
     return f"token of {who.get('user')} in {who.get('team')}, member of {receiver.channel}"
+
+
+def _check_files_scope(receiver: SlackReceiver, headers: Any) -> None:
+    """With graphs on, the token needs files:write (Slack lists a token's scopes in x-oauth-scopes)."""
+    scopes = next(
+        (
+            str(v[0] if isinstance(v, list) else v)
+            for k, v in dict(headers or {}).items()
+            if k.lower() == "x-oauth-scopes"
+        ),
+        None,
+    )
+    graphs_on = graphs_installed() if receiver.graphs is None else receiver.graphs
+    if not graphs_on or scopes is None:
+        return
+    if "files:write" not in {scope.strip() for scope in scopes.split(",")}:
+        raise StepFailed(
+            "the token lacks files:write: alert graphs cannot be put in threads",
+            "the Slack app was installed before graphs needed files:write",
+            "add files:write to the app's bot scopes and reinstall it, or set graphs: false on this receiver",
+        )
 
 
 async def _find_channel(client: AsyncWebClient, channel: str) -> dict[str, Any] | None:

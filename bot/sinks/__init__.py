@@ -11,10 +11,12 @@ from typing import Any, Generic, TextIO, TypeVar
 from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import ConsoleReceiver, EmailReceiver, PagerDutyReceiver, Receiver, SlackReceiver
 from bot.metrics import Metrics
+from bot.render.graph_worker import GraphRenderer
 from bot.render.slack import Controls
 from bot.sinks.base import DeliveryResult, Preview, Previewer, Sink
 from bot.sinks.console import ConsoleSink
 from bot.sinks.email import EmailRendering, EmailSink
+from bot.sinks.graphs import AlertPictures
 from bot.sinks.pagerduty import PagerDutyRendering, PagerDutySink
 from bot.sinks.slack import SlackRateLimits, SlackRendering, SlackSink
 from bot.store.base import Store
@@ -45,9 +47,14 @@ class SinkResources:
     # The buttons each Slack receiver's messages may show (none for a receiver not listed).
     slack_controls: Mapping[str, Controls]
     clock: Clock
+    # The one graph worker process every receiver's pictures are drawn in.
+    graphs: GraphRenderer
 
     def controls(self, receiver: str) -> Controls:
         return self.slack_controls.get(receiver, Controls())
+
+    def pictures(self, receiver: SlackReceiver | EmailReceiver) -> AlertPictures:
+        return AlertPictures(self.store, self.graphs, receiver.graphs, receiver.graph_theme)
 
 
 @dataclass(frozen=True)
@@ -64,7 +71,7 @@ SINK_TYPES: dict[type[Any], SinkType[Any]] = {
         preview=lambda receiver: ConsoleSink(receiver.name),
     ),
     EmailReceiver: SinkType[EmailReceiver](
-        build=lambda receiver, shared: EmailSink(receiver, shared.store),
+        build=lambda receiver, shared: EmailSink(receiver, shared.store, shared.pictures(receiver)),
         preview=EmailRendering,
     ),
     PagerDutyReceiver: SinkType[PagerDutyReceiver](
@@ -73,7 +80,13 @@ SINK_TYPES: dict[type[Any], SinkType[Any]] = {
     ),
     SlackReceiver: SinkType[SlackReceiver](
         build=lambda receiver, shared: SlackSink(
-            receiver, shared.store, shared.metrics, shared.slack_limits, shared.controls(receiver.name), shared.clock
+            receiver,
+            shared.store,
+            shared.metrics,
+            shared.slack_limits,
+            shared.controls(receiver.name),
+            shared.clock,
+            shared.pictures(receiver),
         ),
         preview=SlackRendering,
     ),
@@ -89,7 +102,9 @@ def build_sinks(
     clock: Clock = SYSTEM_CLOCK,
 ) -> dict[str, Sink]:
     """`slack_controls`: the buttons each Slack receiver's messages may show (none for a receiver not listed)."""
-    shared = SinkResources(store, metrics, console, SlackRateLimits(clock), slack_controls or {}, clock)
+    # Drawing is real CPU time in another process: its bound is on the system clock, whatever `clock` is.
+    renderer = GraphRenderer(metrics)
+    shared = SinkResources(store, metrics, console, SlackRateLimits(clock), slack_controls or {}, clock, renderer)
     return {receiver.name: SINK_TYPES[type(receiver)].build(receiver, shared) for receiver in receivers}
 
 

@@ -33,8 +33,10 @@ from aiosmtplib import SMTPResponse
 from bot.config import EmailReceiver
 from bot.message import Message
 from bot.models import Delivery
-from bot.render.email import RenderedEmail, build_email, render_email, sender_domain
+from bot.render.email import InlineImage, RenderedEmail, build_email, graph_image, render_email, sender_domain
+from bot.render.graph import graph_description, graph_filename
 from bot.sinks.base import DeliveryResult, Preview
+from bot.sinks.graphs import AlertPictures
 from bot.store.base import Store
 
 log = logging.getLogger(__name__)
@@ -60,24 +62,31 @@ class EmailRendering:
         self._config = config
         self._domain = sender_domain(config.sender)
 
-    def mail(self, message: Message, date: datetime) -> EmailMessage:
-        return self._render(message, date)[1]
+    def mail(self, message: Message, date: datetime, picture: bytes | None = None, alt: str = "") -> EmailMessage:
+        """The mail for a message; `picture`, the PNG of its alert's history, goes inline in the HTML part."""
+        image = None
+        if picture is not None:
+            image = graph_image(message, self._domain, picture, alt, graph_filename(message))
+        return self._render(message, date, image)[1]
 
     def preview(self, delivery: Delivery) -> Preview:
         rendered, mail = self._render(delivery.message, delivery.created_at)
         headers = {name: str(mail[name]) for name in _PREVIEW_HEADERS if mail[name]}
         return {"email": {"headers": headers, "text": rendered.text, "html": rendered.html}}
 
-    def _render(self, message: Message, date: datetime) -> tuple[RenderedEmail, EmailMessage]:
-        rendered = render_email(message, self._domain)
-        return rendered, build_email(rendered, self._config.sender, self._config.to, date)
+    def _render(
+        self, message: Message, date: datetime, image: InlineImage | None = None
+    ) -> tuple[RenderedEmail, EmailMessage]:
+        rendered = render_email(message, self._domain, image)
+        return rendered, build_email(rendered, self._config.sender, self._config.to, date, image)
 
 
 class EmailSink:
-    def __init__(self, config: EmailReceiver, store: Store) -> None:
+    def __init__(self, config: EmailReceiver, store: Store, pictures: AlertPictures | None = None) -> None:
         self.name = config.name
         self._config = config
         self._store = store
+        self._pictures = pictures
         self._envelope_sender = parseaddr(config.sender)[1]
         self._recipients = [parseaddr(address)[1] for address in config.to]
         self._rendering = EmailRendering(config)
@@ -91,7 +100,8 @@ class EmailSink:
         state = await self._store.get_sink_state(self.name, state_key) or {}
         already = set(state.get("sent_to", []))
         recipients = [r for r in self._recipients if r not in already]
-        mail = self._rendering.mail(message, datetime.now(UTC))
+        picture, alt = await self._picture(message)
+        mail = self._rendering.mail(message, datetime.now(UTC), picture, alt)
         try:
             refused = await self._send(mail, recipients)
         except _Refused as exc:
@@ -104,7 +114,17 @@ class EmailSink:
         return self._rendering.preview(delivery)
 
     async def close(self) -> None:
-        return None
+        if self._pictures is not None:
+            await self._pictures.close()
+
+    async def _picture(self, message: Message) -> tuple[bytes | None, str]:
+        """The firing mail's picture of the alert's history (and its alt text); None to send the text alone."""
+        if self._pictures is None or message.event not in ("firing", "refiring"):
+            return None, ""
+        graph = await self._pictures.graph(message)
+        if graph is None:
+            return None, ""
+        return await self._pictures.png(graph), graph_description(graph)
 
     async def _send(self, mail: EmailMessage, recipients: list[str]) -> dict[str, SMTPResponse]:
         smtp = await smtp_session(self._config, self._tls)

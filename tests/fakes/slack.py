@@ -11,6 +11,14 @@ What it does like Slack (protocols.md section 5):
   `msg_too_long`, so a renderer bug shows up as a failed delivery.
 - Channel names resolve to IDs for chat.postMessage; chat.update and conversations.* need the ID.
 - Threads (`thread_ts`), message `metadata` (returned with `include_all_metadata`), per-channel post times.
+- File uploads, the three steps (protocols.md 5.4): `files.getUploadURLExternal` (`filename`, `length`; answers
+  `upload_url` and `file_id`), the bytes POSTed to `/upload/v1/{id}` (no token; an unknown id is a 404, an
+  upload of another length than announced a 400), `files.completeUploadExternal` (`files` JSON, `channel_id`,
+  `thread_ts`): the file is shared as a reply carrying `files: [{id, title, ...}]`. Errors: `channel_not_found`,
+  `not_in_channel` (a channel not in `member_of`), `thread_not_found`, `file_not_found` (never uploaded).
+  Completing a completed file shares it once more (Slack's docs do not say; the pessimistic reading). Failures
+  of the upload POST itself are scripted with `fail_next("upload", status=...)`. `uploads` keeps every file.
+- Every answer carries `x-oauth-scopes` (the token's scopes, `scopes`), as Slack's do.
 
 Interactivity (Slack's side of commands and buttons):
 - `POST /response/{id}`: a `response_url`; what the bot posts there is kept in `responses` (JSON bodies).
@@ -42,6 +50,7 @@ DEFAULT_APP_TOKEN = "xapp-1-A0FAKE-1-fakeapptoken"
 DEFAULT_CHANNELS = {"gpu-alerts": "C0GPUALERTS"}
 BOT_USER = "U0FAKEBOT"
 BOT_ID = "B0FAKEBOT"
+DEFAULT_SCOPES = ("chat:write", "channels:history", "groups:history", "channels:read", "files:write")
 
 MAX_BLOCKS = 50
 MAX_TEXT = 4000
@@ -83,6 +92,7 @@ class SlackMessage:
     metadata: dict[str, Any] | None
     posted_at: float
     versions: list[dict[str, Any]] = field(default_factory=list)
+    files: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def top_level(self) -> bool:
@@ -133,7 +143,19 @@ class SlackMessage:
             body["edited"] = {"user": BOT_USER, "ts": self.versions[-1]["edited_ts"]}
         if with_metadata and self.metadata:
             body["metadata"] = self.metadata
+        if self.files:
+            body["files"] = self.files
         return body
+
+
+@dataclass
+class FakeFile:
+    id: str
+    filename: str
+    length: int
+    alt_txt: str
+    data: bytes | None = None
+    shares: int = 0
 
 
 @dataclass
@@ -193,12 +215,15 @@ class FakeSlack(LoopbackServer):
         self.socket_acks: dict[str, dict[str, Any]] = {}
         self._sockets: list[web.WebSocketResponse] = []
         self._envelopes = 0
+        self.scopes = list(DEFAULT_SCOPES)
+        self.uploads: dict[str, FakeFile] = {}
 
     # --- lifecycle ----------------------------------------------------------------------------------------
     def routes(self, app: web.Application) -> None:
         app.router.add_route("*", "/api/{method}", self._api)
         app.router.add_post("/services/{path:.+}", self._incoming_webhook)
         app.router.add_post("/response/{id}", self._response_url)
+        app.router.add_post("/upload/v1/{id}", self._upload)
         app.router.add_get("/socket", self._socket)
 
     @property
@@ -335,6 +360,8 @@ class FakeSlack(LoopbackServer):
             "conversations.info": self._conversation_info,
             "conversations.list": self._conversation_list,
             "usergroups.users.list": self._usergroup_members,
+            "files.getUploadURLExternal": self._upload_url,
+            "files.completeUploadExternal": self._complete_upload,
             "apps.connections.open": lambda _args: {"ok": True, "url": f"ws://127.0.0.1:{self.port}/socket"},
             "auth.test": lambda _args: {
                 "ok": True,
@@ -346,6 +373,88 @@ class FakeSlack(LoopbackServer):
                 "bot_id": BOT_ID,
             },
         }
+
+    # --- file uploads -------------------------------------------------------------------------------------
+    def files_in_thread(self, parent: SlackMessage) -> list[dict[str, Any]]:
+        """Every file shared as a reply in this message's thread, oldest first."""
+        return [f for m in self.replies(parent) for f in m.files]
+
+    def _upload_url(self, args: dict[str, Any]) -> dict[str, Any]:
+        filename = str(args.get("filename") or "")
+        try:
+            length = int(args.get("length") or 0)
+        except ValueError:
+            length = 0
+        if not filename:
+            return {"ok": False, "error": "invalid_arguments", "response_metadata": {"messages": ["filename"]}}
+        if length <= 0:
+            return {"ok": False, "error": "invalid_arguments", "response_metadata": {"messages": ["length"]}}
+        file_id = f"F{len(self.uploads) + 1:010d}"
+        self.uploads[file_id] = FakeFile(file_id, filename, length, str(args.get("alt_txt") or ""))
+        return {"ok": True, "upload_url": f"{self.url}/upload/v1/{file_id}", "file_id": file_id}
+
+    async def _upload(self, request: web.Request) -> web.StreamResponse:
+        if self._down:
+            assert request.transport is not None
+            request.transport.close()
+            raise web.HTTPServiceUnavailable()
+        data = await request.read()
+        call = Call("upload", {"length": len(data)}, dict(request.headers), time.monotonic())
+        self.calls.append(call)
+        scripted = self._scripted["upload"]
+        if scripted:
+            failure = scripted.popleft()
+            call.status, call.answer = failure.status, failure.body or "upload failed"
+            return web.Response(status=failure.status, text=call.answer)
+        upload = self.uploads.get(request.match_info["id"])
+        if upload is None or "Authorization" in request.headers:
+            call.status, call.answer = 404, "invalid upload URL"
+            return web.Response(status=404, text=call.answer)
+        if len(data) != upload.length:
+            call.status, call.answer = 400, f"expected {upload.length} bytes, got {len(data)}"
+            return web.Response(status=400, text=call.answer)
+        upload.data = data
+        call.answer = "OK - " + str(len(data))
+        return web.Response(text=call.answer)
+
+    def _complete_upload(self, args: dict[str, Any]) -> dict[str, Any]:
+        try:
+            wanted = json.loads(args.get("files") or "[]")
+        except ValueError:
+            return {"ok": False, "error": "invalid_arguments"}
+        if not isinstance(wanted, list) or not wanted:
+            return {"ok": False, "error": "invalid_arguments"}
+        files = [self.uploads.get(str(item.get("id"))) if isinstance(item, dict) else None for item in wanted]
+        if any(f is None or f.data is None for f in files):
+            return {"ok": False, "error": "file_not_found"}
+        channel = str(args.get("channel_id") or "")
+        if channel not in self.channels.values():
+            return {"ok": False, "error": "channel_not_found"}
+        if self.member_of is not None and channel not in self.member_of:
+            return {"ok": False, "error": "not_in_channel"}
+        thread_ts = args.get("thread_ts") or None
+        if thread_ts is not None and self._find(channel, str(thread_ts)) is None:
+            return {"ok": False, "error": "thread_not_found"}
+        shown = []
+        for item, upload in zip(wanted, files, strict=True):
+            assert upload is not None
+            upload.shares += 1
+            title = str(item.get("title") or upload.filename)
+            shown.append({"id": upload.id, "name": upload.filename, "title": title, "mimetype": "image/png"})
+        self.messages.append(
+            SlackMessage(
+                channel=channel,
+                ts=self._next_ts(),
+                text="",
+                blocks=[],
+                attachments=[],
+                thread_ts=str(thread_ts) if thread_ts else None,
+                metadata=None,
+                posted_at=time.monotonic(),
+                files=shown,
+            )
+        )
+        return {"ok": True, "files": [{"id": f["id"], "title": f["title"]} for f in shown]}
 
     def _usergroup_members(self, args: dict[str, Any]) -> dict[str, Any]:
         group = args.get("usergroup", "")
@@ -409,7 +518,9 @@ class FakeSlack(LoopbackServer):
 
     def _json(self, call: Call, answer: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
         call.status, call.answer = status, answer
-        return web.json_response(answer, status=status, headers=headers)
+        return web.json_response(
+            answer, status=status, headers={**(headers or {}), "x-oauth-scopes": ",".join(self.scopes)}
+        )
 
     def _auth_error(self, request: web.Request, method: str = "") -> str | None:
         header = request.headers.get("Authorization", "")

@@ -3,6 +3,8 @@
 - `sink`: SlackSink, the per-alert conversation (first post, repeats in the thread, resolve/ack in place,
   related alerts threaded under their root), and SlackRendering, what a new alert's post looks like;
 - `storm`: storm control, one summary message and batched thread replies when alerts flood the channel;
+- `pictures`: an alert's graph in its thread after the message (Slack's three-step upload, exactly once), and
+  `storm_picture`, the storm's one heat map in the summary's thread;
 - `channel`: the Slack Web API calls, their failures classified for the outbox, and the exactly-once lookup of
   a post in doubt by its nonce;
 - `pacing`: a token bucket per channel and slack_sdk's 429 handler, bounded;

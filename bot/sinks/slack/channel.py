@@ -108,6 +108,31 @@ class SlackChannel:
         await self._bucket.acquire()
         await self._call("chat.update", lambda c: c.chat_update(channel=channel, ts=ts, **fields))
 
+    async def api(
+        self, method: str, request: Callable[[AsyncWebClient], Awaitable[AsyncSlackResponse]], *, paced: bool = True
+    ) -> dict[str, Any]:
+        """Another Web API call (the file upload's), paced with the channel's posts unless `paced` is False."""
+        if paced:
+            await self._bucket.acquire()
+        return await self._call(method, request)
+
+    async def send_bytes(self, url: str, data: bytes, content_type: str) -> None:
+        """The upload step of Slack's file flow: the bytes POSTed to the URL files.getUploadURLExternal gave
+        (which carries its own authority: the token is not sent there)."""
+        if not url.startswith(("https://", "http://")):
+            raise SlackFailure(DeliveryResult.failed("invalid_upload_url", f"upload URL {url[:80]!r}"), sent=False)
+        self._web()
+        assert self._session is not None
+        try:
+            async with self._session.post(url, data=data, headers={"Content-Type": content_type}) as response:
+                body = (await response.text())[:200]
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise _failure("file upload", exc) from exc
+        if response.status != 200:
+            verdict = classify_status(response.status)
+            result = DeliveryResult(False, verdict.retry, reason=f"upload_{verdict.reason}", detail=body)
+            raise SlackFailure(result, sent=False)
+
     async def find_posted(self, posting: Posting) -> tuple[str, str] | None:
         """(channel, ts) of the message an earlier attempt posted with this nonce, if Slack has it."""
         channel = await self.channel_id()

@@ -6,7 +6,8 @@
   adds a short reply to the thread;
 - an alert whose `related_to` names an earlier alert posted here goes into that alert's thread, and the earlier
   message is updated to mention it;
-- during a storm, new alerts go to the storm's summary and thread instead (see `storm`).
+- during a storm, new alerts go to the storm's summary and thread instead (see `storm`);
+- after a new alert's message, the graph of its metric goes into its thread (see `pictures`).
 
 Exactly once: before an alert's first post (top-level, or in a related alert's thread) the sink records its
 intent, a nonce, in the alert's record; an attempt after one without a clear answer looks for that nonce in Slack
@@ -37,10 +38,13 @@ from bot.render.slack import (
 )
 from bot.selftest.marking import is_selftest
 from bot.sinks.base import DeliveryResult, Preview
+from bot.sinks.graphs import AlertPictures
 from bot.sinks.slack.channel import SlackChannel, SlackFailure
 from bot.sinks.slack.pacing import SlackRateLimits
+from bot.sinks.slack.pictures import SlackFiles, ThreadPictures
 from bot.sinks.slack.state import AlertRecord, Posting, Related, SinkState, Storm
 from bot.sinks.slack.storm import StormControl
+from bot.sinks.slack.storm_picture import StormPicture
 from bot.store.base import Store, StoreUnavailable
 
 log = logging.getLogger(__package__)
@@ -67,6 +71,7 @@ class SlackSink:
         limits: SlackRateLimits | None = None,
         controls: Controls = Controls(),  # noqa: B008 (frozen)
         clock: Clock = SYSTEM_CLOCK,
+        pictures: AlertPictures | None = None,
     ) -> None:
         self.name = receiver.name
         self._clock = clock
@@ -74,7 +79,13 @@ class SlackSink:
         self._rendering = SlackRendering(receiver, controls)
         self._state = SinkState(store, receiver.name)
         self._channel = SlackChannel(receiver, self._state, limits or SlackRateLimits(clock))
-        self._storms = StormControl(receiver, self._state, self._channel, metrics, clock)
+        self._graphs = pictures
+        self._pictures = ThreadPictures(self._channel, self._state, pictures, metrics, clock)
+        storm_picture = None
+        if pictures is not None and pictures.enabled:
+            files = SlackFiles(self._channel)
+            storm_picture = StormPicture(files, self._state, pictures.renderer, receiver.graph_theme, metrics, clock)
+        self._storms = StormControl(receiver, self._state, self._channel, metrics, clock, storm_picture)
         with contextlib.suppress(RuntimeError):  # no running loop: the first delivery starts the flusher
             asyncio.get_running_loop()
             self._storms.ensure_flusher()
@@ -96,6 +107,8 @@ class SlackSink:
     async def close(self) -> None:
         await self._storms.close()
         await self._channel.close()
+        if self._graphs is not None:
+            await self._graphs.close()
 
     # --- one event ----------------------------------------------------------------------------------------
     async def _handle(self, delivery: Delivery) -> None:
@@ -114,6 +127,9 @@ class SlackSink:
             await self._storms.handle(message, record)
         elif record is None or not record.ts:
             await self._first(message, record)
+        elif record.graph is not None and record.graph.stage != "done" and message.event in ("firing", "refiring"):
+            # The message went out; its picture did not yet (an attempt stopped after the post).
+            await self._pictures.attach(message.alert_key, record, message)
         elif message.event == "repeat":
             await self._repeat(message, record, delivery)
         elif message.event in ("resolved", "ack", "refiring"):
@@ -131,6 +147,7 @@ class SlackSink:
             record = await self._place(message)
             if record is None:
                 return
+            record.graph = self._pictures.wanted(message)  # recorded with the post's intent, before it
         key = message.alert_key
         if record.mode == "related":
             await self._post_alert_once(
@@ -139,12 +156,13 @@ class SlackSink:
             record.root_pending = True
             await self._state.save_record(key, record, message)
             await self._show_in_root(message, record)
-            return
-        await self._post_alert_once(key, record, slack_payload(message, controls=self._controls), "")
-        record.thread_ts = record.ts
-        record.status = message.status
-        record.told_ack = message.acked_by or ""
-        await self._state.save_record(key, record, message)
+        else:
+            await self._post_alert_once(key, record, slack_payload(message, controls=self._controls), "")
+            record.thread_ts = record.ts
+            record.status = message.status
+            record.told_ack = message.acked_by or ""
+            await self._state.save_record(key, record, message)
+        await self._pictures.attach(key, record, message)
 
     async def _place(self, message: Message) -> AlertRecord | None:
         """Where a new alert goes: into a storm (done here, None), a related alert's thread, or top-level."""

@@ -34,6 +34,16 @@ class Posting(BaseModel):
     last: int = 0
 
 
+class Upload(BaseModel):
+    """A picture for a thread (bot/sinks/slack/pictures.py): `wanted` until uploaded, `sharing` from the moment
+    the share (files.completeUploadExternal) of `file_id` may have happened, `done` once shared or given up."""
+
+    stage: Literal["wanted", "sharing", "done"] = "wanted"
+    file_id: str = ""
+    at: float = 0.0
+    attempts: int = 0
+
+
 class Related(BaseModel):
     key: str
     title: str
@@ -58,6 +68,7 @@ class AlertRecord(BaseModel):
     told_ack: str = ""
     storm: str = ""
     seq: int = 0
+    graph: Upload | None = None
 
 
 class Arrival(BaseModel):
@@ -95,6 +106,11 @@ class Storm(BaseModel):
     version: int = 0
     shown_version: int = 0
     summary_at: float = 0.0
+    # The storm's picture (bot/sinks/slack/storm_picture.py): alerts per host and minute of their start.
+    by_minute: dict[str, dict[str, int]] = Field(default_factory=dict)
+    picture: Upload | None = None
+    picture_version: int = 0
+    picture_at: float = 0.0
 
     @property
     def pending(self) -> int:
@@ -133,6 +149,9 @@ class Storm(BaseModel):
         bump(self.by_host, message.host)
         bump(self.by_gpu, f"{message.host} GPU {message.gpu}".strip() if message.gpu else "")
         bump(self.by_severity, message.severity or "unknown")
+        bump(
+            self.by_minute.setdefault(message.host or "unknown host", {}), message.starts_at.strftime("%Y-%m-%dT%H:%M")
+        )
         if status == "resolved":
             self.resolved += 1
         else:

@@ -30,6 +30,7 @@ from bot.render.slack import (
 from bot.sinks.base import DeliveryResult
 from bot.sinks.slack.channel import SlackChannel, SlackFailure
 from bot.sinks.slack.state import AlertRecord, Arrival, Posting, SinkState, Storm, StormItem
+from bot.sinks.slack.storm_picture import StormPicture
 from bot.store.base import StoreUnavailable
 
 # One logger for the whole Slack sink, named as before it became a package.
@@ -54,8 +55,10 @@ class StormControl:
         channel: SlackChannel,
         metrics: Metrics,
         clock: Clock = SYSTEM_CLOCK,
+        picture: StormPicture | None = None,
     ) -> None:
         self.name = receiver.name
+        self._picture = picture
         self._clock = clock
         self._config = receiver
         self._state = state
@@ -248,6 +251,9 @@ class StormControl:
             return max(0.0, storm.last_new_at + self._config.storm_window - now) + 0.05
         if not storm.summary_ts:
             await self._post_summary(storm)
+            return 0.0
+        if self._picture is not None and self._picture.due(storm, now):
+            await self._picture.post(storm)
             return 0.0
         stale = storm.version > storm.shown_version
         if stale and now - storm.summary_at >= _SUMMARY_MAX_STALENESS:

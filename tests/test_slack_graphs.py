@@ -1,0 +1,284 @@
+"""An alert's picture in its Slack thread: after the message, with Slack's three-step upload, exactly once."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot.clock import SYSTEM_CLOCK, Clock
+from bot.config import SlackReceiver
+from bot.metrics import Metrics
+from bot.render.graph_worker import GraphLimits, GraphRenderer
+from bot.sinks.base import DeliveryResult
+from bot.sinks.graphs import AlertPictures
+from bot.sinks.slack import SlackSink
+from bot.store.sqlite import SqliteStore
+from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack, SlackMessage
+from tests.support.bot import eventually
+from tests.support.clock import FakeClock, running
+from tests.support.graphs import stored_alert_delivery
+from tests.support.store import sqlite_store
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+SinkFactory = Callable[..., SlackSink]
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeSlack]:
+    async with FakeSlack() as slack:
+        yield slack
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    async with sqlite_store(tmp_path) as opened:
+        yield opened
+
+
+@pytest.fixture
+async def make_sink(tmp_path: Path, fake: FakeSlack, store: SqliteStore) -> AsyncIterator[SinkFactory]:
+    """A Slack sink with pictures; each call is a new process's sink (its own graph worker) on the same store."""
+    (tmp_path / "slack_token").write_text(DEFAULT_TOKEN + "\n")
+    sinks: list[SlackSink] = []
+
+    def make(
+        metrics: Metrics | None = None, limits: GraphLimits | None = None, clock: Clock = SYSTEM_CLOCK, **options: Any
+    ) -> SlackSink:
+        config = {
+            "type": "slack",
+            "name": "slack",
+            "channel": "#gpu-alerts",
+            "token_file": "slack_token",
+            "api_url": fake.api_url,
+            "timeout": 2,
+            "messages_per_second": 50,
+            **options,
+        }
+        receiver = SlackReceiver.model_validate(config, context={"base_dir": tmp_path})
+        metrics = metrics or Metrics()
+        renderer = GraphRenderer(metrics, limits or GraphLimits())
+        pictures = AlertPictures(store, renderer, receiver.graphs, receiver.graph_theme)
+        sink = SlackSink(receiver, store, metrics, clock=clock, pictures=pictures)
+        sinks.append(sink)
+        return sink
+
+    yield make
+    for sink in sinks:
+        await sink.close()
+
+
+def the_message(fake: FakeSlack) -> SlackMessage:
+    [message] = fake.top_level()
+    return message
+
+
+def methods(fake: FakeSlack) -> list[str]:
+    return [call.method for call in fake.calls if call.method != "conversations.list"]
+
+
+async def test_one_alert_is_one_message_then_one_image_in_its_thread(
+    fake: FakeSlack, make_sink: SinkFactory, store: SqliteStore
+) -> None:
+    metrics = Metrics()
+    sink = make_sink(metrics)
+    delivery = await stored_alert_delivery(store, "slack")
+    assert await sink.deliver(delivery) == DeliveryResult.ok()
+    message = the_message(fake)
+    [image] = fake.files_in_thread(message)
+    assert image["mimetype"] == "image/png" and image["name"] == "GPUTempCritical-k-ai-01-gpu3.png"
+    assert image["title"] == "GPUTempCritical · k-ai-01 GPU 3"
+    upload = fake.uploads[image["id"]]
+    assert upload.data is not None and upload.data.startswith(b"\x89PNG") and upload.shares == 1
+    assert "fires when > 87 °C" in upload.alt_txt
+    # The text first, then the three steps; the share names the channel's ID and the message as the thread.
+    assert methods(fake) == [
+        "chat.postMessage",
+        "files.getUploadURLExternal",
+        "upload",
+        "files.completeUploadExternal",
+    ]
+    [complete] = fake.calls_of("files.completeUploadExternal")
+    assert (complete.args["channel_id"], complete.args["thread_ts"]) == (message.channel, message.ts)
+    assert "Authorization" not in fake.calls_of("upload")[0].headers  # the upload URL is its own authority
+    assert metrics.graphs.labels("rendered")._value.get() == 1
+    # Delivered again (an HA copy, a retry after a lost answer to the outbox): nothing more in Slack.
+    assert await sink.deliver(delivery) == DeliveryResult.ok()
+    assert len(fake.messages) == 2 and len(fake.uploads) == 1
+
+
+async def test_a_restart_during_the_upload_still_shows_one_image(
+    fake: FakeSlack, make_sink: SinkFactory, store: SqliteStore
+) -> None:
+    delivery = await stored_alert_delivery(store, "slack")
+    fake.lose_answer("files.completeUploadExternal")  # Slack shares the file, its answer never arrives
+    result = await make_sink().deliver(delivery)
+    assert (result.delivered, result.retry) == (False, True)
+    assert len(fake.files_in_thread(the_message(fake))) == 1
+    # A new process retries the delivery the outbox kept: the message is not posted again, the share in doubt is
+    # found in the thread instead of being made twice.
+    assert await make_sink().deliver(delivery) == DeliveryResult.ok()
+    assert len(fake.top_level()) == 1
+    assert len(fake.files_in_thread(the_message(fake))) == 1
+    assert len(fake.calls_of("files.completeUploadExternal")) == 1
+    assert fake.calls_of("conversations.replies")
+
+
+async def test_a_restart_between_the_message_and_its_image_posts_the_image_once(
+    fake: FakeSlack, make_sink: SinkFactory, store: SqliteStore
+) -> None:
+    delivery = await stored_alert_delivery(store, "slack")
+    fake.fail_next("upload", status=503)
+    result = await make_sink().deliver(delivery)
+    assert (result.retry, result.reason) == (True, "upload_http_503")
+    assert fake.files_in_thread(the_message(fake)) == []
+    assert await make_sink().deliver(delivery) == DeliveryResult.ok()
+    assert len(fake.top_level()) == 1
+    assert len(fake.files_in_thread(the_message(fake))) == 1
+    assert len(fake.calls_of("chat.postMessage")) == 1
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        pytest.param(lambda fake: fake.fail_next("upload", status=404, body="invalid upload URL"), id="invalid-url"),
+        pytest.param(lambda fake: setattr(fake, "member_of", set()), id="not_in_channel"),
+        pytest.param(
+            lambda fake: fake.fail_next("files.getUploadURLExternal", error="missing_scope"), id="no-files-write"
+        ),
+    ],
+)
+async def test_an_upload_refused_for_good_leaves_the_message_alone_and_is_counted(
+    fake: FakeSlack, make_sink: SinkFactory, store: SqliteStore, failure: Callable[[FakeSlack], None]
+) -> None:
+    metrics = Metrics()
+    failure(fake)
+    delivery = await stored_alert_delivery(store, "slack")
+    assert await make_sink(metrics).deliver(delivery) == DeliveryResult.ok()
+    assert fake.files_in_thread(the_message(fake)) == []
+    assert metrics.graphs.labels("upload_failed")._value.get() == 1
+    assert await make_sink(metrics).deliver(delivery) == DeliveryResult.ok()  # given up: not tried again
+    assert len(fake.calls_of("files.getUploadURLExternal")) <= 1
+
+
+async def test_an_upload_that_keeps_failing_is_given_up_after_a_few_attempts(
+    fake: FakeSlack, make_sink: SinkFactory, store: SqliteStore
+) -> None:
+    metrics = Metrics()
+    sink = make_sink(metrics)
+    delivery = await stored_alert_delivery(store, "slack")
+    fake.fail_next("upload", status=500, times=5)
+    outcomes = [await sink.deliver(delivery) for _ in range(3)]
+    assert [o.retry for o in outcomes] == [True, True, False] and outcomes[-1].delivered
+    assert len(fake.top_level()) == 1 and fake.files_in_thread(the_message(fake)) == []
+    assert metrics.graphs.labels("upload_failed")._value.get() == 1
+
+
+async def test_graphs_false_sends_the_text_alone(fake: FakeSlack, make_sink: SinkFactory, store: SqliteStore) -> None:
+    delivery = await stored_alert_delivery(store, "slack")
+    assert await make_sink(graphs=False).deliver(delivery) == DeliveryResult.ok()
+    assert methods(fake) == ["chat.postMessage"]
+
+
+async def test_a_failed_drawing_sends_the_text_alone_and_is_counted(
+    fake: FakeSlack, make_sink: SinkFactory, store: SqliteStore
+) -> None:
+    metrics = Metrics()
+    delivery = await stored_alert_delivery(store, "slack")
+    sink = make_sink(metrics, GraphLimits(memory_mb=1), graph_theme="dark")
+    assert await sink.deliver(delivery) == DeliveryResult.ok()
+    assert methods(fake) == ["chat.postMessage"]
+    assert metrics.graphs.labels("failed")._value.get() == 1
+
+
+async def test_a_storm_picture_that_cannot_be_uploaded_holds_no_line_back(
+    fake: FakeSlack, make_sink: SinkFactory, store: SqliteStore
+) -> None:
+    metrics = Metrics()
+    async with running(FakeClock()) as clock:
+        sink = make_sink(metrics, clock=clock, storm_threshold=2, storm_window=120)
+        for n in range(1, 7):
+            if n == 3:  # the two alerts before the storm have their pictures; the storm's will fail
+                fake.fail_next("upload", status=503, times=20)
+            delivery = await stored_alert_delivery(store, "slack", host=f"k-ai-{n % 3:02d}", gpu=str(n))
+            assert await sink.deliver(delivery) == DeliveryResult.ok()
+        summary = await eventually(lambda: next((m for m in fake.top_level() if "Alert storm" in m.text), None))
+        await eventually(lambda: metrics.graphs.labels("upload_failed")._value.get() >= 1, timeout=20)
+        lines = await eventually(lambda: [r for r in fake.replies(summary) if "Alerts" in r.text], timeout=20)
+    assert lines and fake.files_in_thread(summary) == []
+
+
+async def test_a_storm_gets_one_picture_in_its_summarys_thread_and_its_alerts_none(
+    fake: FakeSlack, make_sink: SinkFactory, store: SqliteStore
+) -> None:
+    async with running(FakeClock()) as clock:
+        sink = make_sink(clock=clock, storm_threshold=2, storm_window=120)
+        for n in range(1, 7):
+            delivery = await stored_alert_delivery(store, "slack", host=f"k-ai-{n % 3:02d}", gpu=str(n))
+            assert await sink.deliver(delivery) == DeliveryResult.ok()
+        summary = await eventually(lambda: next((m for m in fake.top_level() if "Alert storm" in m.text), None))
+        storm_images = await eventually(lambda: fake.files_in_thread(summary), timeout=20)
+    [image] = storm_images
+    assert image["name"].startswith("storm-") and image["title"].startswith("Alert storm: 6 alerts on 3 hosts")
+    # The alerts posted before the storm began keep their own picture; none listed in the storm gets one.
+    alone = [m for m in fake.top_level() if m is not summary]
+    assert len(alone) == 2 and all(len(fake.files_in_thread(m)) == 1 for m in alone)
+    assert len(fake.uploads) == 3
+
+
+def test_the_storm_picture_is_renewed_at_most_every_five_minutes() -> None:
+    from bot.sinks.slack.state import Storm
+    from bot.sinks.slack.storm_picture import StormPicture
+
+    due = StormPicture.due
+    storm = Storm(id="1", started_at=1000.0, last_new_at=1000.0, summary_ts="1.0", version=3)
+    assert not due(None, storm, 1059.0)  # type: ignore[arg-type]
+    assert due(None, storm, 1060.0)  # type: ignore[arg-type]
+    shown = storm.model_copy(update={"picture_version": 3, "picture_at": 1060.0})
+    assert not due(None, shown, 2000.0)  # type: ignore[arg-type]  (nothing changed since)
+    changed = shown.model_copy(update={"version": 4})
+    assert not due(None, changed, 1359.0)  # type: ignore[arg-type]
+    assert due(None, changed, 1360.0)  # type: ignore[arg-type]
+
+
+async def test_the_upload_takes_its_turns_in_the_channels_pace(
+    fake: FakeSlack, make_sink: SinkFactory, store: SqliteStore
+) -> None:
+    delivery = await stored_alert_delivery(store, "slack")
+    async with running(FakeClock()) as clock:
+        sink = make_sink(clock=clock, messages_per_second=1)
+        assert await sink.deliver(delivery) == DeliveryResult.ok()
+    # The message at once; the share, a post into the channel too, one second later (at 1 message/s).
+    assert clock.monotonic() >= 1.0
+    assert len(fake.files_in_thread(the_message(fake))) == 1
+
+
+async def test_the_fake_takes_slack_sdks_own_three_step_upload_and_answers_its_errors(fake: FakeSlack) -> None:
+    client = AsyncWebClient(token=DEFAULT_TOKEN, base_url=fake.api_url)
+    parent = await client.chat_postMessage(channel="#gpu-alerts", text="alert")
+    channel, ts = parent["channel"], parent["ts"]
+    # slack_sdk's files_upload_v2 does the three steps itself: the fake speaks what it sends.
+    await client.files_upload_v2(channel=channel, thread_ts=ts, content=b"\x89PNG-bytes", filename="g.png", title="G")
+    [message] = [m for m in fake.top_level() if m.ts == ts]
+    [shared] = fake.files_in_thread(message)
+    assert (shared["title"], fake.uploads[shared["id"]].data) == ("G", b"\x89PNG-bytes")
+    # Errors: a file never uploaded, a channel the bot is not in, an unknown upload URL, a wrong length.
+    pending = await client.files_getUploadURLExternal(filename="x.png", length=3)
+    with pytest.raises(SlackApiError, match="file_not_found"):
+        await client.files_completeUploadExternal(files=[{"id": pending["file_id"]}], channel_id=channel)
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{fake.url}/upload/v1/F-unknown", data=b"abc") as answer:
+            assert answer.status == 404
+        async with http.post(pending["upload_url"], data=b"abcd") as answer:
+            assert answer.status == 400
+        async with http.post(pending["upload_url"], data=b"abc") as answer:
+            assert answer.status == 200
+    fake.member_of = set()
+    with pytest.raises(SlackApiError, match="not_in_channel"):
+        await client.files_completeUploadExternal(files=[{"id": pending["file_id"]}], channel_id=channel, thread_ts=ts)
