@@ -246,6 +246,17 @@ class Store(abc.ABC):
         returns the note's event id. Raises UnknownAlert for an unknown key."""
 
     @abc.abstractmethod
+    async def claim_silence(self, alert_key: str, by: str, at: datetime, stale_before: datetime) -> bool:
+        """Take the firing episode's silence slot for `by` at `at`, atomically (across replicas too): False when
+        it is silenced already, or another request holds the slot since `stale_before` or later. The taker then
+        calls `set_silence` with the silence it made, or `release_silence` with the same `at` when it made none.
+        Raises UnknownAlert for an unknown key."""
+
+    @abc.abstractmethod
+    async def release_silence(self, alert_key: str, claimed_at: datetime) -> None:
+        """Give back a slot taken by `claim_silence` at `claimed_at` that got no silence; nothing if not held."""
+
+    @abc.abstractmethod
     async def silenced_alerts(self) -> list[AlertState]:
         """Episodes with a silence the bot set and still believes active, for the periodic check."""
 

@@ -359,7 +359,16 @@ def breaker_from_row(row: Row) -> BreakerState:
 ALERT_ACK = """UPDATE alerts SET acked_by = {p}, acked_at = {p}
                WHERE key = {p} AND status = 'firing' AND acked_by IS NULL"""
 ALERT_UNACK = "UPDATE alerts SET acked_by = NULL, acked_at = NULL WHERE key = {p} AND acked_by IS NOT NULL"
-ALERT_SET_SILENCE = "UPDATE alerts SET silence_id = {p}, silenced_by = {p}, silenced_until = {p} WHERE key = {p}"
+ALERT_SET_SILENCE = """UPDATE alerts SET silence_id = {p}, silenced_by = {p}, silenced_until = {p},
+                       silence_claimed_at = NULL WHERE key = {p}"""
+# One silence per episode: a request takes the episode's silence slot before it asks Alertmanager, so a second
+# request (a double click, another replica) finds it taken. A slot taken longer ago than the caller's `stale`
+# time (its process died between claim and silence) may be taken again.
+ALERT_CLAIM_SILENCE = """UPDATE alerts SET silenced_by = {p}, silence_claimed_at = {p}
+                         WHERE key = {p} AND status = 'firing' AND silence_id IS NULL
+                         AND (silence_claimed_at IS NULL OR silence_claimed_at < {p})"""
+ALERT_RELEASE_SILENCE = """UPDATE alerts SET silenced_by = NULL, silence_claimed_at = NULL
+                           WHERE key = {p} AND silence_id IS NULL AND silence_claimed_at = {p}"""
 SILENCED_ALERTS = "SELECT * FROM alerts WHERE silence_id IS NOT NULL ORDER BY key"
 
 ACTION_RUN_COLUMNS = (

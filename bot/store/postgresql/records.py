@@ -79,6 +79,17 @@ class PostgresRecords(PostgresConnection):
             )
             return await _insert_note(conn, alert_key, note, self._now())
 
+    async def claim_silence(self, alert_key: str, by: str, at: datetime, stale_before: datetime) -> bool:
+        async with self._transaction() as conn:
+            await _require_alert(conn, alert_key)
+            # Two replicas taking the same click: the row lock makes the second see the slot taken.
+            args = (by, at.timestamp(), alert_key, stale_before.timestamp())
+            changed = (await conn.execute(core.ALERT_CLAIM_SILENCE.format(p="%s").encode(), args)).rowcount
+        return bool(changed)
+
+    async def release_silence(self, alert_key: str, claimed_at: datetime) -> None:
+        await self._execute(core.ALERT_RELEASE_SILENCE.format(p="%s"), (alert_key, claimed_at.timestamp()))
+
     async def silenced_alerts(self) -> list[AlertState]:
         return [core.alert_from_row(row) for row in await self._fetchall(core.SILENCED_ALERTS)]
 

@@ -101,6 +101,20 @@ class SqliteRecords(SqliteConnection):
 
         return await self._run(functools.partial(self._transaction, remember, acknowledged=True))
 
+    async def claim_silence(self, alert_key: str, by: str, at: datetime, stale_before: datetime) -> bool:
+        def claim(conn: sqlite3.Connection) -> bool:
+            _require_alert(conn, alert_key)
+            args = (by, at.timestamp(), alert_key, stale_before.timestamp())
+            return bool(conn.execute(core.ALERT_CLAIM_SILENCE.format(p="?"), args).rowcount)
+
+        return await self._run(functools.partial(self._transaction, claim, acknowledged=True))
+
+    async def release_silence(self, alert_key: str, claimed_at: datetime) -> None:
+        def release(conn: sqlite3.Connection) -> None:
+            conn.execute(core.ALERT_RELEASE_SILENCE.format(p="?"), (alert_key, claimed_at.timestamp()))
+
+        await self._run(functools.partial(self._transaction, release, acknowledged=True))
+
     async def silenced_alerts(self) -> list[AlertState]:
         rows = await self._run(self._fetchall, core.SILENCED_ALERTS, ())
         return [_alert_from_row(row) for row in rows]
