@@ -351,6 +351,15 @@ class Store(abc.ABC):
     async def set_breaker(self, state: BreakerState | None) -> None:
         """Open (a state) or close (None) the circuit breaker, durably."""
 
+    @abc.abstractmethod
+    async def reset_breaker(self, at: datetime) -> None:
+        """Close the circuit breaker and start its counting window at `at`, together: automatic runs requested
+        before a reset no longer count towards opening it again."""
+
+    @abc.abstractmethod
+    async def breaker_window_start(self) -> datetime | None:
+        """When the breaker was last reset (its window counts from then at the earliest); None if never."""
+
     # --- health and housekeeping ---------------------------------------------------------------------
     @abc.abstractmethod
     async def check_writable(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from psycopg import sql
@@ -233,6 +233,15 @@ class PostgresRecords(PostgresConnection):
     async def get_breaker(self) -> BreakerState | None:
         row = await self._fetchone("SELECT * FROM remediation_breaker WHERE id = 1")
         return None if row is None else core.breaker_from_row(row)
+
+    async def reset_breaker(self, at: datetime) -> None:
+        async with self._transaction() as conn:
+            await conn.execute(core.BREAKER_CLOSE.encode())
+            await conn.execute(core.BREAKER_WINDOW_START.format(p="%s").encode(), (at.timestamp(),))
+
+    async def breaker_window_start(self) -> datetime | None:
+        row = await self._fetchone(core.BREAKER_WINDOW)
+        return None if row is None else datetime.fromtimestamp(row["since"], UTC)
 
     async def set_breaker(self, state: BreakerState | None) -> None:
         if state is None:

