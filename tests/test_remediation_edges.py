@@ -6,12 +6,14 @@ shows only where an executor can run it."""
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.fakes.slack import FakeSlack
+from bot.models import short_id
+from tests.fakes.slack import FakeSlack, SlackMessage
 from tests.support.bot import eventually, running_bot
 from tests.support.processes import Prometheus
 from tests.support.slack_requests import post_command
@@ -72,3 +74,42 @@ async def test_a_breaker_reset_starts_a_new_window(
         [run] = [r for r in await bot.runtime.store.action_runs(alert.starts_at) if r.target == "k-ai-04"]
         assert run.automatic
         assert run.state in ("running", "done", "escalated")
+
+
+async def test_a_run_the_cooldown_forbids_is_refused_when_asked_never_sent_to_an_approver(
+    tmp_path: Path, slack: FakeSlack, sshd: Sshd
+) -> None:
+    async with running_bot(tmp_path, remediating_config(tmp_path, slack, sshd)) as bot:  # approval needed
+        alert, root = await post_alert(bot, slack, "DCGMExporterNoGPUs", host="k-ai-01")
+        sid = short_id(alert.key)
+        first = await post_command(bot.url, f"run {RESTART} {sid}")
+        assert "waits for approval" in first
+        run_id = int(first.split("(run #", 1)[1].split(")", 1)[0])
+        assert (await post_command(bot.url, f"approve {run_id}", user=ADMIN)).startswith(f"Approved run #{run_id}")
+        await eventually(lambda: _state(bot, run_id, "done"), timeout=30)
+        assert sshd.verbs() == [RESTART]
+        ran = await bot.runtime.store.get_action_run(run_id)
+        assert ran is not None
+        allowed = ran.updated_at + timedelta(minutes=30)
+
+        again = await post_command(bot.url, f"run {RESTART} {sid}", response_url=slack.response_url("2"))
+        assert again == (
+            f"Refused: cooldown: {RESTART} ran on k-ai-01 at {ran.updated_at:%H:%M:%S} UTC, "
+            f"next allowed after {allowed:%H:%M:%S} UTC"
+        )
+        assert [run.id for run in await bot.runtime.store.action_runs(alert.starts_at)] == [run_id]
+        refusal = lambda: [t for t in _thread(slack, root) if f"{RESTART} refused" in t and "allowed after" in t]  # noqa: E731
+        await eventually(refusal, timeout=15)
+        # The thread only ever spoke of the first run: nobody was asked to approve a second.
+        mentioned = {text.split("(run #", 1)[1].split(")", 1)[0] for text in _thread(slack, root) if "(run #" in text}
+        assert mentioned == {str(run_id)}
+        assert sshd.verbs() == [RESTART]
+
+
+async def _state(bot: Any, run_id: int, state: str) -> bool:
+    run = await bot.runtime.store.get_action_run(run_id)
+    return run is not None and run.state == state
+
+
+def _thread(slack: FakeSlack, root: SlackMessage) -> list[str]:
+    return [reply.text for reply in slack.replies(root)]

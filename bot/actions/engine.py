@@ -139,6 +139,10 @@ class Remediation:
             await self._refuse_request(actor, action, target.host, alert, str(exc))
         if dry_run or self._config.dry_run or self.policy(action).dry_run:
             return await self._dry_run(action, alert, target, actor, automatic, what)
+        # Refused now, not after an approver said yes: the cooldown says when the action is allowed again.
+        cooldown = await self._rails.cooldown(action, target.host)
+        if cooldown is not None:
+            await self._refuse_request(actor, action, target.host, alert, cooldown)
         refusal = await self._breaker.refusal(target.host) if automatic else None
         if refusal is not None:
             await self._refuse_request(AUTOMATIC_ACTOR, action, target.host, alert, refusal)
