@@ -16,7 +16,7 @@ from bot.models import short_id
 from tests.fakes.slack import FakeSlack, SlackMessage
 from tests.support.bot import eventually, running_bot
 from tests.support.processes import Prometheus
-from tests.support.slack_requests import post_command
+from tests.support.slack_requests import RESPONDER, click_payload, post_click, post_command
 from tests.support.sshd import SSHD, Sshd
 from tests.test_remediation_slack_e2e import ADMIN, RESTART, post_alert, remediating_config
 
@@ -113,3 +113,31 @@ async def _state(bot: Any, run_id: int, state: str) -> bool:
 
 def _thread(slack: FakeSlack, root: SlackMessage) -> list[str]:
     return [reply.text for reply in slack.replies(root)]
+
+
+async def test_each_slack_request_is_audited_once_done_or_refused(tmp_path: Path, slack: FakeSlack, sshd: Sshd) -> None:
+    async with running_bot(tmp_path, remediating_config(tmp_path, slack, sshd)) as bot:
+        alert, root = await post_alert(bot, slack, "DCGMExporterNoGPUs", host="k-ai-01")
+        stranger, _ = await post_alert(bot, slack, "GPUMissing", host="k-ai-09")  # no executor reaches it
+        assert await post_click(bot.url, click_payload(RESTART, alert.key, root.ts, RESPONDER, slack.response_url()))
+        [requested] = await eventually(lambda: slack.responses, timeout=15)
+        run_id = int(requested["text"].split("(run #", 1)[1].split(")", 1)[0])
+        assert (await post_command(bot.url, f"approve {run_id}", user=ADMIN)).startswith("Approved")
+        await eventually(lambda: _state(bot, run_id, "done"), timeout=30)
+        refused = await post_command(bot.url, f"run {RESTART} {short_id(stranger.key)}")
+        assert refused.startswith("Refused: host 'k-ai-09' is not a configured remediation target")
+        assert await post_command(bot.url, "approve 99", user=ADMIN) == "Refused: no run #99"
+        assert await post_command(bot.url, "reset-breaker", user=ADMIN) == (
+            "Circuit breaker reset: the automatic policy may act again."
+        )
+
+        entries = await bot.runtime.store.audit_log(alert.starts_at - timedelta(minutes=1))
+        asked = [(e.actor, e.action, e.outcome) for e in entries if e.actor.startswith("slack:")]
+        assert asked == [
+            ("slack:U0RESPOND1 alice", f"run {RESTART}", "requested"),
+            ("slack:U0ADMIN001 ada", f"approve {RESTART}", "approved"),
+            ("slack:U0RESPOND1 alice", f"run {RESTART}", "done"),  # the run's own step, not a request
+            ("slack:U0RESPOND1 alice", f"run {RESTART}", "refused"),
+            ("slack:U0ADMIN001 ada", "approve", "refused"),
+            ("slack:U0ADMIN001 ada", "circuit-breaker", "reset"),
+        ]

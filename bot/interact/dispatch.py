@@ -3,7 +3,7 @@
 Commands (`/gpu ack k3x9m2p`) and buttons (action_id `ack` with the alert's key as value) are registered here
 by name; the remediation engine registers its own (`run`, `approve`, one button per executable action) the same
 way, without touching the dispatch logic. Whatever happens, the person gets a short answer and the audit log
-gets who asked what and how it ended, written before the answer.
+gets who asked what and how it ended, once per request, written before the answer.
 """
 
 from __future__ import annotations
@@ -47,12 +47,15 @@ class Invocation:
 
 @dataclass(frozen=True)
 class Outcome:
-    """`reply` is mrkdwn, already escaped; `outcome` a stable word for the audit log (done, nothing, failed...)."""
+    """`reply` is mrkdwn, already escaped; `outcome` a stable word for the audit log (done, nothing, failed...).
+    `audited`: the handler's own code wrote this request's audit entry (the remediation engine audits every
+    step it takes or refuses), so the dispatcher writes none: one entry per request."""
 
     reply: str
     outcome: str = "done"
     target: str = ""
     detail: str = ""
+    audited: bool = False
 
 
 class UsageError(Exception):
@@ -138,7 +141,8 @@ class Dispatcher:
         except StoreUnavailable as exc:
             log.warning("store unavailable for a Slack command", extra={"reason": str(exc)})
             return "The bot's store cannot take a write now; nothing was done. Try again in a minute."
-        await self._record(actor, invocation.name, outcome.target, outcome.outcome, outcome.detail)
+        if not outcome.audited:
+            await self._record(actor, invocation.name, outcome.target, outcome.outcome, outcome.detail)
         return outcome.reply
 
     async def _refuse(self, actor: Actor, action: str, outcome: str, reply: str) -> str:
