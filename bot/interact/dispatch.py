@@ -46,6 +46,26 @@ class Invocation:
 
 
 @dataclass(frozen=True)
+class OfferedButton:
+    """A button an answer offers under its text (a confirmation): clicked, it runs as any other button."""
+
+    action_id: str
+    label: str
+    value: str
+
+
+class Reply(str):
+    """An answer (mrkdwn), with the button it offers when there is one; compares as its text."""
+
+    button: OfferedButton | None
+
+    def __new__(cls, text: str, button: OfferedButton | None = None) -> Reply:
+        reply = super().__new__(cls, text)
+        reply.button = button
+        return reply
+
+
+@dataclass(frozen=True)
 class Outcome:
     """`reply` is mrkdwn, already escaped; `outcome` a stable word for the audit log (done, nothing, failed...).
     `audited`: the handler's own code wrote this request's audit entry (the remediation engine audits every
@@ -56,6 +76,7 @@ class Outcome:
     target: str = ""
     detail: str = ""
     audited: bool = False
+    button: OfferedButton | None = None
 
 
 class UsageError(Exception):
@@ -143,7 +164,7 @@ class Dispatcher:
             return "The bot's store cannot take a write now; nothing was done. Try again in a minute."
         if not outcome.audited:
             await self._record(actor, invocation.name, outcome.target, outcome.outcome, outcome.detail)
-        return outcome.reply
+        return Reply(outcome.reply, outcome.button) if outcome.button else outcome.reply
 
     async def _refuse(self, actor: Actor, action: str, outcome: str, reply: str) -> str:
         await self._record(actor, action, "", outcome, _plain(reply))

@@ -1,5 +1,7 @@
 """The silence commands and buttons: `silence`, `silences`, `unsilence`, Silence 1h/4h/24h and Unsilence.
 
+Before a silence is made, Alertmanager says which firing alerts it would mute (bot/interact/silence_scope.py):
+one that would mute more than its alert is not made until confirmed (`--confirm`, or the answer's button).
 One alert, one silence at a time: a request takes the alert's silence slot in the store (atomically, across
 replicas) before it asks Alertmanager, so a double click or a second replica answers "already silenced by ...".
 Unsilence expires every silence the bot made for the alert, found in Alertmanager by its comment.
@@ -11,15 +13,23 @@ import contextlib
 import shlex
 from datetime import timedelta
 
-from bot.alertmanager import AlertmanagerClient, SilenceMatcher, SilenceNotFound, SilenceState
+from bot.alertmanager import AlertmanagerClient, SilenceNotFound, SilenceState
 from bot.clock import Clock
 from bot.config import InteractivityConfig
-from bot.interact.dispatch import ButtonSpec, CommandSpec, Dispatcher, Invocation, Outcome, UsageError
+from bot.interact.dispatch import ButtonSpec, CommandSpec, Dispatcher, Invocation, OfferedButton, Outcome, UsageError
 from bot.interact.lookup import ALREADY_RESOLVED, alert_by_short_id, firing_alert
+from bot.interact.silence_scope import (
+    CONFIRM_FLAG,
+    CONFIRM_SILENCE,
+    ConfirmedSilence,
+    Scope,
+    alert_scope,
+    describe,
+    would_mute,
+)
 from bot.interact.silences import (
     SILENCE_ID,
     BadSilence,
-    alert_matchers,
     looks_like_matcher,
     made_for,
     parse_silence_duration,
@@ -67,6 +77,7 @@ class SilenceCommands:
             dispatcher.add_command(spec)
         for action_id in SILENCE_BUTTONS:
             dispatcher.add_button(ButtonSpec(action_id, self._silence_button, "silence", responder))
+        dispatcher.add_button(ButtonSpec(CONFIRM_SILENCE, self._confirm_button, "silence", responder))
         dispatcher.add_button(ButtonSpec(UNSILENCE_BUTTON, self._unsilence_button, "unsilence", responder))
 
     # --- silence ---------------------------------------------------------------------------------------
@@ -75,75 +86,122 @@ class SilenceCommands:
             words = shlex.split(" ".join(invocation.args))
         except ValueError:
             raise UsageError("Unbalanced quotes.") from None
+        confirmed = CONFIRM_FLAG in words
+        words = [word for word in words if word != CONFIRM_FLAG]
         leading = next((i for i, word in enumerate(words) if not looks_like_matcher(word)), len(words))
         targets, rest = words[:leading], words[leading:]  # matchers first; a reason may hold an `=`
         if not rest:
             raise UsageError("Give an alert id or matchers, then a duration.")
         try:
             if targets:
-                matchers = typed_matchers(targets)
                 seconds = parse_silence_duration(rest[0], self._config.max_silence)
-                return await self._create_silence(invocation, matchers, seconds, " ".join(rest[1:])[:300], None)
+                wanted = ConfirmedSilence(seconds, " ".join(rest[1:])[:300], typed=tuple(targets))
+                return await self._silence_matchers(invocation, wanted, confirmed)
             alert = await alert_by_short_id(self._store, rest[:1])
             if len(rest) < 2:
                 raise BadSilence("give a duration, such as 1h")
             seconds = parse_silence_duration(rest[1], self._config.max_silence)
         except BadSilence as exc:
             raise UsageError(escape(str(exc)).capitalize() + ".") from None
-        return await self._silence_alert(invocation, alert, seconds, " ".join(rest[2:])[:300])
+        wanted = ConfirmedSilence(seconds, " ".join(rest[2:])[:300], alert_key=alert.key)
+        return await self._silence_alert(invocation, alert, wanted, confirmed)
 
     async def _silence_button(self, invocation: Invocation) -> Outcome:
         alert = await firing_alert(self._store, invocation.value)
         if alert is None:
             return Outcome(ALREADY_RESOLVED, "nothing", detail="resolved or unknown")
-        return await self._silence_alert(invocation, alert, _BUTTON_SILENCES[invocation.name], "")
+        wanted = ConfirmedSilence(_BUTTON_SILENCES[invocation.name], "", alert_key=alert.key)
+        return await self._silence_alert(invocation, alert, wanted, confirmed=False)
 
-    async def _silence_alert(self, invocation: Invocation, alert: AlertState, seconds: float, reason: str) -> Outcome:
+    async def _confirm_button(self, invocation: Invocation) -> Outcome:
+        """The confirmation a silence muting more than its alert asked for: the same silence, made now."""
+        try:
+            wanted = ConfirmedSilence.parse(invocation.value, max(self._config.max_silence, *_BUTTON_SILENCES.values()))
+            if wanted.typed:
+                return await self._silence_matchers(invocation, wanted, confirmed=True)
+        except BadSilence as exc:
+            raise UsageError(escape(str(exc)).capitalize() + ".") from None
+        alert = await firing_alert(self._store, wanted.alert_key)
+        if alert is None:
+            return Outcome(ALREADY_RESOLVED, "nothing", detail="resolved or unknown")
+        return await self._silence_alert(invocation, alert, wanted, confirmed=True)
+
+    async def _silence_matchers(self, invocation: Invocation, wanted: ConfirmedSilence, confirmed: bool) -> Outcome:
+        scope = Scope(typed_matchers(wanted.typed), [])
+        scope = Scope(scope.matchers, await would_mute(self._am, scope.matchers))
+        if len(scope.muted) > 1 and not confirmed:
+            shown = ", ".join(escape(str(m)) for m in scope.matchers)
+            return self._confirmation(f"{shown} would mute", scope, None, wanted)
+        return await self._create_silence(invocation, scope, wanted, None)
+
+    async def _silence_alert(
+        self, invocation: Invocation, alert: AlertState, wanted: ConfirmedSilence, confirmed: bool
+    ) -> Outcome:
         sid = short_id(alert.key)
         if alert.status != "firing":
             return Outcome(ALREADY_RESOLVED, "nothing", sid, "resolved")
         if alert.silence_id:
             return _already_silenced(alert)
-        matchers = alert_matchers(alert, self._config.silence_labels)
-        if not matchers:
-            raise UsageError(f"`{sid}` has none of the labels silences match on; silence it with matchers.")
+        scope = await alert_scope(self._am, alert, self._config.silence_labels)
+        if not scope.matchers:
+            raise UsageError(f"`{sid}` has no label a silence could match on; silence it with matchers.")
+        if scope.others(alert) and not confirmed:
+            shown = ", ".join(escape(str(m)) for m in scope.matchers)
+            return self._confirmation(f"Silencing `{sid}` on {shown} would also mute", scope, alert, wanted)
         now = self._clock.now()
         stale = now - timedelta(seconds=SILENCE_CLAIM_LEASE)
         if not await self._store.claim_silence(alert.key, invocation.actor.name, now, stale):
             return _already_silenced(await self._store.get_alert(alert.key) or alert)
         try:
-            return await self._create_silence(invocation, matchers, seconds, reason, alert)
+            return await self._create_silence(invocation, scope, wanted, alert)
         except BaseException:
             with contextlib.suppress(StoreUnavailable):  # else the slot frees itself after the lease
                 await self._store.release_silence(alert.key, now)
             raise
 
+    @staticmethod
+    def _confirmation(opening: str, scope: Scope, alert: AlertState | None, wanted: ConfirmedSilence) -> Outcome:
+        """Nothing silenced: the answer says what the silence would mute, and how to confirm it."""
+        others = scope.others(alert)
+        count = f"{len(others)} {'other ' if alert else ''}firing alert{'s' if len(others) > 1 else ''}"
+        again = (
+            f"silence {short_id(alert.key)} {_duration_text(wanted.seconds)}"
+            if alert
+            else f"silence {' '.join(wanted.typed)} {_duration_text(wanted.seconds)}"
+        )
+        reason = f" {wanted.reason}" if wanted.reason else ""
+        value = wanted.value()
+        button = OfferedButton(CONFIRM_SILENCE, f"Silence all {len(scope.muted)}", value) if value else None
+        text = (
+            f"{opening} {count}: {describe(others)}. Nothing was silenced. To silence them all: "
+            f"`{escape(again)} {CONFIRM_FLAG}{escape(reason)}`{' or the button below' if button else ''}."
+        )
+        target = short_id(alert.key) if alert else ""
+        return Outcome(text, "confirm", target, f"would mute {len(scope.muted)} alerts", button=button)
+
     async def _create_silence(
-        self,
-        invocation: Invocation,
-        matchers: list[SilenceMatcher],
-        seconds: float,
-        reason: str,
-        alert: AlertState | None,
+        self, invocation: Invocation, scope: Scope, wanted: ConfirmedSilence, alert: AlertState | None
     ) -> Outcome:
         now = self._clock.now()
-        until = now + timedelta(seconds=seconds)
+        until = now + timedelta(seconds=wanted.seconds)
         name = invocation.actor.name
         link = await self._message_link(alert.key) if alert else ""
-        comment = silence_comment(reason, short_id(alert.key) if alert else None, link, name)
+        comment = silence_comment(wanted.reason, short_id(alert.key) if alert else None, link, name)
         silence_id = await self._am.create_silence(
-            matchers, starts_at=now, ends_at=until, created_by=name, comment=comment
+            scope.matchers, starts_at=now, ends_at=until, created_by=name, comment=comment
         )
-        shown = ", ".join(escape(str(m)) for m in matchers)
-        length = format_duration(seconds)
-        detail = f"{', '.join(str(m) for m in matchers)} for {length}: {silence_id}"
+        shown = ", ".join(escape(str(m)) for m in scope.matchers)
+        length = format_duration(wanted.seconds)
+        detail = f"{', '.join(str(m) for m in scope.matchers)} for {length}: {silence_id}"
+        muting = _muting(scope, alert)
         if alert is None:
-            return Outcome(f"Silenced {shown} for {length}: silence `{silence_id}`.", "done", silence_id, detail)
-        why = f": {reason}" if reason else ""
+            text = f"Silenced {shown} for {length}{muting}: silence `{silence_id}`."
+            return Outcome(text, "done", silence_id, detail)
+        why = f": {wanted.reason}" if wanted.reason else ""
         note = f"silenced by {name} for {length}{why} (silence {silence_id})"
         await self._store.set_silence(alert.key, silence_id, name, until, note)
         sid = short_id(alert.key)
-        return Outcome(f"Silenced `{sid}` for {length}: silence `{silence_id}`.", "done", sid, detail)
+        return Outcome(f"Silenced `{sid}` for {length}{muting}: silence `{silence_id}`.", "done", sid, detail)
 
     async def _message_link(self, alert_key: str) -> str:
         """The alert's Slack message (Slack redirects /archives links into the workspace), or ""."""
@@ -204,6 +262,26 @@ class SilenceCommands:
             return Outcome(f"Expired silence `{expired[0]}`.", "done", sid, ids)
         shown = ", ".join(f"`{silence_id}`" for silence_id in expired)
         return Outcome(f"Expired silences {shown}: every one the bot made for `{sid}`.", "done", sid, ids)
+
+
+def _muting(scope: Scope, alert: AlertState | None) -> str:
+    """What the answer adds about the silence's reach: its matchers when they are not the configured ones, and
+    the other alerts it mutes when there are any."""
+    shown = ", ".join(escape(str(m)) for m in scope.matchers)
+    others = len(scope.others(alert))
+    also = f", muting {others} other firing alert{'s' if others > 1 else ''} too" if others and alert else ""
+    if alert is None and len(scope.muted) > 1:
+        also = f", muting {len(scope.muted)} firing alerts"
+    if scope.narrowed:
+        return f" on every label of the alert ({shown}): its silence labels match other firing alerts too{also}"
+    return also
+
+
+def _duration_text(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{max(1, round(seconds / 60))}m"
 
 
 def _already_silenced(alert: AlertState) -> Outcome:
