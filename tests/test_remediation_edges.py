@@ -18,7 +18,7 @@ from tests.support.bot import eventually, running_bot
 from tests.support.processes import Prometheus
 from tests.support.slack_requests import RESPONDER, click_payload, post_click, post_command
 from tests.support.sshd import SSHD, Sshd
-from tests.test_remediation_slack_e2e import ADMIN, RESTART, post_alert, remediating_config
+from tests.test_remediation_slack_e2e import ADMIN, RESTART, buttons, post_alert, remediating_config
 
 pytestmark = [
     pytest.mark.realstack,
@@ -141,3 +141,16 @@ async def test_each_slack_request_is_audited_once_done_or_refused(tmp_path: Path
             ("slack:U0ADMIN001 ada", "approve", "refused"),
             ("slack:U0ADMIN001 ada", "circuit-breaker", "reset"),
         ]
+
+
+async def test_an_action_button_shows_only_on_an_alert_whose_host_can_run_it(
+    tmp_path: Path, slack: FakeSlack, sshd: Sshd
+) -> None:
+    async with running_bot(tmp_path, remediating_config(tmp_path, slack, sshd)) as bot:
+        _, reachable = await post_alert(bot, slack, "GPUMissing", host="k-ai-01")
+        _, elsewhere = await post_alert(bot, slack, "GPUThermalThrottling", host="k-ai-09")  # in no remediation.hosts
+        _, hostless = await post_alert(bot, slack, "HostMemoryLow", cluster="east")
+        assert "collect-diagnostics" in buttons(reachable)
+        for message in (elsewhere, hostless):  # their playbooks name it too, but no executor reaches them
+            assert "collect-diagnostics" not in buttons(message)
+            assert buttons(message)[:2] == ["ack", "silence-1h"]
