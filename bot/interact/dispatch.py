@@ -148,9 +148,9 @@ class Dispatcher:
     ) -> str:
         actor = invocation.actor
         if permission and not await self._access.allowed(actor.user_id, permission, default_role):
-            role = self._access.required_role(permission, default_role)
+            needs = self._access.needs(permission, default_role)
             return await self._refuse(
-                actor, invocation.name, "refused", f"Sorry, `{escape(invocation.name)}` needs the {escape(role)} role."
+                actor, invocation.name, "refused", f"Sorry, `{escape(invocation.name)}` needs {needs}."
             )
         try:
             outcome = await handler(invocation)

@@ -117,8 +117,8 @@ class RemediationCommands:
         if action not in ACTIONS:
             raise UsageError(f"Unknown action `{escape(action[:60])}`.")
         if _dangerous(action) and not await self._access.allowed(invocation.actor.user_id, RUN_DANGEROUS, ADMIN):
-            role = escape(self._access.required_role(RUN_DANGEROUS, ADMIN))
-            return Outcome(f"Sorry, `{escape(action)}` is dangerous: it needs the {role} role.", "refused", action)
+            needs = self._access.needs(RUN_DANGEROUS, ADMIN)
+            return Outcome(f"Sorry, `{escape(action)}` is dangerous: it needs {needs}.", "refused", action)
         return await self._request(invocation, action, alert_id, dry_run=_DRY_RUN_FLAG in invocation.args)
 
     async def _request(self, invocation: Invocation, action: str, alert_id: str, dry_run: bool) -> Outcome:
