@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from bot.models import short_id
+from tests.fakes.kubernetes import FakeKubernetes
 from tests.fakes.slack import FakeSlack, SlackMessage
 from tests.support.bot import eventually, running_bot
 from tests.support.processes import Prometheus
@@ -154,3 +155,17 @@ async def test_an_action_button_shows_only_on_an_alert_whose_host_can_run_it(
         for message in (elsewhere, hostless):  # their playbooks name it too, but no executor reaches them
             assert "collect-diagnostics" not in buttons(message)
             assert buttons(message)[:2] == ["ack", "silence-1h"]
+
+
+async def test_each_host_shows_the_buttons_of_its_own_executor(tmp_path: Path, slack: FakeSlack, sshd: Sshd) -> None:
+    async with FakeKubernetes() as cluster:
+        cluster.add_node("gpu-node-1")
+        config = remediating_config(tmp_path, slack, sshd)  # k-ai-01 over SSH
+        config["remediation"]["kubernetes"] = {"kubeconfig": str(cluster.kubeconfig(tmp_path / "kubeconfig"))}
+        config["remediation"]["hosts"]["gpu-node-1"] = {"kubernetes_node": "gpu-node-1"}
+        async with running_bot(tmp_path, config) as bot:
+            _, over_ssh = await post_alert(bot, slack, "GPUXidError", host="k-ai-01", gpu="3")
+            _, node = await post_alert(bot, slack, "GPUXidError", host="gpu-node-1", gpu="0")
+            # One playbook names both; SSH has the diagnostics verb, the Kubernetes executor serves the node.
+            assert "collect-diagnostics" in buttons(over_ssh) and "cordon-node" not in buttons(over_ssh)
+            assert "cordon-node" in buttons(node) and "collect-diagnostics" not in buttons(node)
