@@ -63,7 +63,7 @@ class SilenceCommands:
         for spec in (
             CommandSpec(
                 "silence",
-                "silence ID|MATCHERS DURATION [reason]",
+                f"silence ID|MATCHERS DURATION [reason] [{CONFIRM_FLAG}]",
                 "silence in Alertmanager, e.g. `silence k3x9m2p 2h reboot`",
                 self._silence,
                 "silence",
@@ -127,8 +127,8 @@ class SilenceCommands:
         return await self._silence_alert(invocation, alert, wanted, confirmed=True)
 
     async def _silence_matchers(self, invocation: Invocation, wanted: ConfirmedSilence, confirmed: bool) -> Outcome:
-        scope = Scope(typed_matchers(wanted.typed), [])
-        scope = Scope(scope.matchers, await would_mute(self._am, scope.matchers))
+        matchers = typed_matchers(wanted.typed)
+        scope = Scope(matchers, await would_mute(self._am, matchers))
         if len(scope.muted) > 1 and not confirmed:
             shown = ", ".join(escape(str(m)) for m in scope.matchers)
             return self._confirmation(f"{shown} would mute", scope, None, wanted)
