@@ -3,15 +3,20 @@
 #   docker build -t gpu-alert-bot .
 #   docker run -d --name gpu-alert-bot -p 9095:9095 \
 #     -v /srv/gpu-alert-bot/bot.yaml:/etc/gpu-alert-bot/bot.yaml:ro \
-#     -v /srv/gpu-alert-bot/secrets:/run/secrets:ro \
+#     -v /srv/gpu-alert-bot/secrets/webhook_token:/run/secrets/webhook_token:ro \
 #     -v gpu-alert-bot-data:/var/lib/gpu-alert-bot \
 #     gpu-alert-bot
 #
 # Mounts (README, "Docker"):
 #   /etc/gpu-alert-bot/bot.yaml   the configuration (read-only). The built-in one listens on 0.0.0.0:9095 but,
 #                                 having no server.auth, the bot falls back to loopback: set auth to be reachable.
-#   /run/secrets/                 secret files named by the *_file keys (Docker/Kubernetes secrets). Secrets are
-#                                 never passed as environment variables: `docker inspect` would show them.
+#   /run/secrets/NAME             each secret file named by a *_file key, mounted on its own (one -v per file, as
+#                                 compose's `secrets:` does): the bot runs as uid 10001, which must be able to
+#                                 read the file (mode 0444, or `chown 10001` and mode 0400). Do not mount the
+#                                 host's secrets directory whole: kept 0700 (config/secrets/README.md), uid 10001
+#                                 cannot enter it and the bot exits 2 ("cannot read secret file ...: Permission
+#                                 denied: the bot runs as uid 10001 and cannot enter /run/secrets ..."). Secrets
+#                                 are never passed as environment variables: `docker inspect` would show them.
 #   /var/lib/gpu-alert-bot/       the SQLite store (a volume, so acknowledged alerts survive the container).
 
 # Stage 1 builds the wheel, which carries the bundled playbooks and Xid catalog as package data; stage 2 installs

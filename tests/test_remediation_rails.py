@@ -45,10 +45,12 @@ async def test_an_action_runs_then_the_cooldown_refuses_it_on_that_host_until_it
         assert (await store.get_action_run(first.id)).state == "done"  # type: ignore[union-attr]
 
         await clock.advance(29 * 60)
-        second = await bot.request(RESTART, alert.fingerprint, "cli:alice")
+        ran_at = (await store.get_action_run(first.id)).updated_at  # type: ignore[union-attr]
+        allowed = ran_at + timedelta(minutes=30)
+        with pytest.raises(ActionRefused, match=f"^cooldown: .* next allowed after {allowed:%H:%M:%S} UTC$"):
+            await bot.request(RESTART, alert.fingerprint, "cli:alice")  # refused when asked, no run recorded
         await bot.drain()
-        refused = await store.get_action_run(second.id)
-        assert refused is not None and refused.state == "refused" and refused.detail.startswith("cooldown:")
+        assert [run.id for run in await store.action_runs(clock.now() - timedelta(days=1))] == [first.id]
         assert executor.ran == [(RESTART, None)]
         assert any("cooldown" in text for text in thread.texts(alert.key))
 

@@ -38,6 +38,21 @@ async def test_a_state_change_happens_once_and_survives_a_reopen(opened: Opener)
         assert await store.get_breaker() is None
 
 
+async def test_a_breaker_reset_closes_it_and_starts_its_window_together(opened: Opener) -> None:
+    clock = FakeClock()
+    async with opened() as store:
+        assert await store.breaker_window_start() is None
+        await store.set_breaker(BreakerState(clock.now(), "3 hosts"))
+        await clock.advance(60)
+        await store.reset_breaker(clock.now())
+    async with opened() as store:
+        assert await store.get_breaker() is None
+        assert await store.breaker_window_start() == clock.now()
+        await clock.advance(60)
+        await store.reset_breaker(clock.now())
+        assert await store.breaker_window_start() == clock.now()
+
+
 async def test_old_runs_are_pruned(opened: Opener) -> None:
     clock = FakeClock()
     async with opened() as store:

@@ -227,6 +227,32 @@ async def test_a_silence_is_kept_on_its_alert_with_a_note_until_forgotten(opened
         assert [e.kind for e in await store.alert_events(other.key)] == [EventKind.FIRING]
 
 
+async def test_one_request_at_a_time_takes_an_alerts_silence_slot(opened: Opener) -> None:
+    at = datetime(2026, 11, 30, 12, tzinfo=UTC)
+    stale = at - timedelta(minutes=2)
+    async with opened() as store:
+        await ingest_and_dedup(store, webhook(gpu_alerts(1)))
+        [alert] = await store.list_alerts()
+        taken = await asyncio.gather(*(store.claim_silence(alert.key, f"u{n}", at, stale) for n in range(5)))
+        assert sorted(taken) == [False, False, False, False, True]
+        holder = await store.get_alert(alert.key)
+        assert holder is not None and holder.silenced_by == f"u{taken.index(True)}" and holder.silence_id is None
+        await store.release_silence(alert.key, at)
+        assert await store.claim_silence(alert.key, "alice", at, stale)
+        await store.set_silence(alert.key, "9f2c-silence", "alice", at + timedelta(hours=1), "silenced")
+        later = at + timedelta(hours=3)  # a set silence is never stale: it is forgotten when it ends
+        assert not await store.claim_silence(alert.key, "bob", later, later)
+        await store.release_silence(alert.key, at)  # the slot is the silence's now: nothing to give back
+        assert (await store.get_alert(alert.key)).silence_id == "9f2c-silence"  # type: ignore[union-attr]
+        await store.set_silence(alert.key, None, None, None, "expired")
+        # A slot whose taker died before it set a silence is taken again once older than `stale_before`.
+        assert await store.claim_silence(alert.key, "carol", at, stale)
+        assert not await store.claim_silence(alert.key, "dave", at + timedelta(minutes=1), stale)
+        assert await store.claim_silence(alert.key, "dave", at + timedelta(minutes=3), at + timedelta(minutes=1))
+        with pytest.raises(UnknownAlert):
+            await store.claim_silence("nope@2026-11-29T13:31:59+00:00", "x", at, stale)
+
+
 async def test_an_alerts_deliveries_are_listed_with_their_event_oldest_first(opened: Opener) -> None:
     async with opened() as store:
         await ingest_and_dedup(store, webhook(gpu_alerts(1)))

@@ -1,5 +1,6 @@
 """The circuit breaker of automatic remediation: when more hosts than allowed needed an automatic action within
-the window, the problem is fleet-wide, not one host's; automatic actions stop until an admin resets it."""
+the window, the problem is fleet-wide, not one host's; automatic actions stop until an admin resets it. A reset
+starts a new window: runs from before it no longer count."""
 
 from __future__ import annotations
 
@@ -32,6 +33,9 @@ class CircuitBreaker:
                 f"{breaker.opened_at:%Y-%m-%d %H:%M} UTC ({breaker.reason}); an admin resets it"
             )
         since = self._clock.now() - timedelta(seconds=self._limits.window)
+        reset_at = await self._store.breaker_window_start()
+        if reset_at is not None and reset_at > since:
+            since = reset_at  # a reset starts a new window: what ran before it made the admin's decision
         recent = await self._store.action_runs(since)
         hosts = {run.target for run in recent if run.automatic and not run.dry_run and run.requested_at >= since}
         hosts.add(host)
@@ -50,7 +54,7 @@ class CircuitBreaker:
         return await self._store.get_breaker()
 
     async def reset(self, actor: str) -> None:
-        await self._store.set_breaker(None)
+        await self._store.reset_breaker(self._clock.now())
         self.show(open_=False)
         await self._audit.record(actor, "circuit-breaker", "remediation", "reset")
 

@@ -139,6 +139,10 @@ class Remediation:
             await self._refuse_request(actor, action, target.host, alert, str(exc))
         if dry_run or self._config.dry_run or self.policy(action).dry_run:
             return await self._dry_run(action, alert, target, actor, automatic, what)
+        # Refused now, not after an approver said yes: the cooldown says when the action is allowed again.
+        cooldown = await self._rails.cooldown(action, target.host)
+        if cooldown is not None:
+            await self._refuse_request(actor, action, target.host, alert, cooldown)
         refusal = await self._breaker.refusal(target.host) if automatic else None
         if refusal is not None:
             await self._refuse_request(AUTOMATIC_ACTOR, action, target.host, alert, refusal)
@@ -229,7 +233,7 @@ class Remediation:
         approvals = (*run.approvals, actor)
         needed = 2 if self._config.second_approver and ACTIONS[run.action].safety == "dangerous" else 1
         state = APPROVED if len(approvals) >= needed else REQUESTED
-        moved = await self._decide(run, state, approvals=approvals)
+        moved = await self._decide(run, actor, "approve", state, approvals=approvals)
         await self._audit.step(
             actor,
             "approve",
@@ -252,21 +256,30 @@ class Remediation:
         run = await self._pending(run_id, actor, "refuse")
         if not await self._authorizer.may_approve(actor, run.action):
             await self._refuse_decision(run, actor, "refuse", f"{actor} may not decide on {run.action}")
-        moved = await self._decide(run, REFUSED, detail=f"refused by {actor}")
+        moved = await self._decide(run, actor, "refuse", REFUSED, detail=f"refused by {actor}")
         await self._audit.step(actor, "refuse", run, "refused", f"run #{run.id}")
         await self._talk.announce(moved, f"{actor} refused run #{run.id} ({run.action} on {run.target})")
         await self._talk.approval_changed(moved)
         return moved
 
     async def _decide(
-        self, run: ActionRun, state: str, approvals: tuple[str, ...] | None = None, detail: str | None = None
+        self,
+        run: ActionRun,
+        actor: str,
+        verb: str,
+        state: str,
+        approvals: tuple[str, ...] | None = None,
+        detail: str | None = None,
     ) -> ActionRun:
-        """Move a run waiting for approval to `state`; refused when someone else decided on it meanwhile."""
+        """Move a run waiting for approval to `state`; refused (and audited) when someone else decided on it
+        meanwhile."""
         moved = await self._store.transition_action_run(
             run.id, REQUESTED, state, self._clock.now(), detail=detail, approvals=approvals
         )
         if moved is None:
-            raise ActionRefused(f"run #{run.id} changed meanwhile; look again")
+            reason = f"run #{run.id} changed meanwhile; look again"
+            await self._audit.step(actor, verb, run, "refused", reason)
+            raise ActionRefused(reason)
         return moved
 
     async def _pending(self, run_id: int, actor: str, verb: str) -> ActionRun:

@@ -25,7 +25,7 @@ class ExecutionRails:
 
     async def blocked(self, run: ActionRun) -> str | None:
         """Why `run` may not start now; None when it may. Take its slot with `hold` before the next await."""
-        blocked = await self._cooldown(run)
+        blocked = await self.cooldown(run.action, run.target, run.id)
         if blocked is None and (run.action, run.target) in self._active:
             blocked = f"{run.action} is already running on {run.target}"
         if blocked is None and len(self._active) >= self._max_concurrent:
@@ -42,16 +42,18 @@ class ExecutionRails:
         finally:
             self._active.discard(slot)
 
-    async def _cooldown(self, run: ActionRun) -> str | None:
-        cooldown = self._policy(run.action).cooldown
+    async def cooldown(self, action: str, host: str, run_id: int | None = None) -> str | None:
+        """Why `action` may not run on `host` now for its cooldown (another run than `run_id` started there within
+        it), with the time it is allowed again; None when it may."""
+        cooldown = self._policy(action).cooldown
         since = self._clock.now() - timedelta(seconds=cooldown)
         earlier = [
             other
             for other in await self._store.action_runs(since, STARTED_STATES)
-            if other.id != run.id and other.action == run.action and other.target == run.target
+            if other.id != run_id and other.action == action and other.target == host
         ]
         if not earlier:
             return None
         last = max(other.updated_at for other in earlier)
         until = last + timedelta(seconds=cooldown)
-        return f"cooldown: {run.action} ran on {run.target} at {last:%H:%M:%S} UTC, next allowed after {until:%H:%M:%S}"
+        return f"cooldown: {action} ran on {host} at {last:%H:%M:%S} UTC, next allowed after {until:%H:%M:%S} UTC"

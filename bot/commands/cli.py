@@ -18,7 +18,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bot.config import BotConfig, ConfigError, listen_address, load_config, parse_duration, secret_file_warnings
+from bot.config import (
+    BotConfig,
+    ConfigError,
+    listen_address,
+    load_config,
+    parse_duration,
+    role_warnings,
+    secret_file_warnings,
+)
 from bot.logs import configure_logging, tag_records
 from bot.playbooks import PlaybookError, PlaybookSet
 from bot.service.roles import ROLES, listen_host, serve_ingest, serve_worker, worker_command
@@ -244,7 +252,7 @@ def _check_config(args: argparse.Namespace) -> int:
         _print_problems(exc.problems)
         print(f"{args.config}: {len(exc.problems)} problem(s)", file=sys.stderr)
         return EXIT_CONFIG
-    _print_problems([f"warning: {warning}" for warning in secret_file_warnings(config)])
+    _print_problems([f"warning: {warning}" for warning in [*secret_file_warnings(config), *role_warnings(config)]])
     print(f"{args.config}: OK")
     return EXIT_OK
 
@@ -336,7 +344,7 @@ def _serve(args: argparse.Namespace) -> int:
     configure_logging(config.logging.level, config.secrets)
     if config.store.backend == "postgresql":
         tag_records(replica=config.store.replica)
-    for warning in secret_file_warnings(config):
+    for warning in [*secret_file_warnings(config), *role_warnings(config)]:
         log.warning(warning)
     if args.role != "all":
         tag_records(role=args.role)

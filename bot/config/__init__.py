@@ -41,7 +41,7 @@ from bot.config.remediation import (
     RemediationHost,
     SshExecutorConfig,
 )
-from bot.config.root import BotConfig, cross_section_problems, secret_file_warnings
+from bot.config.root import BotConfig, cross_section_problems, role_warnings, secret_file_warnings
 from bot.config.routing import Matcher, RouteRule, RoutingConfig
 from bot.config.secrets import Secret, SecretFile
 from bot.config.server import BasicAuthConfig, ServerConfig, WebhookAuthConfig
@@ -98,6 +98,7 @@ __all__ = [
     "listen_address",
     "load_config",
     "parse_duration",
+    "role_warnings",
     "secret_file_warnings",
     "split_listen",
 ]

@@ -24,6 +24,14 @@ DEFAULT_PERMISSIONS: Mapping[str, str] = {
     "silence": "responder",
     "unsilence": "responder",
 }
+# Who may use remediation from Slack unless `permissions` says otherwise (bot/interact/remediation.py).
+REMEDIATION_PERMISSIONS: Mapping[str, str] = {
+    "run": "responder",
+    "approve": "responder",
+    "run-dangerous": "admin",
+    "approve-dangerous": "admin",
+    "reset-breaker": "admin",
+}
 
 
 def _slack_ids(pattern: re.Pattern[str], example: str) -> Any:
@@ -44,7 +52,8 @@ class SlackRole(StrictModel):
 
 class InteractivityConfig(StrictModel):
     """Slack commands and buttons. Roles are listed from least to most powerful: each may do what those before it
-    may. `permissions` names, per command, the least role that may use it."""
+    may. `permissions` names, per command, the least role that may use it; a role it names must be configured,
+    while a default permission whose role is not configured grants nothing (viewer, responder and admin alike)."""
 
     enabled: bool = True
     # The Slack receiver whose messages carry the buttons; its bot token answers and reads user groups.
@@ -72,7 +81,9 @@ class InteractivityConfig(StrictModel):
         names = [role.name for role in self.roles]
         if len(set(names)) != len(names):
             problems.append("roles: a role name is used twice")
-        for command, role in self.effective_permissions.items():
+        # A role `permissions` names is surely meant to exist (a typo locks people out): refused. A default's role
+        # that is not configured grants nothing, whichever role it is (`unconfigured_roles` says what that locks).
+        for command, role in self.permissions.items():
             if role not in names:
                 problems.append(f"permissions.{command}: {role!r} is not a configured role (roles: {', '.join(names)})")
         if problems:
@@ -81,4 +92,15 @@ class InteractivityConfig(StrictModel):
 
     @property
     def effective_permissions(self) -> dict[str, str]:
-        return {**DEFAULT_PERMISSIONS, **self.permissions}
+        return {**DEFAULT_PERMISSIONS, **REMEDIATION_PERMISSIONS, **self.permissions}
+
+    def unconfigured_roles(self, remediation: bool) -> dict[str, list[str]]:
+        """Per role that a permission in use names but `roles` does not configure, those permissions: nobody may
+        use them from Slack (`remediation`: its permissions are in use)."""
+        names = {role.name for role in self.roles}
+        used = {**DEFAULT_PERMISSIONS, **(REMEDIATION_PERMISSIONS if remediation else {}), **self.permissions}
+        missing: dict[str, list[str]] = {}
+        for permission, role in used.items():
+            if role not in names:
+                missing.setdefault(role, []).append(permission)
+        return missing

@@ -193,3 +193,18 @@ def secret_file_warnings(config: BotConfig) -> list[str]:
         for secret in _secret_files(config)
         if secret.readable_by_everyone()
     ]
+
+
+def role_warnings(config: BotConfig) -> list[str]:
+    """Permissions nobody holds because their role is not configured: `check-config` and `serve` warn about
+    each role, with what it locks."""
+    section = config.interactivity
+    if section is None or not section.enabled:
+        return []
+    configured = ", ".join(role.name for role in section.roles)
+    return [
+        f"interactivity.roles: no {role!r} role is configured (roles: {configured}), so nobody may use "
+        f"{', '.join(permissions)} from Slack: a role that is not configured grants nothing; add the role, or "
+        f"give these permissions to a configured one in interactivity.permissions"
+        for role, permissions in section.unconfigured_roles(remediation=bool(config.remediation.hosts)).items()
+    ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import stat
 from pathlib import Path
 from typing import Annotated, Any
@@ -71,6 +72,8 @@ def _file_stamp(path: Path) -> tuple[int, int, int] | None:
 def _secret_text(path: Path) -> str:
     try:
         content = path.read_text(encoding="utf-8").strip()
+    except PermissionError as exc:
+        raise ValueError(f"cannot read secret file {path}: {exc.strerror or exc}: {_permission_hint(path)}") from None
     except OSError as exc:
         raise ValueError(f"cannot read secret file {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
@@ -78,6 +81,32 @@ def _secret_text(path: Path) -> str:
     if not content:
         raise ValueError(f"secret file {path} is empty")
     return content
+
+
+def _permission_hint(path: Path) -> str:
+    """What to change so that this process may read the file: which uid it runs as, and the directory it cannot
+    enter or the modes the file needs."""
+    uid = os.geteuid()
+    absolute = path.absolute()
+    for directory in reversed(absolute.parents):
+        if not os.access(directory, os.X_OK):
+            return (
+                f"the bot runs as uid {uid} and cannot enter {directory} ({_owner_and_mode(directory)}): let uid "
+                f"{uid} search it (chmod o+x, or chown it to uid {uid}), or mount the secret files themselves, "
+                "not their directory (as compose's `secrets:` does)"
+            )
+    return (
+        f"the bot runs as uid {uid} and the file is {_owner_and_mode(absolute)}: make it readable by uid {uid} "
+        f"(chmod 0444, or chown {uid} and chmod 0400)"
+    )
+
+
+def _owner_and_mode(path: Path) -> str:
+    try:
+        info = path.stat()
+    except OSError:
+        return "not visible to it"
+    return f"mode {stat.S_IMODE(info.st_mode):04o}, owner uid {info.st_uid}"
 
 
 def _load_secret(value: Any, info: ValidationInfo) -> Secret:

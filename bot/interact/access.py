@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 
 from bot.clock import Clock
 from bot.config import InteractivityConfig
+from bot.render.slack import escape
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,13 @@ class Access:
 
     def required_role(self, permission: str, default: str) -> str:
         return self._permissions.get(permission, default)
+
+    def needs(self, permission: str, default: str) -> str:
+        """Why someone without the permission is refused, in words fit to show them (mrkdwn, escaped)."""
+        role = escape(self.required_role(permission, default))
+        if any(configured.name == self.required_role(permission, default) for configured in self._roles):
+            return f"the {role} role"
+        return f"the {role} role, and no {role} role is configured: nobody may use it (see interactivity.roles)"
 
     async def allowed(self, user_id: str, permission: str, default_role: str) -> bool:
         """Whether the user holds the role this permission needs (or a later one). An unknown role: nobody."""

@@ -3,7 +3,7 @@
 Commands (`/gpu ack k3x9m2p`) and buttons (action_id `ack` with the alert's key as value) are registered here
 by name; the remediation engine registers its own (`run`, `approve`, one button per executable action) the same
 way, without touching the dispatch logic. Whatever happens, the person gets a short answer and the audit log
-gets who asked what and how it ended, written before the answer.
+gets who asked what and how it ended, once per request, written before the answer.
 """
 
 from __future__ import annotations
@@ -46,13 +46,37 @@ class Invocation:
 
 
 @dataclass(frozen=True)
+class OfferedButton:
+    """A button an answer offers under its text (a confirmation): clicked, it runs as any other button."""
+
+    action_id: str
+    label: str
+    value: str
+
+
+class Reply(str):
+    """An answer (mrkdwn), with the button it offers when there is one; compares as its text."""
+
+    button: OfferedButton | None
+
+    def __new__(cls, text: str, button: OfferedButton | None = None) -> Reply:
+        reply = super().__new__(cls, text)
+        reply.button = button
+        return reply
+
+
+@dataclass(frozen=True)
 class Outcome:
-    """`reply` is mrkdwn, already escaped; `outcome` a stable word for the audit log (done, nothing, failed...)."""
+    """`reply` is mrkdwn, already escaped; `outcome` a stable word for the audit log (done, nothing, failed...).
+    `audited`: the handler's own code wrote this request's audit entry (the remediation engine audits every
+    step it takes or refuses), so the dispatcher writes none: one entry per request."""
 
     reply: str
     outcome: str = "done"
     target: str = ""
     detail: str = ""
+    audited: bool = False
+    button: OfferedButton | None = None
 
 
 class UsageError(Exception):
@@ -124,9 +148,9 @@ class Dispatcher:
     ) -> str:
         actor = invocation.actor
         if permission and not await self._access.allowed(actor.user_id, permission, default_role):
-            role = self._access.required_role(permission, default_role)
+            needs = self._access.needs(permission, default_role)
             return await self._refuse(
-                actor, invocation.name, "refused", f"Sorry, `{escape(invocation.name)}` needs the {escape(role)} role."
+                actor, invocation.name, "refused", f"Sorry, `{escape(invocation.name)}` needs {needs}."
             )
         try:
             outcome = await handler(invocation)
@@ -138,8 +162,9 @@ class Dispatcher:
         except StoreUnavailable as exc:
             log.warning("store unavailable for a Slack command", extra={"reason": str(exc)})
             return "The bot's store cannot take a write now; nothing was done. Try again in a minute."
-        await self._record(actor, invocation.name, outcome.target, outcome.outcome, outcome.detail)
-        return outcome.reply
+        if not outcome.audited:
+            await self._record(actor, invocation.name, outcome.target, outcome.outcome, outcome.detail)
+        return Reply(outcome.reply, outcome.button) if outcome.button else outcome.reply
 
     async def _refuse(self, actor: Actor, action: str, outcome: str, reply: str) -> str:
         await self._record(actor, action, "", outcome, _plain(reply))

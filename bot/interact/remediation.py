@@ -117,8 +117,8 @@ class RemediationCommands:
         if action not in ACTIONS:
             raise UsageError(f"Unknown action `{escape(action[:60])}`.")
         if _dangerous(action) and not await self._access.allowed(invocation.actor.user_id, RUN_DANGEROUS, ADMIN):
-            role = escape(self._access.required_role(RUN_DANGEROUS, ADMIN))
-            return Outcome(f"Sorry, `{escape(action)}` is dangerous: it needs the {role} role.", "refused", action)
+            needs = self._access.needs(RUN_DANGEROUS, ADMIN)
+            return Outcome(f"Sorry, `{escape(action)}` is dangerous: it needs {needs}.", "refused", action)
         return await self._request(invocation, action, alert_id, dry_run=_DRY_RUN_FLAG in invocation.args)
 
     async def _request(self, invocation: Invocation, action: str, alert_id: str, dry_run: bool) -> Outcome:
@@ -127,7 +127,7 @@ class RemediationCommands:
             run = await self._engine.request(action, alert_id, actor, dry_run)
         except ActionRefused as exc:
             return _refused(exc, action)
-        return Outcome(_requested_text(run), run.state, run_target(run), f"run #{run.id}")
+        return Outcome(_requested_text(run), run.state, run_target(run), f"run #{run.id}", audited=True)
 
     async def _approve_button(self, invocation: Invocation) -> Outcome:
         return await self._approve(replace(invocation, args=[invocation.value]))
@@ -143,7 +143,8 @@ class RemediationCommands:
         except ActionRefused as exc:
             return _refused(exc, f"run #{run_id}")
         waiting = " A second approver is needed." if run.state == "requested" else ""
-        return Outcome(f"Approved run #{run.id} ({escape(run.action)}).{waiting}", "approved", run_target(run))
+        text = f"Approved run #{run.id} ({escape(run.action)}).{waiting}"
+        return Outcome(text, "approved", run_target(run), audited=True)
 
     async def _refuse(self, invocation: Invocation) -> Outcome:
         run_id = _run_id(invocation.args)
@@ -152,7 +153,7 @@ class RemediationCommands:
             run = await self._engine.refuse(run_id, actor)
         except ActionRefused as exc:
             return _refused(exc, f"run #{run_id}")
-        return Outcome(f"Refused run #{run.id} ({escape(run.action)}).", "refused", run_target(run))
+        return Outcome(f"Refused run #{run.id} ({escape(run.action)}).", "refused", run_target(run), audited=True)
 
     async def _reset_breaker(self, invocation: Invocation) -> Outcome:
         if invocation.args:
@@ -161,7 +162,8 @@ class RemediationCommands:
             await self._engine.reset_breaker(engine_actor(invocation.actor.user_id, invocation.actor.name))
         except ActionRefused as exc:
             return _refused(exc, "circuit breaker")
-        return Outcome("Circuit breaker reset: the automatic policy may act again.", "done", "circuit breaker")
+        text = "Circuit breaker reset: the automatic policy may act again."
+        return Outcome(text, "done", "circuit breaker", audited=True)
 
 
 def _run_id(args: Sequence[str]) -> int:
@@ -171,7 +173,8 @@ def _run_id(args: Sequence[str]) -> int:
 
 
 def _refused(exc: ActionRefused, target: str) -> Outcome:
-    return Outcome(f"Refused: {escape(str(exc))}", "refused", target, str(exc)[:200])
+    """The engine's refusal, which the engine audited."""
+    return Outcome(f"Refused: {escape(str(exc))}", "refused", target, str(exc)[:200], audited=True)
 
 
 def run_target(run: ActionRun) -> str:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from aiohttp import web
 from slack_sdk.web.async_client import AsyncWebClient
 
+from bot.actions.build import build_executors
 from bot.alertmanager import AlertmanagerClient
 from bot.audit import AuditLog
 from bot.clock import SYSTEM_CLOCK, Clock
@@ -32,11 +33,22 @@ log = logging.getLogger(__name__)
 
 def slack_controls(config: BotConfig, executable: frozenset[str] = frozenset()) -> dict[str, Controls]:
     """The buttons each Slack receiver's messages show: only the interactive receiver's have any, and of the
-    playbooks' remediation actions only those in `executable` (those an executor is configured for)."""
+    playbooks' remediation actions only those in `executable` (those an executor is configured for), on an
+    alert whose host has an executor for it (`remediation.hosts`, by its docker, kubernetes_node or ssh)."""
     section = config.interactivity
     if section is None or not section.enabled:
         return {}
-    return {section.receiver: Controls(interactive=True, executable=executable)}
+    runnable_on = {
+        host: frozenset(action for action in actions if action in executable)
+        for host, actions in build_executors(config.remediation).items()
+    }
+    controls = Controls(
+        interactive=True,
+        executable=executable,
+        runnable_on=runnable_on,
+        host_labels=tuple(config.remediation.host_labels),
+    )
+    return {section.receiver: controls}
 
 
 class Interactivity:

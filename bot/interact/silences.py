@@ -63,6 +63,24 @@ def alert_matchers(alert: AlertState, label_names: Sequence[str]) -> list[Silenc
     return [SilenceMatcher(name=name, value=alert.labels[name]) for name in label_names if alert.labels.get(name)]
 
 
+def silence_comment(reason: str, alert_id: str | None, link: str, by: str) -> str:
+    """The comment of a silence the bot makes: the reason, then what it is about (an alert, with its message's
+    link, or typed matchers) and who asked; `made_for` recognises it."""
+    about = f"alert {alert_id}{f' {link}' if link else ''}" if alert_id else "typed matchers"
+    return f"{reason or 'silenced from Slack'} ({about}, by {by}{_MADE_BY_BOT}"
+
+
+def made_for(comment: str, alert_id: str) -> bool:
+    """Whether a silence's comment says the bot made it for this alert (its last parenthesis, which a reason
+    cannot fake since the bot's own always comes after it)."""
+    match = _MADE_FOR.search(comment)
+    return match is not None and match.group(1) == alert_id
+
+
+_MADE_BY_BOT = " via gpu-alert-bot)"
+_MADE_FOR = re.compile(r"\(alert ([a-z0-9]+)(?: https://[^\s,()]+)?, by [^()]* via gpu-alert-bot\)$")
+
+
 def _describe_seconds(seconds: float) -> str:
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size and seconds % size == 0:

@@ -26,8 +26,9 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.clock import Clock
 from bot.ingest import json_error
-from bot.interact.dispatch import Actor, Dispatcher
+from bot.interact.dispatch import Actor, Dispatcher, Reply
 from bot.interact.verify import RequestVerifier
+from bot.render.slack import offer_payload
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,10 @@ INTERACTIONS_PATH = "/slack/interactions"
 
 
 def ephemeral(text: str) -> dict[str, Any]:
+    """An answer only the person sees; with the button it offers, if any (Block Kit under the same text)."""
+    if isinstance(text, Reply) and text.button is not None:
+        offered = text.button
+        return {"response_type": "ephemeral", **offer_payload(text, offered.action_id, offered.label, offered.value)}
     return {"response_type": "ephemeral", "text": text or "Done."}
 
 

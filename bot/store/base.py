@@ -246,6 +246,17 @@ class Store(abc.ABC):
         returns the note's event id. Raises UnknownAlert for an unknown key."""
 
     @abc.abstractmethod
+    async def claim_silence(self, alert_key: str, by: str, at: datetime, stale_before: datetime) -> bool:
+        """Take the firing episode's silence slot for `by` at `at`, atomically (across replicas too): False when
+        it is silenced already, or another request holds the slot since `stale_before` or later. The taker then
+        calls `set_silence` with the silence it made, or `release_silence` with the same `at` when it made none.
+        Raises UnknownAlert for an unknown key."""
+
+    @abc.abstractmethod
+    async def release_silence(self, alert_key: str, claimed_at: datetime) -> None:
+        """Give back a slot taken by `claim_silence` at `claimed_at` that got no silence; nothing if not held."""
+
+    @abc.abstractmethod
     async def silenced_alerts(self) -> list[AlertState]:
         """Episodes with a silence the bot set and still believes active, for the periodic check."""
 
@@ -339,6 +350,15 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def set_breaker(self, state: BreakerState | None) -> None:
         """Open (a state) or close (None) the circuit breaker, durably."""
+
+    @abc.abstractmethod
+    async def reset_breaker(self, at: datetime) -> None:
+        """Close the circuit breaker and start its counting window at `at`, together: automatic runs requested
+        before a reset no longer count towards opening it again."""
+
+    @abc.abstractmethod
+    async def breaker_window_start(self) -> datetime | None:
+        """When the breaker was last reset (its window counts from then at the earliest); None if never."""
 
     # --- health and housekeeping ---------------------------------------------------------------------
     @abc.abstractmethod

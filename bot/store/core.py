@@ -354,12 +354,27 @@ def breaker_from_row(row: Row) -> BreakerState:
     return BreakerState(datetime.fromtimestamp(row["opened_at"], UTC), row["reason"])
 
 
+BREAKER_CLOSE = "DELETE FROM remediation_breaker"
+BREAKER_WINDOW_START = """INSERT INTO remediation_breaker_window (id, since) VALUES (1, {p})
+                          ON CONFLICT (id) DO UPDATE SET since = excluded.since"""
+BREAKER_WINDOW = "SELECT since FROM remediation_breaker_window WHERE id = 1"
+
+
 # --- acks, silences, action runs: the conditions both backends write under ------------------------------
 # Only a firing episode nobody acknowledged yet can be acknowledged (a second click changes nothing).
 ALERT_ACK = """UPDATE alerts SET acked_by = {p}, acked_at = {p}
                WHERE key = {p} AND status = 'firing' AND acked_by IS NULL"""
 ALERT_UNACK = "UPDATE alerts SET acked_by = NULL, acked_at = NULL WHERE key = {p} AND acked_by IS NOT NULL"
-ALERT_SET_SILENCE = "UPDATE alerts SET silence_id = {p}, silenced_by = {p}, silenced_until = {p} WHERE key = {p}"
+ALERT_SET_SILENCE = """UPDATE alerts SET silence_id = {p}, silenced_by = {p}, silenced_until = {p},
+                       silence_claimed_at = NULL WHERE key = {p}"""
+# One silence per episode: a request takes the episode's silence slot before it asks Alertmanager, so a second
+# request (a double click, another replica) finds it taken. A slot taken longer ago than the caller's `stale`
+# time (its process died between claim and silence) may be taken again.
+ALERT_CLAIM_SILENCE = """UPDATE alerts SET silenced_by = {p}, silence_claimed_at = {p}
+                         WHERE key = {p} AND status = 'firing' AND silence_id IS NULL
+                         AND (silence_claimed_at IS NULL OR silence_claimed_at < {p})"""
+ALERT_RELEASE_SILENCE = """UPDATE alerts SET silenced_by = NULL, silence_claimed_at = NULL
+                           WHERE key = {p} AND silence_id IS NULL AND silence_claimed_at = {p}"""
 SILENCED_ALERTS = "SELECT * FROM alerts WHERE silence_id IS NOT NULL ORDER BY key"
 
 ACTION_RUN_COLUMNS = (
@@ -419,10 +434,12 @@ COPIED_TABLES: dict[str, tuple[str, ...]] = {
     "audit_log": ("at", "actor", "action", "target", "outcome", "detail"),
     "alert_short_ids": ("short_id", "alert_key"),
     # The dead man's switch goes on where it was (an alert it raised is cleared, not raised again), remediation
-    # keeps its history (the rails count past runs) and an open circuit breaker stays open.
+    # keeps its history (the rails count past runs) and an open circuit breaker stays open (a closed one counts
+    # from its last reset).
     "watchdog": ("replica", "last_seen", "alerted_since"),
     "action_runs": ("id", *ACTION_RUN_COLUMNS.split(", ")),
     "remediation_breaker": ("id", "opened_at", "reason"),
+    "remediation_breaker_window": ("id", "since"),
 }
 # Tables whose ids are copied as they are: the destination's id sequence must then go on after them.
 COPIED_WITH_SERIAL_ID = frozenset({"action_runs"})

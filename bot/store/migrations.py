@@ -11,7 +11,8 @@ from __future__ import annotations
 from bot.store.base import StoreUnavailable
 
 # 2: the webhooks and their idempotency keys are written to an inbox file of their own (bot/store/sqlite/inbox.py).
-SQLITE_SCHEMA_VERSION = 2
+# 3: alerts.silence_claimed_at (one silence per alert) and remediation_breaker_window (a reset starts a window).
+SQLITE_SCHEMA_VERSION = 3
 
 
 class SchemaTooNew(StoreUnavailable):
@@ -220,6 +221,21 @@ CREATE TABLE remediation_breaker (
     id INTEGER PRIMARY KEY CHECK (id = 1),
     opened_at DOUBLE PRECISION NOT NULL,
     reason TEXT NOT NULL
+);
+""",
+    )
+)
+POSTGRESQL_MIGRATIONS.append(
+    (
+        4,
+        """
+-- When a Slack request took the episode's silence slot (one silence per alert), until it set the silence.
+ALTER TABLE alerts ADD COLUMN silence_claimed_at DOUBLE PRECISION;
+
+-- Since when the circuit breaker counts automatic runs: its last reset (none: since ever).
+CREATE TABLE remediation_breaker_window (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    since DOUBLE PRECISION NOT NULL
 );
 """,
     )

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from bot.message import ActionRef, Link, Message, Section
-from bot.models import short_id
+from bot.models import DEFAULT_HOST_LABELS, host_from_labels, short_id
 from bot.render.slack.blockkit import (
     ACK_EMOJI,
     MAX_ACTION_ELEMENTS,
@@ -87,10 +87,21 @@ class _Budget:
 @dataclass(frozen=True)
 class Controls:
     """Which buttons can run in this deployment. None unless `interactive` (Slack's clicks reach the bot); the
-    playbook actions other than the built-in ones only when an executor for them is configured (`executable`)."""
+    playbook actions other than the built-in ones only when an executor for them is configured (`executable`)
+    and, when `runnable_on` says per configured host what its executors run, only on an alert whose host (read
+    from its `host_labels`) can run it: a click elsewhere could only be refused."""
 
     interactive: bool = False
     executable: frozenset[str] = frozenset()
+    runnable_on: Mapping[str, frozenset[str]] | None = None
+    host_labels: tuple[str, ...] = DEFAULT_HOST_LABELS
+
+    def can_run(self, action: str, labels: dict[str, str]) -> bool:
+        if action not in self.executable:
+            return False
+        if self.runnable_on is None:
+            return True
+        return action in self.runnable_on.get(host_from_labels(labels, self.host_labels), frozenset())
 
 
 # Built-in buttons (action_id -> label); the silences' durations are in bot.interact.
@@ -244,7 +255,9 @@ def _buttons(message: Message, controls: Controls) -> list[Block]:
     runbook = next((link.url for link in message.links if link.text.lower() == "runbook"), "")
     if SAFE_URL.match(runbook) and len(runbook) <= MAX_URL:
         buttons.append({**control_button(RUNBOOK_BUTTON, "Runbook", value), "url": runbook})
-    remediation = [a for a in message.actions if a.name not in BUILT_IN_BUTTONS and a.name in controls.executable]
+    remediation = [
+        a for a in message.actions if a.name not in BUILT_IN_BUTTONS and controls.can_run(a.name, message.labels)
+    ]
     return buttons + _action_buttons(remediation, message.alert_key)
 
 

@@ -76,3 +76,12 @@ def approval_payload(text: str, run_id: int, open_: bool) -> Payload:
             }
         )
     return payload
+
+
+def offer_payload(text: str, action_id: str, label: str, value: str) -> Payload:
+    """An answer (mrkdwn already escaped) offering one button under it: a confirmation, such as silencing every
+    alert a silence would mute."""
+    payload = note_payload(text)
+    button = {**control_button(action_id, label, value), "style": "danger"}
+    payload["blocks"].append({"type": "actions", "elements": [button]})
+    return payload

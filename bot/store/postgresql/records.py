@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from psycopg import sql
@@ -78,6 +78,17 @@ class PostgresRecords(PostgresConnection):
                 core.ALERT_SET_SILENCE.format(p="%s").encode(), (silence_id, by, core.ts(until), alert_key)
             )
             return await _insert_note(conn, alert_key, note, self._now())
+
+    async def claim_silence(self, alert_key: str, by: str, at: datetime, stale_before: datetime) -> bool:
+        async with self._transaction() as conn:
+            await _require_alert(conn, alert_key)
+            # Two replicas taking the same click: the row lock makes the second see the slot taken.
+            args = (by, at.timestamp(), alert_key, stale_before.timestamp())
+            changed = (await conn.execute(core.ALERT_CLAIM_SILENCE.format(p="%s").encode(), args)).rowcount
+        return bool(changed)
+
+    async def release_silence(self, alert_key: str, claimed_at: datetime) -> None:
+        await self._execute(core.ALERT_RELEASE_SILENCE.format(p="%s"), (alert_key, claimed_at.timestamp()))
 
     async def silenced_alerts(self) -> list[AlertState]:
         return [core.alert_from_row(row) for row in await self._fetchall(core.SILENCED_ALERTS)]
@@ -222,6 +233,15 @@ class PostgresRecords(PostgresConnection):
     async def get_breaker(self) -> BreakerState | None:
         row = await self._fetchone("SELECT * FROM remediation_breaker WHERE id = 1")
         return None if row is None else core.breaker_from_row(row)
+
+    async def reset_breaker(self, at: datetime) -> None:
+        async with self._transaction() as conn:
+            await conn.execute(core.BREAKER_CLOSE.encode())
+            await conn.execute(core.BREAKER_WINDOW_START.format(p="%s").encode(), (at.timestamp(),))
+
+    async def breaker_window_start(self) -> datetime | None:
+        row = await self._fetchone(core.BREAKER_WINDOW)
+        return None if row is None else datetime.fromtimestamp(row["since"], UTC)
 
     async def set_breaker(self, state: BreakerState | None) -> None:
         if state is None:

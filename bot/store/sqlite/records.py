@@ -101,6 +101,20 @@ class SqliteRecords(SqliteConnection):
 
         return await self._run(functools.partial(self._transaction, remember, acknowledged=True))
 
+    async def claim_silence(self, alert_key: str, by: str, at: datetime, stale_before: datetime) -> bool:
+        def claim(conn: sqlite3.Connection) -> bool:
+            _require_alert(conn, alert_key)
+            args = (by, at.timestamp(), alert_key, stale_before.timestamp())
+            return bool(conn.execute(core.ALERT_CLAIM_SILENCE.format(p="?"), args).rowcount)
+
+        return await self._run(functools.partial(self._transaction, claim, acknowledged=True))
+
+    async def release_silence(self, alert_key: str, claimed_at: datetime) -> None:
+        def release(conn: sqlite3.Connection) -> None:
+            conn.execute(core.ALERT_RELEASE_SILENCE.format(p="?"), (alert_key, claimed_at.timestamp()))
+
+        await self._run(functools.partial(self._transaction, release, acknowledged=True))
+
     async def silenced_alerts(self) -> list[AlertState]:
         rows = await self._run(self._fetchall, core.SILENCED_ALERTS, ())
         return [_alert_from_row(row) for row in rows]
@@ -281,6 +295,17 @@ class SqliteRecords(SqliteConnection):
     async def get_breaker(self) -> BreakerState | None:
         row = await self._run(self._fetchone, "SELECT * FROM remediation_breaker WHERE id = 1", ())
         return None if row is None else core.breaker_from_row(row)
+
+    async def reset_breaker(self, at: datetime) -> None:
+        def reset(conn: sqlite3.Connection) -> None:
+            conn.execute(core.BREAKER_CLOSE)
+            conn.execute(core.BREAKER_WINDOW_START.format(p="?"), (at.timestamp(),))
+
+        await self._run(functools.partial(self._transaction, reset, acknowledged=True))
+
+    async def breaker_window_start(self) -> datetime | None:
+        row = await self._run(self._fetchone, core.BREAKER_WINDOW, ())
+        return None if row is None else datetime.fromtimestamp(row["since"], UTC)
 
     async def set_breaker(self, state: BreakerState | None) -> None:
         args: tuple[float, str] | tuple[()] = ()

@@ -149,6 +149,12 @@ CREATE TABLE IF NOT EXISTS remediation_breaker (
     reason TEXT NOT NULL
 );
 
+-- Since when the circuit breaker counts automatic runs: its last reset (none: since ever).
+CREATE TABLE IF NOT EXISTS remediation_breaker_window (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    since REAL NOT NULL
+);
+
 -- The text of NOTE events, one row per note.
 CREATE TABLE IF NOT EXISTS event_notes (
     event_id INTEGER PRIMARY KEY,
@@ -203,7 +209,12 @@ def _check_sound(conn: sqlite3.Connection, path: Path) -> None:
 
 
 # Columns added after the first release: added to an existing store on open.
-_ALERT_SILENCE_COLUMNS = {"silence_id": "TEXT", "silenced_by": "TEXT", "silenced_until": "REAL"}
+_ALERT_SILENCE_COLUMNS = {
+    "silence_id": "TEXT",
+    "silenced_by": "TEXT",
+    "silenced_until": "REAL",
+    "silence_claimed_at": "REAL",
+}
 
 
 def _add_missing_columns(conn: sqlite3.Connection, table: str, columns: dict[str, str]) -> None:

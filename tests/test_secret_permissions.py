@@ -1,0 +1,77 @@
+"""A secret file the bot's user cannot read: `check-config` run as the image's unprivileged uid (10001) says
+which uid it runs as and what to change, for a 0700 directory mounted whole (the Dockerfile's old example) and
+for a file only its owner may read; mounted as compose's `secrets:` mounts it, the file is read."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support.processes import REPO
+
+BOT_UID = 10001  # the Dockerfile's user
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv to run as another uid"
+)
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory uid 10001 can enter (pytest's own tmp_path is root's 0700)."""
+    path = Path(tempfile.mkdtemp(prefix="gpu-alert-bot-secrets-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path)
+
+
+def check_config_as_bot_user(config: Path) -> subprocess.CompletedProcess[str]:
+    command = ["setpriv", f"--reuid={BOT_UID}", f"--regid={BOT_UID}", "--clear-groups"]
+    return subprocess.run(
+        [*command, sys.executable, "-m", "bot", "check-config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        check=False,
+    )
+
+
+def config_with_token(directory: Path, token: Path) -> Path:
+    path = directory / "bot.yaml"
+    path.write_text(yaml.safe_dump({"server": {"auth": {"bearer_token_file": str(token)}}}))
+    path.chmod(0o644)
+    return path
+
+
+def test_a_0700_secrets_directory_is_refused_with_the_uid_and_the_fix(shared_dir: Path) -> None:
+    secrets = shared_dir / "secrets"
+    secrets.mkdir(mode=0o700)
+    token = secrets / "webhook_token"
+    token.write_text("0123456789abcdef\n")
+    token.chmod(0o444)
+    done = check_config_as_bot_user(config_with_token(shared_dir, token))
+    assert done.returncode == 2, done.stderr
+    assert f"cannot read secret file {token}: Permission denied: the bot runs as uid {BOT_UID}" in done.stderr
+    assert f"cannot enter {secrets} (mode 0700, owner uid 0)" in done.stderr
+    assert "mount the secret files themselves, not their directory" in done.stderr
+
+
+def test_a_file_only_its_owner_reads_is_refused_with_the_modes_that_work(shared_dir: Path) -> None:
+    token = shared_dir / "webhook_token"
+    token.write_text("0123456789abcdef\n")
+    token.chmod(0o600)
+    done = check_config_as_bot_user(config_with_token(shared_dir, token))
+    assert done.returncode == 2, done.stderr
+    assert f"the file is mode 0600, owner uid 0: make it readable by uid {BOT_UID}" in done.stderr
+    assert f"(chmod 0444, or chown {BOT_UID} and chmod 0400)" in done.stderr
+    token.chmod(0o444)  # what the Dockerfile's header and config/secrets/README.md say
+    assert check_config_as_bot_user(config_with_token(shared_dir, token)).returncode == 0
