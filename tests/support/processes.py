@@ -187,7 +187,9 @@ def webhook_alertmanager_config(
 
 
 class Prometheus(ManagedProcess):
-    """A real Prometheus on loopback with the given scrape config and rule files."""
+    """A real Prometheus on loopback with the given scrape config and rule files. It sends firing alerts again
+    every second (1 min by default): an alert that fired before a reload pointed Prometheus at an Alertmanager
+    (the discovery of which takes a few seconds) reaches it a second later, not a minute."""
 
     def __init__(self, workdir: Path, config: dict[str, Any], rule_files: Sequence[Path] = ()) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
@@ -205,6 +207,7 @@ class Prometheus(ManagedProcess):
                 f"--storage.tsdb.path={workdir / 'prom-data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",
                 "--web.enable-lifecycle",
+                "--rules.alert.resend-delay=1s",
                 "--log.level=warn",
             ],
             cwd=workdir,
