@@ -28,6 +28,7 @@ import yaml
 
 from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack
 from tests.image.compose import check_compose_files, check_compose_service
+from tests.image.inside import CONTENTS, PROCESSES
 from tests.image.podman import Containers, host_port, http_status, output, podman, wait_for
 from tests.support.payloads import am_alert, body, webhook
 
@@ -37,40 +38,6 @@ STORE = "/var/lib/gpu-alert-bot/gpu-alert-bot.db"
 TOKEN = "image-check-webhook-token"
 UID = 10001
 BUILD_TOOLS = ("gcc", "cc", "c++", "make", "ld", "as", "git")
-
-# Run inside the container: what the image holds (the installed package's data files, a source tree, build tools).
-_CONTENTS = """
-import json, os, pathlib, shutil, bot
-package = pathlib.Path(bot.__file__).resolve().parent
-sources, projects = [], []
-for root, dirs, files in os.walk("/"):
-    dirs[:] = [d for d in dirs if os.path.join(root, d) not in ("/proc", "/sys", "/dev")]
-    if "__init__.py" in files and os.path.basename(root) == "bot" and pathlib.Path(root).resolve() != package:
-        sources.append(root)
-    if "pyproject.toml" in files and "gpu-alert-bot" in open(os.path.join(root, "pyproject.toml")).read():
-        projects.append(root)
-print(json.dumps({
-    "package": str(package),
-    "playbooks": sorted(p.name for p in (package / "bundled_playbooks").glob("*")),
-    "rules": sorted(p.name for p in (package / "bundled_rules").glob("*")),
-    "sources": sources + projects + [p for p in ("/src", "/wheels") if os.path.exists(p)],
-    "tools": [t for t in TOOLS if shutil.which(t)],
-}))
-"""
-
-# Run inside the container: each process's uid and command line.
-_PROCESSES = """
-import json, pathlib
-found = []
-for status in pathlib.Path("/proc").glob("[0-9]*/status"):
-    try:
-        uid = next(int(l.split()[1]) for l in status.read_text().splitlines() if l.startswith("Uid:"))
-        cmdline = (status.parent / "cmdline").read_bytes().replace(b"\\0", b" ").decode().strip()
-    except (OSError, StopIteration):
-        continue
-    found.append({"pid": int(status.parent.name), "uid": uid, "cmdline": cmdline})
-print(json.dumps(found))
-"""
 
 
 class Report:
@@ -138,7 +105,7 @@ class ImageChecks:
         return printed.strip().splitlines()[0]
 
     def contents(self) -> str:
-        script = _CONTENTS.replace("TOOLS", repr(BUILD_TOOLS))
+        script = CONTENTS.replace("TOOLS", repr(BUILD_TOOLS))
         found = json.loads(_run_in(self.image, "python", "-c", script, timeout=120))
         playbooks = sorted(
             p.name for p in (REPO / "playbooks").iterdir() if p.suffix == ".yaml" or p.name == "README.md"
@@ -244,7 +211,7 @@ class ImageChecks:
 
     @staticmethod
     def _processes(name: str) -> str:
-        done = podman("exec", name, "python", "-c", _PROCESSES)
+        done = podman("exec", name, "python", "-c", PROCESSES)
         _require(done.returncode == 0, output(done))
         processes = json.loads(done.stdout)
         bot = [p for p in processes if "gpu-alert-bot" in p["cmdline"] and "python -c" not in p["cmdline"]]
