@@ -90,9 +90,17 @@ def check_compose_service(image: str, workdir: Path) -> str:
             raise AssertionError(f"not healthy: {output(podman('logs', name))[-1500:]}") from None
     finally:
         down = run(*base, "down", "--volumes", timeout=120)
+        _remove_networks(project)
     if down.returncode != 0:
         raise AssertionError(f"podman-compose down: {output(down)[-1500:]}")
     left = podman("ps", "--all", "--filter", f"label=io.podman.compose.project={project}", "--format", "{{.Names}}")
     if left.stdout.strip():
         raise AssertionError(f"left after down: {left.stdout.split()}")
     return f"{name} healthy (compose healthcheck), then down with its volume"
+
+
+def _remove_networks(project: str) -> None:
+    """podman-compose 1.0's `down` leaves the networks it created (labelled with the project)."""
+    listed = podman("network", "ls", "--filter", f"label=io.podman.compose.project={project}", "--format", "{{.Name}}")
+    for network in listed.stdout.split():
+        podman("network", "rm", network)

@@ -84,6 +84,6 @@ class Containers:
 
     def remove_all(self) -> None:
         for name in reversed(self.names):
-            podman("rm", "--force", "--time", "2", name)
+            podman("rm", "--force", "--volumes", "--time", "2", name)  # --volumes: the image's VOLUME, anonymous
         for name in self.volumes:
             podman("volume", "rm", "--force", name)
