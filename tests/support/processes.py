@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import os
+import random
 import shutil
 import signal
 import socket
@@ -21,11 +23,34 @@ ALERTMANAGER_BINARIES = ("prometheus-alertmanager", "alertmanager")
 REPO = Path(__file__).resolve().parents[2]
 
 
+# Each pytest-xdist worker (gw0, gw1, ...) hands out ports from a block of its own, below the kernel's ephemeral
+# range (32768-60999 on Linux): two workers never pick the same port, and an outgoing connection's source port
+# never takes one a test is about to listen on. A run without xdist uses the first block. Each process starts at a
+# random place in its block, so runs in other checkouts at the same time seldom meet (the bind below skips a port
+# in use).
+_PORT_BLOCK_START = 10000
+_PORT_BLOCK_SIZE = 2000
+_PORT_BLOCKS = 11  # 10000-31999
+_next_port_offset = itertools.count(random.randrange(_PORT_BLOCK_SIZE))
+
+
+def _worker_index() -> int:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return int(worker.removeprefix("gw")) % _PORT_BLOCKS
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
+    """A loopback port nothing listens on, not handed out before in this worker (until its block wraps)."""
+    start = _PORT_BLOCK_START + _worker_index() * _PORT_BLOCK_SIZE
+    for _ in range(_PORT_BLOCK_SIZE):
+        port = start + next(_next_port_offset) % _PORT_BLOCK_SIZE
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
         return port
+    raise RuntimeError(f"no free loopback port in {start}-{start + _PORT_BLOCK_SIZE - 1}")
 
 
 def find_binary(*names: str) -> str:
@@ -162,7 +187,9 @@ def webhook_alertmanager_config(
 
 
 class Prometheus(ManagedProcess):
-    """A real Prometheus on loopback with the given scrape config and rule files."""
+    """A real Prometheus on loopback with the given scrape config and rule files. It sends firing alerts again
+    every second (1 min by default): an alert that fired before a reload pointed Prometheus at an Alertmanager
+    (the discovery of which takes a few seconds) reaches it a second later, not a minute."""
 
     def __init__(self, workdir: Path, config: dict[str, Any], rule_files: Sequence[Path] = ()) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
@@ -180,6 +207,7 @@ class Prometheus(ManagedProcess):
                 f"--storage.tsdb.path={workdir / 'prom-data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",
                 "--web.enable-lifecycle",
+                "--rules.alert.resend-delay=1s",
                 "--log.level=warn",
             ],
             cwd=workdir,
