@@ -40,8 +40,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
+# The `graphs` extra (matplotlib) draws each alert's history into its Slack thread and email.
 RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
-    pip install /wheels/*.whl \
+    pip install "$(ls /wheels/*.whl)[graphs]" \
     && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin gpu-alert-bot \
     && mkdir -p /etc/gpu-alert-bot /var/lib/gpu-alert-bot \
     && printf '%s\n' \

@@ -28,7 +28,7 @@ import yaml
 
 from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack
 from tests.image.compose import check_compose_files, check_compose_service
-from tests.image.inside import CONTENTS, PROCESSES
+from tests.image.inside import CONTENTS, GRAPH, PROCESSES
 from tests.image.podman import Containers, host_port, http_status, output, podman, wait_for
 from tests.support.payloads import am_alert, body, webhook
 
@@ -119,6 +119,11 @@ class ImageChecks:
         _require(not found["tools"], f"build tools in the image: {found['tools']}")
         tools = "/".join(BUILD_TOOLS)
         return f"{len(playbooks)} playbook and {len(rules)} rule files in {found['package']}; no source, no {tools}"
+
+    def graph(self) -> str:
+        drawn = json.loads(_run_in(self.image, "python", "-c", GRAPH, timeout=120))
+        _require(drawn["png"] and drawn["bytes"] > 1000, f"not a PNG: {drawn}")
+        return f"a {drawn['bytes']}-byte PNG drawn by bot.render.graph (the graphs extra is installed)"
 
     def check_compose_config(self) -> str:
         secrets = self._secrets({"webhook_token": TOKEN})
@@ -365,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         report.check("--version inside", checks.version)
         report.check("xid --explain 79 inside", checks.xid_explain)
         report.check("contents: bundled data, no source tree, no build tools", checks.contents)
+        report.check("an alert graph renders inside (matplotlib, non-root)", checks.graph)
         report.check("check-config of config/bot.compose.yaml inside", checks.check_compose_config)
         checks.serving()
         report.check("Slack receiver posts once to the loopback Slack fake", checks.slack)

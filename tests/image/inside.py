@@ -33,3 +33,13 @@ for status in pathlib.Path("/proc").glob("[0-9]*/status"):
     found.append({"pid": int(status.parent.name), "uid": uid, "cmdline": cmdline})
 print(json.dumps(found))
 """
+
+# Run inside the container: one alert picture drawn by the bot's own renderer, as the running bot draws it.
+GRAPH = """
+import json
+from bot.render.graph import AlertGraph, render_alert_graph
+graph = AlertGraph(title="GPUTempCritical · image-check GPU 0", subtitle="temperature", unit="°C",
+                   points=((0.0, 80.0), (60.0, 95.0)), window=(0.0, 60.0), started_at=30.0, threshold=90.0)
+png = render_alert_graph(graph)
+print(json.dumps({"bytes": len(png), "png": png[:8] == b"\\x89PNG\\r\\n\\x1a\\n"}))
+"""
