@@ -144,7 +144,7 @@ async def start_runtime(
     if interactivity is not None:
         await interactivity.start()
     if config.deadman.enabled:
-        runtime.deadman = Deadman(store, config.deadman, metrics, clock, runtime.notify_worker)
+        runtime.deadman = Deadman(store, config.deadman, metrics, clock, runtime.notify_worker, config.alertmanager)
         runtime.deadman.start()
     if remediation is not None:
         await remediation.start()
