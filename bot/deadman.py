@@ -17,7 +17,7 @@ import asyncio
 import hashlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from bot.amcluster import ClusterView, Member, Membership
@@ -42,6 +42,7 @@ RECEIVER = "gpu-alert-bot-deadman"
 MEMBER_ALERTNAME = "AlertmanagerClusterMemberMissing"
 # The store keeps that alert's state beside the timers, under this prefix and the member's externalURL.
 MEMBER = "member "
+NEVER_ARMED = "never armed: no Watchdog received yet, so it cannot page (`gpu-alert-bot selftest` proves the path)"
 
 
 class Deadman:
@@ -62,6 +63,7 @@ class Deadman:
         self._task: asyncio.Task[None] | None = None
         self._timer_started = False
         self._clusters = ClusterView(alertmanager)
+        self.armed: bool | None = None  # None until the first check
 
     # --- heartbeats ----------------------------------------------------------------------------------
     def carries_watchdog(self, payload: WebhookPayload) -> bool:
@@ -91,7 +93,10 @@ class Deadman:
             self._timer_started = True
         records = [r for r in await self._store.watchdog_records() if r.replica != BOT_CHECKED]
         timers = [r for r in records if not r.replica.startswith(MEMBER)]
-        quiet = {r.replica for r in timers if self._age(r, now) > self._config.effective_timeout}
+        self._arm(is_armed(records))
+        # A switch that never heard a Watchdog proves nothing by its silence: it does not page (the self-test
+        # proves the path on day one), and says so in /readyz, /gpu status and its metric.
+        quiet = {r.replica for r in timers if self.armed and self._age(r, now) > self._config.effective_timeout}
         members = await self._look(timers)
         # A member whose cluster's Watchdog arrives is not silent, and one that is down or out of its cluster is
         # told as such (below), not as a missing Watchdog.
@@ -109,6 +114,22 @@ class Deadman:
             self._metrics.deadman_alerting.labels(record.replica).set(1 if alerting else 0)
         await self._tell_members(members, {r.replica: r for r in records}, now)
         await self._store.watchdog_seen([BOT_CHECKED], now)
+
+    def _arm(self, armed: bool) -> None:
+        if not armed and self.armed is not False:
+            log.warning(
+                "the dead man's switch is not armed: no Watchdog has arrived yet, so its silence pages nobody; "
+                "route the Watchdog to this bot and run `gpu-alert-bot selftest`"
+            )
+        self.armed = armed
+        self._metrics.deadman_armed.set(1 if armed else 0)
+
+    @property
+    def readiness(self) -> str:
+        """What /readyz says of the switch (it never makes the bot unready: restarting it would not help)."""
+        if self.armed is None:
+            return "not checked yet"
+        return "armed" if self.armed else NEVER_ARMED
 
     async def _look(self, timers: list[WatchdogRecord]) -> dict[str, Member]:
         """Each Alertmanager's place in its cluster, when there are several to tell apart."""
@@ -222,6 +243,19 @@ class Deadman:
             except Exception:  # a bug must not stop the switch for good
                 log.exception("dead man's switch check failed")
             await self._clock.sleep(self._config.check_interval)
+
+
+def is_armed(records: Sequence[WatchdogRecord]) -> bool:
+    """Whether a Watchdog ever arrived: a timer of some Alertmanager beside `any` and the bot's own."""
+    return any(r.replica not in (ANY_REPLICA, BOT_CHECKED) and not r.replica.startswith(MEMBER) for r in records)
+
+
+def status_line(records: Sequence[WatchdogRecord]) -> str:
+    """The switch in `/gpu status`."""
+    if not is_armed(records):
+        return f"Dead man's switch: {NEVER_ARMED}"
+    alerting = sorted(r.replica for r in records if r.alerted_since is not None and not r.replica.startswith(MEMBER))
+    return f"Dead man's switch: armed, alerting for {', '.join(alerting)}" if alerting else "Dead man's switch: armed"
 
 
 def _excused(member: Member | None, quiet: set[str]) -> bool:

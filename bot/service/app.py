@@ -282,6 +282,8 @@ async def _readyz(request: web.Request) -> web.Response:
         checks |= await _worker_process_checks(
             runtime.store, request.app[STORE_INFO_KEY]["replica"], request.app[CLOCK_KEY]
         )
+    if runtime.deadman is not None:
+        checks["deadman"] = runtime.deadman.readiness
     ready = checks["store"] == "writable" and checks["worker"] == "running" and checks["outbox"] == "running"
     body = {"status": "ready" if ready else "not ready", "checks": checks}
     body |= {"store": request.app[STORE_INFO_KEY]}
