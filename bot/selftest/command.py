@@ -5,16 +5,20 @@
 2. Alertmanager routes the synthetic alert `GPUSelfTest` to a receiver that posts to this bot.
 3. The alert is fired, reaches the bot, is delivered by each receiver the bot routes it to, then resolved the same
    way.
-A failure skips the steps that depend on it, so a dead Alertmanager fails in seconds, not at the timeout.
+A failure skips the steps that depend on it, so a dead Alertmanager fails in seconds, not at the timeout. Once the
+alert was fired, every end of the run (a failure, the timeout, Ctrl-C) resolves it in Alertmanager; and the bot
+tells nobody of a self-test alert it first hears of after the run is over (bot/selftest/marking.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from functools import partial
 from typing import TextIO
 
@@ -26,6 +30,7 @@ from bot.config import BotConfig, EmailReceiver, PagerDutyReceiver, SlackReceive
 from bot.models import AlertStatus, EventKind
 from bot.routing import Router
 from bot.selftest import checks
+from bot.selftest.marking import LABEL
 from bot.selftest.path import (
     SyntheticAlert,
     amtool_routes,
@@ -43,6 +48,8 @@ from bot.store.sqlite import SqliteStore
 EXIT_PASSED = 0
 EXIT_FAILED = 1
 _ALERT_PATH = ("routing", "fire", "bot received", "resolve")
+# Beyond Alertmanager's timeout, for amtool to start and finish the resolve of an early end.
+_CLEANUP_MARGIN = 10.0
 
 
 @dataclass(frozen=True)
@@ -71,8 +78,12 @@ class SelfTest:
         self._options = options
         self._steps = steps
         self._clock = clock
-        self._alert = SyntheticAlert(uuid.uuid4().hex[:12], clock.now(), options.pagerduty_event)
+        started = clock.now()
+        until = started + timedelta(seconds=options.timeout)
+        self._alert = SyntheticAlert(uuid.uuid4().hex[:12], started, options.pagerduty_event, until)
         self._status: AmStatus | None = None
+        # Set once the alert was sent firing, cleared once its resolve was: what an early end must resolve.
+        self._firing_in: str | None = None
 
     async def run(self) -> None:
         urls = [self._options.alertmanager] if self._options.alertmanager else self._alertmanager_urls()
@@ -176,7 +187,25 @@ class SelfTest:
 
         if amtool is not None and not await self._steps.run("routing", routing):
             return
+        try:
+            await self._fire_and_follow(client, watch, deadline, amtool, am_url, routing)
+        finally:
+            # A failure, the timeout or Ctrl-C (a cancellation) must not leave the alert firing in Alertmanager.
+            if self._firing_in is not None:
+                await self._resolve_after_failure(amtool, client, self._firing_in)
+
+    async def _fire_and_follow(
+        self,
+        client: AlertmanagerClient,
+        watch: BotWatch,
+        deadline: float,
+        amtool: str | None,
+        am_url: str,
+        routing: Callable[[], Awaitable[str]],
+    ) -> None:
+        alert = self._alert
         await watch.mark()
+        self._firing_in = am_url  # a failed post may still have reached Alertmanager
         if not await self._steps.run("fire", partial(fire, amtool, client, am_url, alert, None)):
             return
         if amtool is None and not await self._steps.run("routing", routing):
@@ -196,8 +225,27 @@ class SelfTest:
         await watch.mark()
         if not await self._steps.run("resolve", partial(fire, amtool, client, am_url, alert, self._clock.now())):
             return
+        self._firing_in = None
         if await self._received(watch, deadline, "resolved"):
             await self._deliveries(watch, deadline, EventKind.RESOLVED, receivers)
+
+    async def _resolve_after_failure(self, amtool: str | None, client: AlertmanagerClient, am_url: str) -> None:
+        self._firing_in = None
+        resolve = partial(fire, amtool, client, am_url, self._alert, self._clock.now())
+
+        async def resolved() -> str:
+            try:
+                async with asyncio.timeout(self._am_timeout() + _CLEANUP_MARGIN):
+                    done = await resolve()
+            except TimeoutError:
+                raise StepFailed(
+                    "Alertmanager did not take the resolve in time",
+                    "Alertmanager hangs: the alert stays firing there until its resolve_timeout",
+                    f"amtool alert query {LABEL}={self._alert.run_id}",
+                ) from None
+            return f"{done}: the alert fired above does not stay firing after this run"
+
+        await self._steps.run("resolve", resolved)
 
     async def _received(self, watch: BotWatch, deadline: float, status: AlertStatus) -> bool:
         if status == "firing":

@@ -1,0 +1,113 @@
+"""The self-test's edges against a real Alertmanager and amtool, the bot in the test's loop on a real SQLite file:
+an early end resolves what it fired, and the bot tells nobody of a self-test alert whose run is over."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from bot.config import BotConfig
+from bot.selftest.command import Options, selftest_command
+from bot.selftest.marking import UNTIL_ANNOTATION
+from tests.support.bot import RunningBot, eventually, running_bot
+from tests.support.payloads import am_alert, webhook
+from tests.support.processes import Alertmanager, free_port, webhook_alertmanager_config
+
+CONSOLE = {"receivers": [{"name": "console", "type": "console"}], "routing": {"default": ["console"]}}
+
+
+def firing_self_tests(am: Alertmanager) -> list[dict[str, Any]]:
+    """GPUSelfTest alerts still active in Alertmanager (a resolved one is no longer listed)."""
+    answer = httpx.get(f"{am.url}/api/v2/alerts", params={"filter": 'alertname="GPUSelfTest"'})
+    answer.raise_for_status()
+    alerts: list[dict[str, Any]] = answer.json()
+    return alerts
+
+
+def nowhere(tmp_path: Path) -> Alertmanager:
+    """Alertmanager posting the bot's webhook to a port nobody listens on: the alert never reaches the bot."""
+    return Alertmanager(tmp_path / "am", webhook_alertmanager_config(f"http://127.0.0.1:{free_port()}"))
+
+
+async def run(config: BotConfig, am: Alertmanager, timeout: float) -> tuple[int, list[dict[str, Any]]]:
+    out = io.StringIO()
+    code = await selftest_command(config, Options(alertmanager=am.url, timeout=timeout, output="json"), out)
+    return code, json.loads(out.getvalue())["steps"]
+
+
+async def test_a_run_that_times_out_resolves_the_alert_it_fired(tmp_path: Path) -> None:
+    async with running_bot(tmp_path, CONSOLE) as bot:
+        am = nowhere(tmp_path)
+        try:
+            code, steps = await run(bot.config, am, timeout=2)
+            assert code == 1
+            assert [(s["step"], s["outcome"]) for s in steps][-3:] == [
+                ("fire", "pass"),
+                ("bot received", "FAIL"),
+                ("resolve", "pass"),
+            ]
+            assert steps[-1]["detail"].endswith("the alert fired above does not stay firing after this run")
+            assert firing_self_tests(am) == []
+        finally:
+            am.stop()
+
+
+async def test_ctrl_c_while_waiting_resolves_the_alert_it_fired(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with running_bot(tmp_path, CONSOLE) as bot:
+        am = nowhere(tmp_path)
+        out = io.StringIO()
+        try:
+            options = Options(alertmanager=am.url, timeout=3600)
+            task = asyncio.create_task(selftest_command(bot.config, options, out))
+            await eventually(lambda: "[pass] fire: " in out.getvalue(), timeout=30)
+            assert firing_self_tests(am) != []
+            task.cancel()  # what asyncio.run does to its task on Ctrl-C
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert "[pass] resolve: amtool alert add" in out.getvalue()
+            assert firing_self_tests(am) == []
+        finally:
+            am.stop()
+
+
+def self_test_alert(run_id: str, until: datetime, status: str = "firing") -> dict[str, Any]:
+    annotations = {"summary": "gpu-alert-bot self-test", UNTIL_ANNOTATION: until.isoformat()}
+    return am_alert("GPUSelfTest", status=status, annotations=annotations, selftest=run_id, severity="info")
+
+
+async def post(bot: RunningBot, alert: dict[str, Any]) -> None:
+    async with httpx.AsyncClient() as client:
+        answer = await client.post(bot.webhook_url, json=webhook([alert], group_key='{}:{alertname="GPUSelfTest"}'))
+    assert answer.status_code == 200
+
+
+async def test_the_bot_tells_nobody_of_a_self_test_alert_first_heard_after_its_run(tmp_path: Path) -> None:
+    async with running_bot(tmp_path, CONSOLE) as bot:
+        now = datetime.now(UTC)
+        await post(bot, self_test_alert("over", now - timedelta(hours=1)))
+        await post(bot, self_test_alert("over", now - timedelta(hours=1), "resolved"))
+        await post(bot, self_test_alert("running", now + timedelta(minutes=5)))
+
+        def told() -> list[str]:
+            return [e["labels"]["selftest"] for e in bot.console_events() if e["alertname"] == "GPUSelfTest"]
+
+        assert await eventually(told) == ["running"]
+
+        async def handled() -> bool:
+            stats = await bot.runtime.store.stats()
+            return stats.notifications_pending + stats.events_pending + stats.deliveries_pending == 0
+
+        await eventually(handled)
+        assert told() == ["running"]
+        # A run still going is told to the end: its resolve too.
+        await post(bot, self_test_alert("running", now + timedelta(minutes=5), "resolved"))
+        await eventually(lambda: told() == ["running", "running"])
