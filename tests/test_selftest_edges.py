@@ -16,6 +16,7 @@ import pytest
 from bot.config import BotConfig
 from bot.selftest.command import Options, selftest_command
 from bot.selftest.marking import UNTIL_ANNOTATION
+from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack
 from tests.support.bot import RunningBot, eventually, running_bot
 from tests.support.payloads import am_alert, webhook
 from tests.support.processes import Alertmanager, free_port, webhook_alertmanager_config
@@ -111,3 +112,89 @@ async def test_the_bot_tells_nobody_of_a_self_test_alert_first_heard_after_its_r
         # A run still going is told to the end: its resolve too.
         await post(bot, self_test_alert("running", now + timedelta(minutes=5), "resolved"))
         await eventually(lambda: told() == ["running", "running"])
+
+
+def listening(tmp_path: Path, port: int, token: str | None = None) -> dict[str, Any]:
+    """CONSOLE, with the address the bot listens on (where the self-test reads its figures) and its token."""
+    server: dict[str, Any] = {"listen": f"127.0.0.1:{port}"}
+    if token is not None:
+        (tmp_path / "webhook_token").write_text(token + "\n")
+        server["auth"] = {"bearer_token_file": str(tmp_path / "webhook_token")}
+    return {**CONSOLE, "server": server}
+
+
+async def bot_received(config: BotConfig, am: Alertmanager, **options: Any) -> dict[str, Any]:
+    """The `bot received` step of a run whose timeout is far longer than the test may last."""
+    out = io.StringIO()
+    code = await selftest_command(config, Options(alertmanager=am.url, timeout=600, output="json", **options), out)
+    assert code == 1
+    steps = json.loads(out.getvalue())["steps"]
+    [received] = [s for s in steps if s["step"] == "bot received"]
+    assert received["outcome"] == "FAIL"
+    assert steps[-1]["step"] == "resolve" and steps[-1]["outcome"] == "pass"
+    return received
+
+
+async def test_a_token_the_bot_refuses_is_named_as_soon_as_the_bot_counts_the_refusal(tmp_path: Path) -> None:
+    port = free_port()
+    async with running_bot(tmp_path, listening(tmp_path, port, "right-token"), port=port) as bot:
+        am = Alertmanager(tmp_path / "am", webhook_alertmanager_config(bot.url, bearer_token="wrong-token"))
+        try:
+            received = await bot_received(bot.config, am)
+        finally:
+            am.stop()
+        assert received["detail"].startswith("Alertmanager's token is refused by the bot (401): ")
+        assert "server.auth" in received["cause"]
+
+
+async def test_a_webhook_url_that_reaches_nothing_is_named_as_soon_as_alertmanager_counts_a_failure(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    async with running_bot(tmp_path, listening(tmp_path, port), port=port) as bot:
+        am = nowhere(tmp_path)
+        try:
+            received = await bot_received(bot.config, am)
+        finally:
+            am.stop()
+        assert received["detail"].startswith("nothing reaches the bot: check the webhook URL (Alertmanager counted ")
+        assert bot.metric("gpu_alert_bot_errors_total", {"kind": "unauthorized"}) == 0
+
+
+async def test_a_wrong_webhook_path_says_which_path_the_bot_serves(tmp_path: Path) -> None:
+    port = free_port()
+    async with running_bot(tmp_path, listening(tmp_path, port), port=port) as bot:
+        am = Alertmanager(tmp_path / "am", webhook_alertmanager_config(f"{bot.url}/hooks"))
+        try:
+            received = await bot_received(bot.config, am, receiver="bot")
+        finally:
+            am.stop()
+        assert received["detail"] == (
+            "Alertmanager posts to a path the bot does not serve: the bot's webhook is at /alertmanager"
+        )
+
+
+def with_slack(tmp_path: Path, slack: FakeSlack) -> dict[str, Any]:
+    token_file = tmp_path / "slack_token"
+    token_file.write_text(DEFAULT_TOKEN + "\n")
+    slack_receiver = {
+        "name": "slack-gpu",
+        "type": "slack",
+        "channel": "#gpu-alerts",
+        "token_file": str(token_file),
+        "api_url": slack.api_url,
+    }
+    return {"receivers": [*CONSOLE["receivers"], slack_receiver], "routing": {"default": ["console", "slack-gpu"]}}
+
+
+async def test_slack_answering_503_is_down_or_unreachable_not_an_auth_problem(
+    tmp_path: Path, alertmanager_factory: Any, slack: FakeSlack
+) -> None:
+    slack.fail_next("auth.test", status=503, times=3)
+    async with running_bot(tmp_path, with_slack(tmp_path, slack)) as bot:
+        am = alertmanager_factory(bot.url)
+        _, steps = await run(bot.config, am, timeout=30)
+    [check] = [s for s in steps if s["step"] == "slack slack-gpu"]
+    assert check["outcome"] == "FAIL"
+    assert check["detail"] == f"Slack is down or unreachable: it answered 503 at {slack.api_url}"
+    assert "not a token problem" in check["cause"]

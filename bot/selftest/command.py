@@ -30,6 +30,7 @@ from bot.config import BotConfig, EmailReceiver, PagerDutyReceiver, SlackReceive
 from bot.models import AlertStatus, EventKind
 from bot.routing import Router
 from bot.selftest import checks
+from bot.selftest.diagnose import PathFigures
 from bot.selftest.marking import LABEL
 from bot.selftest.path import (
     SyntheticAlert,
@@ -50,6 +51,8 @@ EXIT_FAILED = 1
 _ALERT_PATH = ("routing", "fire", "bot received", "resolve")
 # Beyond Alertmanager's timeout, for amtool to start and finish the resolve of an early end.
 _CLEANUP_MARGIN = 10.0
+# A bot listening on every address is reached on loopback.
+_WILDCARDS = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}  # noqa: S104 (read, not bound)
 
 
 @dataclass(frozen=True)
@@ -102,7 +105,8 @@ class SelfTest:
                 for step in _ALERT_PATH:
                     self._steps.skip(step, "skipped: fix the failures above first")
                 return
-            await self._alert_path(client, watch)
+            http = await stack.enter_async_context(httpx.AsyncClient(timeout=self._am_timeout()))
+            await self._alert_path(client, watch, http)
 
     def _alertmanager_urls(self) -> list[str]:
         return list(self._config.alertmanager.urls) if self._config.alertmanager else []
@@ -112,6 +116,14 @@ class SelfTest:
             return AlertmanagerClient(urls)
         # The configured token goes with --alertmanager too: it is the same Alertmanager behind the same proxy.
         return AlertmanagerClient.from_config(self._config.alertmanager.model_copy(update={"urls": urls}))
+
+    def _bot_url(self) -> str:
+        """Where the bot's /metrics are: --bot, or the address the bot listens on."""
+        if self._options.bot_url:
+            return self._options.bot_url
+        server = self._config.server
+        host = _WILDCARDS.get(server.host, server.host)
+        return f"http://{f'[{host}]' if ':' in host else host}:{server.port}"
 
     def _am_timeout(self) -> float:
         return self._config.alertmanager.timeout if self._config.alertmanager else 5.0
@@ -168,7 +180,7 @@ class SelfTest:
                     pass
 
     # --- steps 2 and 3 -------------------------------------------------------------------------------
-    async def _alert_path(self, client: AlertmanagerClient, watch: BotWatch) -> None:
+    async def _alert_path(self, client: AlertmanagerClient, watch: BotWatch, http: httpx.AsyncClient) -> None:
         deadline = self._clock.monotonic() + self._options.timeout
         amtool = find_amtool()
         assert self._status is not None
@@ -187,8 +199,9 @@ class SelfTest:
 
         if amtool is not None and not await self._steps.run("routing", routing):
             return
+        figures = PathFigures(http, am_url, self._bot_url())
         try:
-            await self._fire_and_follow(client, watch, deadline, amtool, am_url, routing)
+            await self._fire_and_follow(client, watch, figures, deadline, amtool, am_url, routing)
         finally:
             # A failure, the timeout or Ctrl-C (a cancellation) must not leave the alert firing in Alertmanager.
             if self._firing_in is not None:
@@ -198,6 +211,7 @@ class SelfTest:
         self,
         client: AlertmanagerClient,
         watch: BotWatch,
+        figures: PathFigures,
         deadline: float,
         amtool: str | None,
         am_url: str,
@@ -205,13 +219,14 @@ class SelfTest:
     ) -> None:
         alert = self._alert
         await watch.mark()
+        await figures.mark()
         self._firing_in = am_url  # a failed post may still have reached Alertmanager
         if not await self._steps.run("fire", partial(fire, amtool, client, am_url, alert, None)):
             return
         if amtool is None and not await self._steps.run("routing", routing):
             return
         receivers = Router(self._config.routing).route(alert.labels).receivers
-        if not await self._received(watch, deadline, "firing"):
+        if not await self._received(watch, figures, deadline, "firing"):
             return
         if not receivers:
             self._steps.run_failed(
@@ -223,10 +238,11 @@ class SelfTest:
             return
         await self._deliveries(watch, deadline, EventKind.FIRING, receivers)
         await watch.mark()
+        await figures.mark()
         if not await self._steps.run("resolve", partial(fire, amtool, client, am_url, alert, self._clock.now())):
             return
         self._firing_in = None
-        if await self._received(watch, deadline, "resolved"):
+        if await self._received(watch, figures, deadline, "resolved"):
             await self._deliveries(watch, deadline, EventKind.RESOLVED, receivers)
 
     async def _resolve_after_failure(self, amtool: str | None, client: AlertmanagerClient, am_url: str) -> None:
@@ -247,7 +263,7 @@ class SelfTest:
 
         await self._steps.run("resolve", resolved)
 
-    async def _received(self, watch: BotWatch, deadline: float, status: AlertStatus) -> bool:
+    async def _received(self, watch: BotWatch, figures: PathFigures, deadline: float, status: AlertStatus) -> bool:
         if status == "firing":
             step = "bot received"
             cause = (
@@ -260,8 +276,9 @@ class SelfTest:
             cause = "Alertmanager's webhook_configs lacks send_resolved: true, or its group_interval is long"
             look = "amtool config show | grep -n send_resolved"
         what = partial(watch.received, self._alert, status)
+        waiting_for = f"the bot to receive the {status} alert"
         return await self._steps.run(
-            step, partial(until, self._clock, deadline, what, f"the bot to receive the {status} alert", cause, look)
+            step, partial(until, self._clock, deadline, what, waiting_for, cause, look, figures.cause)
         )
 
     async def _deliveries(self, watch: BotWatch, deadline: float, kind: EventKind, receivers: tuple[str, ...]) -> None:
