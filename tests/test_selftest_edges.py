@@ -198,3 +198,34 @@ async def test_slack_answering_503_is_down_or_unreachable_not_an_auth_problem(
     assert check["outcome"] == "FAIL"
     assert check["detail"] == f"Slack is down or unreachable: it answered 503 at {slack.api_url}"
     assert "not a token problem" in check["cause"]
+
+
+@pytest.mark.parametrize("failure", ["invalid_auth", "503"])
+async def test_a_receiver_failing_its_check_leaves_the_others_proven(
+    tmp_path: Path, alertmanager_factory: Any, slack: FakeSlack, failure: str
+) -> None:
+    if failure == "503":
+        slack.fail_next("auth.test", status=503, times=3)
+        slack_config = with_slack(tmp_path, slack)
+    else:
+        slack_config = with_slack(tmp_path, slack)
+        Path(slack_config["receivers"][1]["token_file"]).write_text("xoxb-revoked\n")
+    async with running_bot(tmp_path, slack_config) as bot:
+        am = alertmanager_factory(bot.url)
+        code, steps = await run(bot.config, am, timeout=30)
+    assert code == 1
+    assert [s["step"] for s in steps if s["outcome"] == "FAIL"] == ["slack slack-gpu"]
+    assert {s["step"]: s["outcome"] for s in steps if s["step"] not in ("alertmanager", "bot store")} == {
+        "slack slack-gpu": "FAIL",
+        "routing": "pass",
+        "fire": "pass",
+        "bot received": "pass",
+        "deliver console": "pass",
+        "deliver slack-gpu": "skip",
+        "resolve": "pass",
+        "bot received resolve": "pass",
+        "deliver resolve console": "pass",
+        "deliver resolve slack-gpu": "skip",
+    }
+    [unproven] = [s for s in steps if s["step"] == "deliver slack-gpu"]
+    assert unproven["detail"] == "not proven: the check of slack-gpu failed above"
