@@ -13,10 +13,12 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
-from bot.alertmanager import AlertmanagerClient, AlertmanagerError, AmStatus
 from bot.config import AlertmanagerConfig
-from bot.enrich.queryapi import bearer_auth
+
+if TYPE_CHECKING:
+    from bot.alertmanager import AmStatus
 
 DISABLED = "disabled"  # Alertmanager's cluster status without --cluster.listen-address
 
@@ -41,8 +43,7 @@ class ClusterView:
     """Looks at every replica's status on each `look`; remembers the peer names and clusters it saw."""
 
     def __init__(self, config: AlertmanagerConfig | None) -> None:
-        self._timeout = config.timeout if config is not None else 5.0
-        self._auth = bearer_auth(config.bearer_token_file) if config is not None else None
+        self._config = config
         self._names: dict[str, str] = {}  # replica -> its peer name, once seen clustered
         self._clustered_with: dict[str, frozenset[str]] = {}  # replica -> the replicas it was last clustered with
 
@@ -50,7 +51,7 @@ class ClusterView:
         answers = await asyncio.gather(*(self._status(replica) for replica in replicas))
         statuses = dict(zip(replicas, answers, strict=True))
         for replica, status in statuses.items():
-            if isinstance(status, AmStatus) and status.cluster.status != DISABLED and status.cluster.name:
+            if not isinstance(status, str) and status.cluster.status != DISABLED and status.cluster.name:
                 self._names[replica] = status.cluster.name
         return {replica: self._member(replica, status, statuses) for replica, status in statuses.items()}
 
@@ -69,7 +70,7 @@ class ClusterView:
             self._clustered_with[replica] = peers
             return Member(replica, Membership.IN_CLUSTER, peers, f"cluster {status.cluster.status}")
         former = self._clustered_with.get(replica, frozenset())
-        if former and not any(isinstance(statuses.get(peer), AmStatus) for peer in former):
+        if former and all(isinstance(statuses.get(peer, ""), str) for peer in former):
             # Its peers are down, not it: it is what is left of the cluster.
             return Member(replica, Membership.IN_CLUSTER, former, "its cluster peers do not answer")
         if former:
@@ -82,7 +83,15 @@ class ClusterView:
 
     async def _status(self, replica: str) -> AmStatus | str:
         """Its status, or why there is none."""
-        client = AlertmanagerClient([replica], timeout=self._timeout, auth=self._auth)
+        # Imported here: an ingest process, which runs the switch too, loads Alertmanager's client (and the
+        # enrichers' HTTP helpers it shares) only once there is a cluster to look at.
+        from bot.alertmanager import AlertmanagerClient, AlertmanagerError
+        from bot.enrich.queryapi import bearer_auth
+
+        config = self._config
+        timeout = config.timeout if config is not None else 5.0
+        auth = bearer_auth(config.bearer_token_file) if config is not None else None
+        client = AlertmanagerClient([replica], timeout=timeout, auth=auth)
         try:
             return await client.status()
         except AlertmanagerError as exc:
@@ -98,6 +107,6 @@ def _together(replica: str, status: AmStatus, other: str, other_status: AmStatus
     own_peers = {peer.name for peer in status.cluster.peers}
     if other in names and names[other] in own_peers:
         return True
-    if isinstance(other_status, AmStatus) and other_status.cluster.status != DISABLED:
+    if not isinstance(other_status, str) and other_status.cluster.status != DISABLED:
         return status.cluster.name in {peer.name for peer in other_status.cluster.peers}
     return False
