@@ -204,6 +204,7 @@ METRICS_KEY = web.AppKey("metrics", Metrics)
 WEBHOOK_KEY = web.AppKey("webhook", WebhookHandler)
 STORE_INFO_KEY = web.AppKey("store_info", dict[str, str])
 CLOCK_KEY = web.AppKey("clock", Clock)
+WORKER_PROCESS_KEY: web.AppKey[Callable[[], str | None]] = web.AppKey("worker_process")
 
 
 def build_app(
@@ -213,15 +214,17 @@ def build_app(
     console: TextIO | None = None,
     clock: Clock = SYSTEM_CLOCK,
     side: Literal["all", "ingest"] = "all",
+    worker_process: Callable[[], str | None] | None = None,
 ) -> web.Application:
     """The bot as an aiohttp application. `console` is where console sinks write (default: stdout); `clock`
     drives the dead man's switch; `side` "ingest" leaves the worker and outbox to a worker process (bot.service.roles),
-    whose heartbeat /readyz then reads."""
+    whose heartbeat /readyz then reads, and `worker_process` (its supervisor's) says why it is not running."""
     metrics = metrics or Metrics()
     app = web.Application(client_max_size=config.server.max_body_bytes, middlewares=[request_deadlines, _json_errors])
     app[METRICS_KEY] = metrics
     app[STORE_INFO_KEY] = {"backend": config.store.backend, "replica": config.store.replica}
     app[CLOCK_KEY] = clock
+    app[WORKER_PROCESS_KEY] = worker_process or _runs_in_this_process
     metrics.replica_info.labels(config.store.replica, config.store.backend).set(1)
     auth = WebhookAuth(config.server.auth)
 
@@ -282,6 +285,10 @@ async def _readyz(request: web.Request) -> web.Response:
         checks |= await _worker_process_checks(
             runtime.store, request.app[STORE_INFO_KEY]["replica"], request.app[CLOCK_KEY]
         )
+        # A heartbeat written just before the worker process died is still recent: the supervisor knows better.
+        down = request.app[WORKER_PROCESS_KEY]()
+        if down is not None:
+            checks["worker"] = down
     if runtime.deadman is not None:
         checks["deadman"] = runtime.deadman.readiness
     ready = checks["store"] == "writable" and checks["worker"] == "running" and checks["outbox"] == "running"
@@ -296,6 +303,10 @@ async def _worker_process_checks(store: Store, replica: str, clock: Clock) -> di
             return await heartbeat_checks(store, replica, clock.now())
     except (StoreUnavailable, TimeoutError):
         return {"worker": "unknown: the store cannot be read", "outbox": "unknown: the store cannot be read"}
+
+
+def _runs_in_this_process() -> str | None:
+    return None
 
 
 def build_metrics_app(metrics: Metrics) -> web.Application:

@@ -249,10 +249,11 @@ class BotProcess(ManagedProcess):
         listen_port: int | None = None,
         store: Path | None = None,
         role: str = "all",
+        worker_metrics_port: int | None = None,
     ) -> None:
         self.port = listen_port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.worker_metrics_port = free_port()
+        self.worker_metrics_port = worker_metrics_port or free_port()
         args = [
             sys.executable,
             "-m",
