@@ -64,6 +64,7 @@ class Deadman:
         self._timer_started = False
         self._clusters = ClusterView(alertmanager)
         self.armed: bool | None = None  # None until the first check
+        self._told: dict[str, Membership] = {}  # how each member out of its cluster was told (down or left)
 
     # --- heartbeats ----------------------------------------------------------------------------------
     def carries_watchdog(self, payload: WebhookPayload) -> bool:
@@ -142,20 +143,29 @@ class Deadman:
         for replica, member in members.items():
             if member.membership is Membership.ALONE:
                 continue
-            key = MEMBER + replica
-            record = records.get(key)
+            record = records.get(MEMBER + replica)
+            alerting = record is not None and record.alerted_since is not None
             out = member.membership in (Membership.DOWN, Membership.LEFT)
             self._metrics.cluster_member.labels(replica).set(0 if out else 1)
-            if out and (record is None or record.alerted_since is None):
-                log.error("an Alertmanager is out of its cluster", extra={"replica": replica, "why": member.detail})
-                await self._store.watchdog_start(key, now)
-                await self._write(MEMBER_ALERTNAME, replica, now, None, _out_of_cluster(member))
-                await self._store.watchdog_alerting(key, now)
-            elif not out and record is not None and record.alerted_since is not None:
-                log.info("an Alertmanager is back in its cluster", extra={"replica": replica})
-                summary = f"Alertmanager {replica} is back in its cluster: {member.detail}"
+            told = self._told.get(replica)
+            if alerting and (not out or (told is not None and told is not member.membership)):
+                # Back in its cluster, or out of it another way (down, then up alone): that episode is over.
+                assert record is not None and record.alerted_since is not None
+                log.info("an Alertmanager is back, or out of its cluster another way", extra={"replica": replica})
+                if out:
+                    summary = f"Alertmanager {replica} is no longer {told}; now: {_out_of_cluster(member)}"
+                else:
+                    summary = f"Alertmanager {replica} is back in its cluster: {member.detail}"
                 await self._write(MEMBER_ALERTNAME, replica, record.alerted_since, now, summary)
-                await self._store.watchdog_alerting(key, None)
+                await self._store.watchdog_alerting(MEMBER + replica, None)
+                self._told.pop(replica, None)
+                alerting = False
+            if out and not alerting:
+                log.error("an Alertmanager is out of its cluster", extra={"replica": replica, "why": member.detail})
+                await self._store.watchdog_start(MEMBER + replica, now)
+                await self._write(MEMBER_ALERTNAME, replica, now, None, _out_of_cluster(member))
+                await self._store.watchdog_alerting(MEMBER + replica, now)
+                self._told[replica] = member.membership
 
     async def _resume(self, now: datetime) -> None:
         """The timers go on from where a previous process left them, less the time the bot itself was down:
@@ -274,8 +284,9 @@ def _out_of_cluster(member: Member) -> str:
             "still notify, without a spare"
         )
     return (
-        f"Alertmanager {member.replica} has left its cluster: {member.detail}; it and {peers} no longer share "
-        "their notification log (alerts can be told twice); check its --cluster.peer flags and the cluster port"
+        f"Alertmanager {member.replica} has left its cluster with {peers}: {member.detail}; they no longer share "
+        "their notification log (alerts can be told twice); check the --cluster.peer flags and that the cluster "
+        "port is reachable"
     )
 
 

@@ -99,6 +99,25 @@ async def test_a_clustered_pair_is_expected_to_send_the_watchdog_once_between_th
             assert back["alert_key"] == down["alert_key"]
             assert back["summary"].startswith(f"Alertmanager {am_b.url} is back in its cluster")
             assert missing(bot, "firing") == []  # never armed before the first Watchdog, then never quiet
+
+            am_b.stop()  # down again, then back without its peer: in a cluster of its own, which A is not in
+            await eventually(lambda: len(member_missing(bot, "firing")) == 2, timeout=20)
+            am_b = Alertmanager(tmp_path / "am-b", config, port=am_b.port, cluster_peers=[])
+
+            has_left = f"Alertmanager {am_b.url} has left its cluster with {am_a.url}: it answers with cluster"
+
+            def now_left(event: str) -> list[dict[str, Any]]:
+                said = (
+                    f"Alertmanager {am_b.url} is no longer down; now: {has_left}" if event == "resolved" else has_left
+                )
+                return [e for e in member_missing(bot, event) if e["summary"].startswith(said)]
+
+            # The episode of B down is over, another begins: B has left the cluster (and so, seen from B, has A).
+            [over] = await eventually(lambda: now_left("resolved"), timeout=30)
+            [b_left] = await eventually(lambda: now_left("firing"), timeout=30)
+            assert over["alert_key"] != b_left["alert_key"]
+            assert "1 peer(s), none of its former" in b_left["summary"]
+            assert missing(bot, "firing") == []
         finally:
             am_b.stop()
             am_a.stop()
