@@ -78,7 +78,7 @@ class ClusterView:
             detail = (
                 f"it answers with cluster status {status.cluster.status} and {seen} peer(s), none of its former ones"
             )
-            return Member(replica, Membership.LEFT, self._clustered_with[replica], detail)
+            return Member(replica, Membership.LEFT, former, detail)
         return Member(replica, Membership.ALONE, detail=f"cluster {status.cluster.status}")
 
     async def _status(self, replica: str) -> AmStatus | str:
