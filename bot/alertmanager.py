@@ -90,6 +90,7 @@ class _Peer(_ApiModel):
 
 class _Cluster(_ApiModel):
     status: str
+    name: str = ""  # this member's peer name
     peers: list[_Peer] = Field(default_factory=list)
 
 

@@ -4,8 +4,10 @@ the path is broken, and nothing in that path can say so. The bot says it, throug
 Every webhook carrying the Watchdog (accepted or a copy) restarts the timer of the Alertmanager replica that sent
 it (its `externalURL`) and of `any` replica. A check every `deadman.check_interval` compares each timer with
 `deadman.timeout`: silence from every replica raises one WatchdogMissing alert; silence from one replica of an HA
-pair while another still talks raises it for that replica. When the Watchdog returns, the alert resolves (the
-all-clear). The alert is a notification the bot writes into its own store, so it takes the normal path (worker,
+pair while another still talks raises it for that replica, unless the replica is a member of an Alertmanager
+cluster whose Watchdog arrives (one member notifies for the cluster, bot/amcluster.py). A member that is down or
+has left its cluster raises AlertmanagerClusterMemberMissing instead. When the Watchdog returns, the alert resolves
+(the all-clear). The alert is a notification the bot writes into its own store, so it takes the normal path (worker,
 routing, outbox) and is told once, resolved once, and survives restarts; the timers live in the store too.
 """
 
@@ -15,11 +17,12 @@ import asyncio
 import hashlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
+from bot.amcluster import ClusterView, Member, Membership
 from bot.clock import Clock
-from bot.config import DeadmanConfig
+from bot.config import AlertmanagerConfig, DeadmanConfig
 from bot.message import format_duration
 from bot.metrics import Metrics
 from bot.models import WebhookPayload
@@ -35,6 +38,11 @@ UNKNOWN_REPLICA = "unknown"
 # Not a replica: when the bot last checked, so that the time it was down is not blamed on Alertmanager.
 BOT_CHECKED = "bot"
 RECEIVER = "gpu-alert-bot-deadman"
+# A member of an Alertmanager cluster that is down or has left it (bot/amcluster.py).
+MEMBER_ALERTNAME = "AlertmanagerClusterMemberMissing"
+# The store keeps that alert's state beside the timers, under this prefix and the member's externalURL.
+MEMBER = "member "
+NEVER_ARMED = "never armed: no Watchdog received yet, so it cannot page (`gpu-alert-bot selftest` proves the path)"
 
 
 class Deadman:
@@ -45,6 +53,7 @@ class Deadman:
         metrics: Metrics,
         clock: Clock,
         on_notification: Callable[[], None],
+        alertmanager: AlertmanagerConfig | None = None,
     ) -> None:
         self._store = store
         self._config = config
@@ -53,6 +62,9 @@ class Deadman:
         self._on_notification = on_notification
         self._task: asyncio.Task[None] | None = None
         self._timer_started = False
+        self._clusters = ClusterView(alertmanager)
+        self.armed: bool | None = None  # None until the first check
+        self._told: dict[str, Membership] = {}  # how each member out of its cluster was told (down or left)
 
     # --- heartbeats ----------------------------------------------------------------------------------
     def carries_watchdog(self, payload: WebhookPayload) -> bool:
@@ -74,24 +86,86 @@ class Deadman:
 
     # --- the check -----------------------------------------------------------------------------------
     async def check(self) -> None:
-        """Raise or clear WatchdogMissing per replica; a second check with nothing new does nothing."""
+        """Raise or clear WatchdogMissing per replica, and the alerts about cluster members; a second check with
+        nothing new does nothing."""
         now = self._clock.now()
         if not self._timer_started:
             await self._resume(now)
             self._timer_started = True
         records = [r for r in await self._store.watchdog_records() if r.replica != BOT_CHECKED]
-        quiet = {r.replica for r in records if self._age(r, now) > self._config.effective_timeout}
+        timers = [r for r in records if not r.replica.startswith(MEMBER)]
+        self._arm(is_armed(records))
+        # A switch that never heard a Watchdog proves nothing by its silence: it does not page (the self-test
+        # proves the path on day one), and says so in /readyz, /gpu status and its metric.
+        quiet = {r.replica for r in timers if self.armed and self._age(r, now) > self._config.effective_timeout}
+        members = await self._look(timers)
+        # A member whose cluster's Watchdog arrives is not silent, and one that is down or out of its cluster is
+        # told as such (below), not as a missing Watchdog.
+        excused = {replica for replica in quiet if _excused(members.get(replica), quiet)}
+        missing = quiet - excused
         # When no replica talks, one alert says so, not one per replica.
-        raise_for = {ANY_REPLICA} if ANY_REPLICA in quiet else quiet
-        for record in records:
-            self._metrics.watchdog_age.labels(record.replica).set(self._age(record, now))
+        raise_for = {ANY_REPLICA} if ANY_REPLICA in quiet else missing
+        for record in timers:
             if record.alerted_since is None and record.replica in raise_for:
                 await self._raise(record, now)
-            elif record.alerted_since is not None and record.replica not in quiet:
-                await self._clear(record, now)
-            alerting = record.replica in raise_for or (record.alerted_since is not None and record.replica in quiet)
+            elif record.alerted_since is not None and record.replica not in missing:
+                await self._clear(record, now, covered=record.replica in excused)
+            alerting = record.replica in raise_for or (record.alerted_since is not None and record.replica in missing)
+            self._metrics.watchdog_age.labels(record.replica).set(self._age(record, now))
             self._metrics.deadman_alerting.labels(record.replica).set(1 if alerting else 0)
+        await self._tell_members(members, {r.replica: r for r in records}, now)
         await self._store.watchdog_seen([BOT_CHECKED], now)
+
+    def _arm(self, armed: bool) -> None:
+        if not armed and self.armed is not False:
+            log.warning(
+                "the dead man's switch is not armed: no Watchdog has arrived yet, so its silence pages nobody; "
+                "route the Watchdog to this bot and run `gpu-alert-bot selftest`"
+            )
+        self.armed = armed
+        self._metrics.deadman_armed.set(1 if armed else 0)
+
+    @property
+    def readiness(self) -> str:
+        """What /readyz says of the switch (it never makes the bot unready: restarting it would not help)."""
+        if self.armed is None:
+            return "not checked yet"
+        return "armed" if self.armed else NEVER_ARMED
+
+    async def _look(self, timers: list[WatchdogRecord]) -> dict[str, Member]:
+        """Each Alertmanager's place in its cluster, when there are several to tell apart."""
+        replicas = [r.replica for r in timers if r.replica not in (ANY_REPLICA, UNKNOWN_REPLICA)]
+        return await self._clusters.look(replicas) if len(replicas) > 1 else {}
+
+    async def _tell_members(
+        self, members: dict[str, Member], records: dict[str, WatchdogRecord], now: datetime
+    ) -> None:
+        for replica, member in members.items():
+            if member.membership is Membership.ALONE:
+                continue
+            record = records.get(MEMBER + replica)
+            alerting = record is not None and record.alerted_since is not None
+            out = member.membership in (Membership.DOWN, Membership.LEFT)
+            self._metrics.cluster_member.labels(replica).set(0 if out else 1)
+            told = self._told.get(replica)
+            if alerting and (not out or (told is not None and told is not member.membership)):
+                # Back in its cluster, or out of it another way (down, then up alone): that episode is over.
+                assert record is not None and record.alerted_since is not None
+                log.info("an Alertmanager is back, or out of its cluster another way", extra={"replica": replica})
+                if out:
+                    summary = f"Alertmanager {replica} is no longer {told}; now: {_out_of_cluster(member)}"
+                else:
+                    summary = f"Alertmanager {replica} is back in its cluster: {member.detail}"
+                await self._write(MEMBER_ALERTNAME, replica, record.alerted_since, now, summary)
+                await self._store.watchdog_alerting(MEMBER + replica, None)
+                self._told.pop(replica, None)
+                alerting = False
+            if out and not alerting:
+                log.error("an Alertmanager is out of its cluster", extra={"replica": replica, "why": member.detail})
+                await self._store.watchdog_start(MEMBER + replica, now)
+                await self._write(MEMBER_ALERTNAME, replica, now, None, _out_of_cluster(member))
+                await self._store.watchdog_alerting(MEMBER + replica, now)
+                self._told[replica] = member.membership
 
     async def _resume(self, now: datetime) -> None:
         """The timers go on from where a previous process left them, less the time the bot itself was down:
@@ -115,14 +189,17 @@ class Deadman:
         )
         # The notification first, the mark second: a crash in between raises it again after the restart rather
         # than losing it (a copy within the dedup window when the timer did not move, else a second message).
-        await self._write(record, record.last_seen, None, self._summary(record.replica, silence))
+        await self._write(ALERTNAME, record.replica, record.last_seen, None, self._summary(record.replica, silence))
         await self._store.watchdog_alerting(record.replica, record.last_seen)
 
-    async def _clear(self, record: WatchdogRecord, now: datetime) -> None:
+    async def _clear(self, record: WatchdogRecord, now: datetime, covered: bool) -> None:
         assert record.alerted_since is not None
         log.info("the Watchdog is back: all clear", extra={"replica": record.replica})
-        summary = f"the Watchdog from {self._who(record.replica)} arrives again: the alert path works"
-        await self._write(record, record.alerted_since, now, summary)
+        if covered:
+            summary = f"{self._who(record.replica)} is in a cluster whose Watchdog arrives: the alert path works"
+        else:
+            summary = f"the Watchdog from {self._who(record.replica)} arrives again: the alert path works"
+        await self._write(ALERTNAME, record.replica, record.alerted_since, now, summary)
         await self._store.watchdog_alerting(record.replica, None)
 
     def _summary(self, replica: str, silence: str) -> str:
@@ -137,8 +214,10 @@ class Deadman:
     def _who(replica: str) -> str:
         return "any Alertmanager" if replica == ANY_REPLICA else f"Alertmanager {replica}"
 
-    async def _write(self, record: WatchdogRecord, starts_at: datetime, ends_at: datetime | None, summary: str) -> None:
-        payload = _notification(record.replica, starts_at, ends_at, summary)
+    async def _write(
+        self, alertname: str, replica: str, starts_at: datetime, ends_at: datetime | None, summary: str
+    ) -> None:
+        payload = _notification(alertname, replica, starts_at, ends_at, summary)
         await self._store.ingest(
             IncomingNotification(
                 idempotency_key=payload.idempotency_key(),
@@ -176,9 +255,47 @@ class Deadman:
             await self._clock.sleep(self._config.check_interval)
 
 
-def _notification(replica: str, starts_at: datetime, ends_at: datetime | None, summary: str) -> WebhookPayload:
-    labels = {"alertname": ALERTNAME, "severity": "critical", "replica": replica}
-    group_labels = {"alertname": ALERTNAME, "replica": replica}
+def is_armed(records: Sequence[WatchdogRecord]) -> bool:
+    """Whether a Watchdog ever arrived: a timer of some Alertmanager beside `any` and the bot's own."""
+    return any(r.replica not in (ANY_REPLICA, BOT_CHECKED) and not r.replica.startswith(MEMBER) for r in records)
+
+
+def status_line(records: Sequence[WatchdogRecord]) -> str:
+    """The switch in `/gpu status`."""
+    if not is_armed(records):
+        return f"Dead man's switch: {NEVER_ARMED}"
+    alerting = sorted(r.replica for r in records if r.alerted_since is not None and not r.replica.startswith(MEMBER))
+    return f"Dead man's switch: armed, alerting for {', '.join(alerting)}" if alerting else "Dead man's switch: armed"
+
+
+def _excused(member: Member | None, quiet: set[str]) -> bool:
+    if member is None:
+        return False
+    if member.membership is Membership.IN_CLUSTER:
+        return any(peer not in quiet for peer in member.peers)
+    return member.membership in (Membership.DOWN, Membership.LEFT)
+
+
+def _out_of_cluster(member: Member) -> str:
+    peers = ", ".join(sorted(member.peers))
+    if member.membership is Membership.DOWN:
+        return (
+            f"Alertmanager {member.replica} is down or unreachable: {member.detail}; its cluster peer(s) {peers} "
+            "still notify, without a spare"
+        )
+    return (
+        f"Alertmanager {member.replica} has left its cluster with {peers}: {member.detail}; they no longer share "
+        "their notification log (alerts can be told twice); check the --cluster.peer flags and that the cluster "
+        "port is reachable"
+    )
+
+
+def _notification(
+    alertname: str, replica: str, starts_at: datetime, ends_at: datetime | None, summary: str
+) -> WebhookPayload:
+    severity = "critical" if alertname == ALERTNAME else "warning"
+    labels = {"alertname": alertname, "severity": severity, "replica": replica}
+    group_labels = {"alertname": alertname, "replica": replica}
     status = "firing" if ends_at is None else "resolved"
     alert = {
         "status": status,
@@ -186,7 +303,7 @@ def _notification(replica: str, starts_at: datetime, ends_at: datetime | None, s
         "annotations": {"summary": summary},
         "startsAt": starts_at,
         "endsAt": ends_at,
-        "fingerprint": hashlib.sha256(f"{ALERTNAME}\x00{replica}".encode()).hexdigest()[:16],
+        "fingerprint": hashlib.sha256(f"{alertname}\x00{replica}".encode()).hexdigest()[:16],
     }
     return WebhookPayload.model_validate(
         {

@@ -159,6 +159,17 @@ class Metrics:
             ["replica"],
             registry=r,
         )
+        self.deadman_armed = Gauge(
+            f"{_PREFIX}_deadman_armed",
+            "1 once a Watchdog has arrived (the dead man's switch can page); 0 while it was never armed.",
+            registry=r,
+        )
+        self.cluster_member = Gauge(
+            f"{_PREFIX}_alertmanager_cluster_member",
+            "1 while an Alertmanager seen clustered answers from its cluster, 0 while it is down or has left it.",
+            ["replica"],
+            registry=r,
+        )
         self.remediation_steps = Counter(
             f"{_PREFIX}_remediation_steps",
             "Remediation steps, by action and outcome (requested, approved, refused, dry-run, done, failed, "

@@ -8,6 +8,7 @@ worker (bot/worker.py) calls `dedup` for stored notifications, then `handle` for
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -21,7 +22,10 @@ from bot.models import AlertState, Event, NewDelivery
 from bot.outbox import Outbox
 from bot.playbooks import Advice, Playbook, PlaybookSet
 from bot.routing import Router, RouteTrace
+from bot.selftest.marking import heard_after_its_run
 from bot.store.base import Store
+
+log = logging.getLogger(__name__)
 
 Enrich = Callable[[AlertState, Playbook], Awaitable[Enrichment]]
 
@@ -80,16 +84,24 @@ class Pipeline:
         """Decide, write the deliveries in one transaction, then wake the receivers' senders."""
         decision = await decide(event, self._playbooks, self._router, self._enrich)
         gathered_now = event.alert.enrichment is None
+        receivers = () if _run_over(event.alert) else decision.receivers
         await self._store.route_event(
             event.id,
             decision.enrichment.model_dump(mode="json") if gathered_now else None,
-            [NewDelivery(receiver=name, message=decision.message) for name in decision.receivers],
+            [NewDelivery(receiver=name, message=decision.message) for name in receivers],
         )
         self._metrics.events.labels(event.kind.value).inc()
-        self._outbox.wake(decision.receivers)
+        self._outbox.wake(receivers)
 
     async def _enrich(self, alert: AlertState, playbook: Playbook) -> Enrichment:
         """Evidence is gathered once per alert episode; repeats and resolves show what was found then."""
         if alert.enrichment is not None:
             return Enrichment.model_validate(alert.enrichment)
         return await self._enrichers.run(alert, playbook)
+
+
+def _run_over(alert: AlertState) -> bool:
+    if not heard_after_its_run(alert.labels, alert.annotations, alert.first_seen):
+        return False
+    log.info("a self-test alert arrived after its run was over: told to nobody", extra={"alert": alert.key})
+    return True

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from bot.config import ConfigError, load_config
-from bot.deadman import ALERTNAME
+from bot.deadman import ALERTNAME, status_line
 from tests.support.bot import RunningBot, eventually, running_bot, write_config
 from tests.support.clock import FakeClock
 from tests.support.payloads import am_alert, webhook
@@ -68,13 +68,32 @@ def missing(bot: RunningBot) -> list[dict[str, Any]]:
     return [e for e in bot.console_events() if e["alertname"] == ALERTNAME]
 
 
-async def test_a_bot_that_never_gets_a_watchdog_says_so_once_after_the_timeout(tmp_path: Path) -> None:
+async def test_a_bot_that_never_got_a_watchdog_is_never_armed_and_pages_nobody(tmp_path: Path) -> None:
     clock = FakeClock()
     async with running_bot(tmp_path, CONFIG, clock) as bot:
         await checked(clock)
+        await checked(clock, 600)
+        await settled(bot)
+        assert missing(bot) == []  # ten minutes without a Watchdog: nothing was ever proven, nothing is lost
+        assert bot.metric("gpu_alert_bot_deadman_armed") == 0
+        assert bot.metric("gpu_alert_bot_deadman_alerting", {"replica": "any"}) == 0
+        assert bot.metric("gpu_alert_bot_watchdog_age_seconds", {"replica": "any"}) == 600
+        async with httpx.AsyncClient() as client:
+            ready = await client.get(f"{bot.url}/readyz")
+        assert ready.status_code == 200
+        assert ready.json()["checks"]["deadman"].startswith("never armed: no Watchdog received yet, so it cannot page")
+        assert status_line(await bot.runtime.store.watchdog_records()).startswith("Dead man's switch: never armed")
+
+
+async def test_the_first_watchdog_arms_the_switch_and_its_silence_then_says_so_once(tmp_path: Path) -> None:
+    clock = FakeClock()
+    async with running_bot(tmp_path, CONFIG, clock) as bot:
+        await checked(clock)
+        await watchdog(bot)
         await checked(clock, 180)
         await settled(bot)
         assert missing(bot) == []  # 3 min of silence is not more than the timeout
+        assert bot.metric("gpu_alert_bot_deadman_armed") == 1
         await checked(clock, 15)
         await settled(bot)
         [event] = missing(bot)
@@ -87,7 +106,10 @@ async def test_a_bot_that_never_gets_a_watchdog_says_so_once_after_the_timeout(t
         assert bot.metric("gpu_alert_bot_deadman_alerting", {"replica": "any"}) == 1
         assert bot.metric("gpu_alert_bot_watchdog_age_seconds", {"replica": "any"}) == 795
         async with httpx.AsyncClient() as client:
-            assert (await client.get(f"{bot.url}/readyz")).status_code == 200
+            ready = await client.get(f"{bot.url}/readyz")
+        assert ready.status_code == 200 and ready.json()["checks"]["deadman"] == "armed"
+        records = await bot.runtime.store.watchdog_records()
+        assert status_line(records) == "Dead man's switch: armed, alerting for any"
 
 
 async def test_a_watchdog_that_stops_raises_the_alert_once_and_its_return_clears_it_once(tmp_path: Path) -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bot.deadman import ALERTNAME, ANY_REPLICA, BOT_CHECKED
+import httpx
+
+from bot.deadman import ALERTNAME, ANY_REPLICA, BOT_CHECKED, MEMBER_ALERTNAME
 from tests.support.bot import RunningBot, eventually, running_bot
 from tests.support.processes import Alertmanager, webhook_alertmanager_config
 
@@ -54,3 +56,72 @@ async def test_alertmanager_stopped_raises_watchdog_missing_and_its_return_clear
             ]
         finally:
             am.stop()
+
+
+def clustered(*members: Alertmanager) -> bool:
+    """Every member sees all of them as its cluster's peers."""
+    return all(len(httpx.get(f"{am.url}/api/v2/status").json()["cluster"]["peers"]) == len(members) for am in members)
+
+
+async def heard(bot: RunningBot, am: Alertmanager) -> bool:
+    return any(r.replica == am.url for r in await bot.runtime.store.watchdog_records())
+
+
+def age(bot: RunningBot, am: Alertmanager) -> float:
+    return bot.metric("gpu_alert_bot_watchdog_age_seconds", {"replica": am.url})
+
+
+async def test_a_clustered_pair_is_expected_to_send_the_watchdog_once_between_them(tmp_path: Path) -> None:
+    async with running_bot(tmp_path, CONFIG) as bot:
+        config = watchdog_config(bot)
+        am_a = Alertmanager(tmp_path / "am-a", config, cluster_peers=[])
+        am_b = Alertmanager(tmp_path / "am-b", config, cluster_peers=[am_a.cluster_address])
+        try:
+            await eventually(lambda: clustered(am_a, am_b), timeout=30)
+            # B gets the Watchdog first, so that it notifies once (nobody else has it) and the bot knows it.
+            send_watchdog(am_b)
+            await eventually(lambda: heard(bot, am_b), timeout=40)
+            send_watchdog(am_a)
+            await eventually(lambda: heard(bot, am_a), timeout=40)
+            # From now on the cluster's notification log lets A alone repeat it: B is quiet beyond the timeout.
+            await eventually(lambda: age(bot, am_b) > 3 and age(bot, am_a) < 3, timeout=30)
+            assert bot.metric("gpu_alert_bot_deadman_alerting", {"replica": am_b.url}) == 0
+            assert bot.metric("gpu_alert_bot_alertmanager_cluster_member", {"replica": am_b.url}) == 1
+
+            am_b.stop()  # a member down is said as such, and is not a missing Watchdog
+            [down] = await eventually(lambda: member_missing(bot, "firing"), timeout=20)
+            assert down["labels"]["replica"] == am_b.url
+            assert down["summary"].startswith(f"Alertmanager {am_b.url} is down or unreachable: its API does not")
+            assert bot.metric("gpu_alert_bot_alertmanager_cluster_member", {"replica": am_b.url}) == 0
+
+            am_b = Alertmanager(tmp_path / "am-b", config, port=am_b.port, cluster_peers=[am_a.cluster_address])
+            [back] = await eventually(lambda: member_missing(bot, "resolved"), timeout=30)
+            assert back["alert_key"] == down["alert_key"]
+            assert back["summary"].startswith(f"Alertmanager {am_b.url} is back in its cluster")
+            assert missing(bot, "firing") == []  # never armed before the first Watchdog, then never quiet
+
+            am_b.stop()  # down again, then back without its peer: in a cluster of its own, which A is not in
+            await eventually(lambda: len(member_missing(bot, "firing")) == 2, timeout=20)
+            am_b = Alertmanager(tmp_path / "am-b", config, port=am_b.port, cluster_peers=[])
+
+            has_left = f"Alertmanager {am_b.url} has left its cluster with {am_a.url}: it answers with cluster"
+
+            def now_left(event: str) -> list[dict[str, Any]]:
+                said = (
+                    f"Alertmanager {am_b.url} is no longer down; now: {has_left}" if event == "resolved" else has_left
+                )
+                return [e for e in member_missing(bot, event) if e["summary"].startswith(said)]
+
+            # The episode of B down is over, another begins: B has left the cluster (and so, seen from B, has A).
+            [over] = await eventually(lambda: now_left("resolved"), timeout=30)
+            [b_left] = await eventually(lambda: now_left("firing"), timeout=30)
+            assert over["alert_key"] != b_left["alert_key"]
+            assert "1 peer(s), none of its former" in b_left["summary"]
+            assert missing(bot, "firing") == []
+        finally:
+            am_b.stop()
+            am_a.stop()
+
+
+def member_missing(bot: RunningBot, event: str) -> list[dict[str, Any]]:
+    return [e for e in bot.console_events() if e["alertname"] == MEMBER_ALERTNAME and e["event"] == event]

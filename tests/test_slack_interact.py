@@ -151,6 +151,7 @@ async def test_list_shows_firing_alerts_with_their_ids_and_help_lists_commands(b
     assert "`unsilence SILENCE_ID`" in await post_command(bot.url, "help")
     status = await post_command(bot.url, "status")
     assert "Store: writable" in status and "Alertmanager: NOT reachable" in status and "Watchdog: never" in status
+    assert "Dead man's switch: never armed: no Watchdog received yet" in status
 
 
 @given(st.text(max_size=30))

@@ -29,15 +29,15 @@ from bot.config import (
 )
 from bot.logs import configure_logging, tag_records
 from bot.playbooks import PlaybookError, PlaybookSet
-from bot.service.roles import ROLES, listen_host, serve_ingest, serve_worker, worker_command
-from bot.service.supervisor import PARENT_PIPE_OPTION
+from bot.service.roles import ROLES, CannotStart, listen_host, serve_ingest, serve_worker, worker_command
+from bot.service.supervisor import CANNOT_START, PARENT_PIPE_OPTION
 from bot.store import StoreUnavailable
 
 log = logging.getLogger("bot")
 
 EXIT_OK = 0
 EXIT_START = 1
-EXIT_CONFIG = 2
+EXIT_CONFIG = CANNOT_START  # a worker process exiting with it is not restarted
 # What a shell reports for a command killed by SIGPIPE (cat, grep...): `| head` read what it wanted and left,
 # the output was cut short. Quiet, like them, yet not a success for a `set -o pipefail` script to build on.
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
@@ -354,6 +354,9 @@ def _serve(args: argparse.Namespace) -> int:
         else:
             worker = worker_command(_serve_options(args)) if args.role == "all" else None
             asyncio.run(serve_ingest(config, playbooks, worker))
+    except CannotStart as exc:
+        log.error("cannot start", extra={"reason": str(exc)})
+        return EXIT_CONFIG
     except (OSError, StoreUnavailable) as exc:
         log.error("cannot start", extra={"reason": str(exc)})
         return EXIT_START

@@ -36,6 +36,9 @@ class ServerConfig(StrictModel):
     body_timeout: Duration = Field(default=30.0, gt=0)
     idle_timeout: Duration = Field(default=60.0, gt=0)
     max_connections: int = Field(default=256, ge=1)
+    # /readyz's budget for the store's answers, whatever the store does (a PostgreSQL down makes its pool wait
+    # store.connect_timeout): the answer comes within 1 s, under the 3 s of config/docker-compose.ha.yml's check.
+    ready_timeout: Duration = Field(default=0.8, gt=0)
 
     @property
     def host(self) -> str:

@@ -6,8 +6,10 @@ id, and reaches Alertmanager only as matcher values. Answers are mrkdwn.
 
 from __future__ import annotations
 
+import contextlib
 from datetime import datetime, timedelta
 
+from bot import deadman
 from bot.alertmanager import AlertmanagerClient
 from bot.clock import Clock
 from bot.config import InteractivityConfig
@@ -148,6 +150,8 @@ class AlertCommands:
         except Exception as exc:  # any failure to reach it is what this line reports
             lines.append(f"Alertmanager: NOT reachable: {escape(str(exc))}")
         lines.append(await self._watchdog_line())
+        with contextlib.suppress(StoreUnavailable):  # the store's own line says it is unavailable
+            lines.append(deadman.status_line(await self._store.watchdog_records()))
         return Outcome("\n".join(lines), "done")
 
     async def _watchdog_line(self) -> str:

@@ -97,11 +97,18 @@ async def slack_receiver(receiver: SlackReceiver) -> str:
         who = await client.auth_test()
         channel = await _find_channel(client, receiver.channel)
     except SlackApiError as exc:
+        status = exc.response.status_code
+        if status >= 500:
+            raise StepFailed(
+                f"Slack is down or unreachable: it answered {status} at {receiver.api_url}",
+                "an outage at Slack, or a proxy in between failing; not a token problem",
+                f"https://slack-status.com; curl -si {receiver.api_url}auth.test",
+            ) from None
         error = str(exc.response.get("error", "")) if isinstance(exc.response.data, dict) else ""
-        raise StepFailed(f"Slack refused: {error or exc.response.status_code}", *_slack_hint(error, receiver)) from None
+        raise StepFailed(f"Slack refused: {error or status}", *_slack_hint(error, receiver)) from None
     except Exception as exc:  # slack_sdk raises the transport's own errors (aiohttp)
         raise StepFailed(
-            f"cannot reach Slack at {receiver.api_url}: {type(exc).__name__}: {exc}",
+            f"Slack is down or unreachable: cannot reach {receiver.api_url}: {type(exc).__name__}: {exc}",
             "no network route to Slack, or a proxy in the way",
         ) from None
     _check_files_scope(receiver, who.headers)

@@ -5,16 +5,21 @@
 2. Alertmanager routes the synthetic alert `GPUSelfTest` to a receiver that posts to this bot.
 3. The alert is fired, reaches the bot, is delivered by each receiver the bot routes it to, then resolved the same
    way.
-A failure skips the steps that depend on it, so a dead Alertmanager fails in seconds, not at the timeout.
+A failure skips the steps that depend on it, so a dead Alertmanager fails in seconds, not at the timeout; a receiver
+whose check fails leaves only its own deliveries unproven. Once the
+alert was fired, every end of the run (a failure, the timeout, Ctrl-C) resolves it in Alertmanager; and the bot
+tells nobody of a self-test alert it first hears of after the run is over (bot/selftest/marking.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from functools import partial
 from typing import TextIO
 
@@ -26,6 +31,8 @@ from bot.config import BotConfig, EmailReceiver, PagerDutyReceiver, SlackReceive
 from bot.models import AlertStatus, EventKind
 from bot.routing import Router
 from bot.selftest import checks
+from bot.selftest.diagnose import PathFigures
+from bot.selftest.marking import LABEL
 from bot.selftest.path import (
     SyntheticAlert,
     amtool_routes,
@@ -43,6 +50,11 @@ from bot.store.sqlite import SqliteStore
 EXIT_PASSED = 0
 EXIT_FAILED = 1
 _ALERT_PATH = ("routing", "fire", "bot received", "resolve")
+_ESSENTIAL = ("alertmanager", "bot store", "bot metrics")
+# Beyond Alertmanager's timeout, for amtool to start and finish the resolve of an early end.
+_CLEANUP_MARGIN = 10.0
+# A bot listening on every address is reached on loopback.
+_WILDCARDS = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}  # noqa: S104 (read, not bound)
 
 
 @dataclass(frozen=True)
@@ -71,8 +83,13 @@ class SelfTest:
         self._options = options
         self._steps = steps
         self._clock = clock
-        self._alert = SyntheticAlert(uuid.uuid4().hex[:12], clock.now(), options.pagerduty_event)
+        started = clock.now()
+        until = started + timedelta(seconds=options.timeout)
+        self._alert = SyntheticAlert(uuid.uuid4().hex[:12], started, options.pagerduty_event, until)
         self._status: AmStatus | None = None
+        # Set once the alert was sent firing, cleared once its resolve was: what an early end must resolve.
+        self._firing_in: str | None = None
+        self._unproven: set[str] = set()  # receivers whose check failed
 
     async def run(self) -> None:
         urls = [self._options.alertmanager] if self._options.alertmanager else self._alertmanager_urls()
@@ -87,11 +104,17 @@ class SelfTest:
             watch = await self._bot(stack)
             await self._services()
             await self._receivers()
-            if client is None or watch is None or self._steps.failed:
+            if client is None or watch is None or self._without_alertmanager_or_bot():
                 for step in _ALERT_PATH:
                     self._steps.skip(step, "skipped: fix the failures above first")
                 return
-            await self._alert_path(client, watch)
+            http = await stack.enter_async_context(httpx.AsyncClient(timeout=self._am_timeout()))
+            await self._alert_path(client, watch, http)
+
+    def _without_alertmanager_or_bot(self) -> bool:
+        """The alert path needs Alertmanager and a view of the bot; a receiver or service failing its check only
+        leaves that receiver unproven."""
+        return any(r.outcome == "FAIL" for r in self._steps.results if r.step in _ESSENTIAL)
 
     def _alertmanager_urls(self) -> list[str]:
         return list(self._config.alertmanager.urls) if self._config.alertmanager else []
@@ -101,6 +124,14 @@ class SelfTest:
             return AlertmanagerClient(urls)
         # The configured token goes with --alertmanager too: it is the same Alertmanager behind the same proxy.
         return AlertmanagerClient.from_config(self._config.alertmanager.model_copy(update={"urls": urls}))
+
+    def _bot_url(self) -> str:
+        """Where the bot's /metrics are: --bot, or the address the bot listens on."""
+        if self._options.bot_url:
+            return self._options.bot_url
+        server = self._config.server
+        host = _WILDCARDS.get(server.host, server.host)
+        return f"http://{f'[{host}]' if ':' in host else host}:{server.port}"
 
     def _am_timeout(self) -> float:
         return self._config.alertmanager.timeout if self._config.alertmanager else 5.0
@@ -147,17 +178,19 @@ class SelfTest:
             step = f"{receiver.type} {receiver.name}"
             match receiver:
                 case SlackReceiver():
-                    await self._steps.run(step, partial(checks.slack_receiver, receiver))
+                    passed = await self._steps.run(step, partial(checks.slack_receiver, receiver))
                 case EmailReceiver():
-                    await self._steps.run(step, partial(checks.email_receiver, receiver))
+                    passed = await self._steps.run(step, partial(checks.email_receiver, receiver))
                 case PagerDutyReceiver():
                     detail = checks.pagerduty_receiver(receiver, self._options.pagerduty_event)
-                    await self._steps.run(step, partial(_text, detail))
+                    passed = await self._steps.run(step, partial(_text, detail))
                 case _:
-                    pass
+                    passed = True
+            if not passed:
+                self._unproven.add(receiver.name)
 
     # --- steps 2 and 3 -------------------------------------------------------------------------------
-    async def _alert_path(self, client: AlertmanagerClient, watch: BotWatch) -> None:
+    async def _alert_path(self, client: AlertmanagerClient, watch: BotWatch, http: httpx.AsyncClient) -> None:
         deadline = self._clock.monotonic() + self._options.timeout
         amtool = find_amtool()
         assert self._status is not None
@@ -176,13 +209,34 @@ class SelfTest:
 
         if amtool is not None and not await self._steps.run("routing", routing):
             return
+        figures = PathFigures(http, am_url, self._bot_url())
+        try:
+            await self._fire_and_follow(client, watch, figures, deadline, amtool, am_url, routing)
+        finally:
+            # A failure, the timeout or Ctrl-C (a cancellation) must not leave the alert firing in Alertmanager.
+            if self._firing_in is not None:
+                await self._resolve_after_failure(amtool, client, self._firing_in)
+
+    async def _fire_and_follow(
+        self,
+        client: AlertmanagerClient,
+        watch: BotWatch,
+        figures: PathFigures,
+        deadline: float,
+        amtool: str | None,
+        am_url: str,
+        routing: Callable[[], Awaitable[str]],
+    ) -> None:
+        alert = self._alert
         await watch.mark()
+        await figures.mark()
+        self._firing_in = am_url  # a failed post may still have reached Alertmanager
         if not await self._steps.run("fire", partial(fire, amtool, client, am_url, alert, None)):
             return
         if amtool is None and not await self._steps.run("routing", routing):
             return
         receivers = Router(self._config.routing).route(alert.labels).receivers
-        if not await self._received(watch, deadline, "firing"):
+        if not await self._received(watch, figures, deadline, "firing"):
             return
         if not receivers:
             self._steps.run_failed(
@@ -194,12 +248,32 @@ class SelfTest:
             return
         await self._deliveries(watch, deadline, EventKind.FIRING, receivers)
         await watch.mark()
+        await figures.mark()
         if not await self._steps.run("resolve", partial(fire, amtool, client, am_url, alert, self._clock.now())):
             return
-        if await self._received(watch, deadline, "resolved"):
+        self._firing_in = None
+        if await self._received(watch, figures, deadline, "resolved"):
             await self._deliveries(watch, deadline, EventKind.RESOLVED, receivers)
 
-    async def _received(self, watch: BotWatch, deadline: float, status: AlertStatus) -> bool:
+    async def _resolve_after_failure(self, amtool: str | None, client: AlertmanagerClient, am_url: str) -> None:
+        self._firing_in = None
+        resolve = partial(fire, amtool, client, am_url, self._alert, self._clock.now())
+
+        async def resolved() -> str:
+            try:
+                async with asyncio.timeout(self._am_timeout() + _CLEANUP_MARGIN):
+                    done = await resolve()
+            except TimeoutError:
+                raise StepFailed(
+                    "Alertmanager did not take the resolve in time",
+                    "Alertmanager hangs: the alert stays firing there until its resolve_timeout",
+                    f"amtool alert query {LABEL}={self._alert.run_id}",
+                ) from None
+            return f"{done}: the alert fired above does not stay firing after this run"
+
+        await self._steps.run("resolve", resolved)
+
+    async def _received(self, watch: BotWatch, figures: PathFigures, deadline: float, status: AlertStatus) -> bool:
         if status == "firing":
             step = "bot received"
             cause = (
@@ -212,13 +286,18 @@ class SelfTest:
             cause = "Alertmanager's webhook_configs lacks send_resolved: true, or its group_interval is long"
             look = "amtool config show | grep -n send_resolved"
         what = partial(watch.received, self._alert, status)
+        waiting_for = f"the bot to receive the {status} alert"
         return await self._steps.run(
-            step, partial(until, self._clock, deadline, what, f"the bot to receive the {status} alert", cause, look)
+            step, partial(until, self._clock, deadline, what, waiting_for, cause, look, figures.cause)
         )
 
     async def _deliveries(self, watch: BotWatch, deadline: float, kind: EventKind, receivers: tuple[str, ...]) -> None:
         prefix = "deliver" if kind is EventKind.FIRING else "deliver resolve"
         for name in receivers:
+            if name in self._unproven:
+                # Its delivery would only be retried until the timeout: the others are proven meanwhile.
+                self._steps.skip(f"{prefix} {name}", f"not proven: the check of {name} failed above")
+                continue
             await self._steps.run(f"{prefix} {name}", partial(self._delivered, watch, deadline, kind, name))
 
     async def _delivered(self, watch: BotWatch, deadline: float, kind: EventKind, receiver: str) -> str:

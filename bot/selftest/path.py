@@ -16,7 +16,7 @@ import yaml
 
 from bot.alertmanager import AlertmanagerClient, AlertmanagerError, PostableAlert
 from bot.ingest import WEBHOOK_PATH
-from bot.selftest.marking import ALERTNAME, LABEL, PAGE_LABEL
+from bot.selftest.marking import ALERTNAME, LABEL, PAGE_LABEL, UNTIL_ANNOTATION
 from bot.selftest.steps import StepFailed
 from bot.store.base import DeliveryRecord
 
@@ -28,6 +28,8 @@ class SyntheticAlert:
     run_id: str
     started: datetime
     page: bool
+    # When the run is over: the bot tells nobody of this alert if it first hears of it later.
+    until: datetime
 
     @property
     def labels(self) -> dict[str, str]:
@@ -39,6 +41,10 @@ class SyntheticAlert:
     @property
     def summary(self) -> str:
         return f"gpu-alert-bot self-test {self.run_id}: proves Alertmanager -> bot -> receivers; no action needed"
+
+    @property
+    def annotations(self) -> dict[str, str]:
+        return {"summary": self.summary, UNTIL_ANNOTATION: self.until.isoformat()}
 
     def label_args(self) -> list[str]:
         return [f"{name}={value}" for name, value in self.labels.items()]
@@ -111,15 +117,14 @@ async def fire(
     the API to the first replica that answers (the same one, tried in the same order). Replicas do not share
     alerts: the one that got it notifies."""
     if amtool is not None:
-        args = ["alert", "add", *alert.label_args(), f"--annotation=summary={alert.summary}"]
+        args = ["alert", "add", *alert.label_args()]
+        args += [f"--annotation={name}={value}" for name, value in alert.annotations.items()]
         args.append(f"--start={alert.started.isoformat()}")
         if end is not None:
             args.append(f"--end={end.isoformat()}")
         await run_amtool(amtool, am_url, args)
         return f"amtool alert add {' '.join(alert.label_args())}{' --end=now' if end else ''}"
-    posted = PostableAlert(
-        labels=alert.labels, annotations={"summary": alert.summary}, starts_at=alert.started, ends_at=end
-    )
+    posted = PostableAlert(labels=alert.labels, annotations=alert.annotations, starts_at=alert.started, ends_at=end)
     try:
         await client.post_alerts([posted])
     except AlertmanagerError as exc:

@@ -103,9 +103,16 @@ class MetricsWatch:
 
 
 async def until(
-    clock: Clock, deadline: float, what: Callable[[], Awaitable[T | None]], waiting_for: str, cause: str, look: str
+    clock: Clock,
+    deadline: float,
+    what: Callable[[], Awaitable[T | None]],
+    waiting_for: str,
+    cause: str,
+    look: str,
+    known_cause: Callable[[], Awaitable[StepFailed | None]] | None = None,
 ) -> T:
-    """Poll `what` until it gives something, or fail when the self-test's time is up."""
+    """Poll `what` until it gives something, or fail when the self-test's time is up, or as soon as `known_cause`
+    tells why it will not come."""
     while True:
         try:
             found = await what()
@@ -113,6 +120,9 @@ async def until(
             raise StepFailed(f"cannot read the bot's store: {exc}", "the store path is not the bot's", look) from None
         if found is not None:
             return found
+        failure = await known_cause() if known_cause is not None else None
+        if failure is not None:
+            raise failure
         if clock.monotonic() >= deadline:
             raise StepFailed(f"timed out waiting for {waiting_for}", cause, look)
         await clock.sleep(_POLL)

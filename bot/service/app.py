@@ -32,8 +32,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_READY_CHECK_TIMEOUT = 2.0
-
 
 @dataclass
 class Processing:
@@ -144,7 +142,7 @@ async def start_runtime(
     if interactivity is not None:
         await interactivity.start()
     if config.deadman.enabled:
-        runtime.deadman = Deadman(store, config.deadman, metrics, clock, runtime.notify_worker)
+        runtime.deadman = Deadman(store, config.deadman, metrics, clock, runtime.notify_worker, config.alertmanager)
         runtime.deadman.start()
     if remediation is not None:
         await remediation.start()
@@ -204,6 +202,8 @@ METRICS_KEY = web.AppKey("metrics", Metrics)
 WEBHOOK_KEY = web.AppKey("webhook", WebhookHandler)
 STORE_INFO_KEY = web.AppKey("store_info", dict[str, str])
 CLOCK_KEY = web.AppKey("clock", Clock)
+READY_TIMEOUT_KEY = web.AppKey("ready_timeout", float)
+WORKER_PROCESS_KEY: web.AppKey[Callable[[], str | None]] = web.AppKey("worker_process")
 
 
 def build_app(
@@ -213,15 +213,18 @@ def build_app(
     console: TextIO | None = None,
     clock: Clock = SYSTEM_CLOCK,
     side: Literal["all", "ingest"] = "all",
+    worker_process: Callable[[], str | None] | None = None,
 ) -> web.Application:
     """The bot as an aiohttp application. `console` is where console sinks write (default: stdout); `clock`
     drives the dead man's switch; `side` "ingest" leaves the worker and outbox to a worker process (bot.service.roles),
-    whose heartbeat /readyz then reads."""
+    whose heartbeat /readyz then reads, and `worker_process` (its supervisor's) says why it is not running."""
     metrics = metrics or Metrics()
     app = web.Application(client_max_size=config.server.max_body_bytes, middlewares=[request_deadlines, _json_errors])
     app[METRICS_KEY] = metrics
     app[STORE_INFO_KEY] = {"backend": config.store.backend, "replica": config.store.replica}
     app[CLOCK_KEY] = clock
+    app[WORKER_PROCESS_KEY] = worker_process or _runs_in_this_process
+    app[READY_TIMEOUT_KEY] = config.server.ready_timeout
     metrics.replica_info.labels(config.store.replica, config.store.backend).set(1)
     auth = WebhookAuth(config.server.auth)
 
@@ -268,32 +271,60 @@ async def _healthz(request: web.Request) -> web.Response:
 
 async def _readyz(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME_KEY]
+    budget = request.app[READY_TIMEOUT_KEY]
+    # One deadline for every store answer, asked at once: a store that hangs costs `budget`, not a sum of waits.
+    deadline = asyncio.get_running_loop().time() + budget
     checks: dict[str, str] = {}
-    try:
-        async with asyncio.timeout(_READY_CHECK_TIMEOUT):
-            await runtime.store.check_writable()
-        checks["store"] = "writable"
-    except (StoreUnavailable, TimeoutError) as exc:
-        checks["store"] = f"not writable: {exc}" if str(exc) else "not writable: timed out"
     if runtime.processing is not None:
+        checks["store"] = await _store_check(runtime.store, deadline, budget)
         checks["worker"] = "running" if runtime.processing.worker.running else "stopped"
         checks["outbox"] = "running" if runtime.processing.outbox.running else "stopped"
     else:
-        checks |= await _worker_process_checks(
-            runtime.store, request.app[STORE_INFO_KEY]["replica"], request.app[CLOCK_KEY]
+        replica, clock = request.app[STORE_INFO_KEY]["replica"], request.app[CLOCK_KEY]
+        store, beats = await asyncio.gather(
+            _store_check(runtime.store, deadline, budget),
+            _worker_process_checks(runtime.store, replica, clock, deadline, budget),
         )
+        checks["store"] = store
+        checks |= beats
+        # A heartbeat written just before the worker process died is still recent: the supervisor knows better.
+        down = request.app[WORKER_PROCESS_KEY]()
+        if down is not None:
+            checks["worker"] = down
+    if runtime.deadman is not None:
+        checks["deadman"] = runtime.deadman.readiness
     ready = checks["store"] == "writable" and checks["worker"] == "running" and checks["outbox"] == "running"
     body = {"status": "ready" if ready else "not ready", "checks": checks}
     body |= {"store": request.app[STORE_INFO_KEY]}
     return web.json_response(body, status=200 if ready else 503)
 
 
-async def _worker_process_checks(store: Store, replica: str, clock: Clock) -> dict[str, str]:
+async def _store_check(store: Store, deadline: float, budget: float) -> str:
     try:
-        async with asyncio.timeout(_READY_CHECK_TIMEOUT):
+        async with asyncio.timeout_at(deadline):
+            await store.check_writable()
+        return "writable"
+    except TimeoutError:
+        return f"not writable: no answer within {budget:g} s (server.ready_timeout)"
+    except StoreUnavailable as exc:
+        return f"not writable: {exc}" if str(exc) else "not writable"
+
+
+async def _worker_process_checks(
+    store: Store, replica: str, clock: Clock, deadline: float, budget: float
+) -> dict[str, str]:
+    try:
+        async with asyncio.timeout_at(deadline):
             return await heartbeat_checks(store, replica, clock.now())
-    except (StoreUnavailable, TimeoutError):
+    except TimeoutError:
+        unknown = f"unknown: the store did not answer within {budget:g} s"
+        return {"worker": unknown, "outbox": unknown}
+    except StoreUnavailable:
         return {"worker": "unknown: the store cannot be read", "outbox": "unknown: the store cannot be read"}
+
+
+def _runs_in_this_process() -> str | None:
+    return None
 
 
 def build_metrics_app(metrics: Metrics) -> web.Application:

@@ -79,15 +79,19 @@ async def serve_ingest(config: BotConfig, playbooks: PlaybookSet, worker: Sequen
             extra={"requested": config.server.host, "listening": host},
         )
     metrics = Metrics()
-    app = build_app(config, playbooks, metrics, side="ingest")
+    stop = asyncio.Event()
+    supervisor = None
+    if worker is not None:
+        stop_timeout = config.outbox.attempt_timeout + _STOP_MARGIN
+        supervisor = WorkerSupervisor(worker, metrics, SYSTEM_CLOCK, stop_timeout, on_give_up=stop.set)
+    app = build_app(
+        config, playbooks, metrics, side="ingest", worker_process=supervisor.not_running if supervisor else None
+    )
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5)
     await runner.setup()
-    supervisor = None
     try:
         await GuardedSite(runner, host, config.server.port, config.server).start()
-        if worker is not None:
-            stop_timeout = config.outbox.attempt_timeout + _STOP_MARGIN
-            supervisor = WorkerSupervisor(worker, metrics, SYSTEM_CLOCK, stop_timeout)
+        if supervisor is not None:
             await supervisor.start()
         _freeze_what_is_loaded()
         log.info(
@@ -100,7 +104,9 @@ async def serve_ingest(config: BotConfig, playbooks: PlaybookSet, worker: Sequen
                 "receivers": [r.name for r in config.receivers],
             },
         )
-        await _stop_requested()
+        await _stop_requested(stop)
+        if supervisor is not None and supervisor.gave_up is not None:
+            raise CannotStart(supervisor.gave_up)
         log.info("shutting down")
     finally:
         # The worker first: a Ctrl-C reaches it too, and its exit must not look like a death to restart it from.
@@ -109,25 +115,49 @@ async def serve_ingest(config: BotConfig, playbooks: PlaybookSet, worker: Sequen
         await runner.cleanup()
 
 
+class CannotStart(Exception):
+    """A start-up error that the same configuration would meet again: `serve` exits with it, never retried."""
+
+
 async def serve_worker(config: BotConfig, playbooks: PlaybookSet, parent_pipe: int | None) -> None:
     """Run the worker side until SIGTERM, SIGINT or, with `parent_pipe`, the death of the supervising parent."""
     metrics = Metrics()
     metrics.replica_info.labels(config.store.replica, config.store.backend).set(1)
-    store = await open_store(config.store, side="worker")
+    runner = web.AppRunner(build_metrics_app(metrics), access_log=None, handle_signals=False)
+    await runner.setup()
     try:
-        processing = start_processing(
-            config, store, metrics, playbooks, None, _executable(config, store, metrics, playbooks)
-        )
+        # Its port first: a worker that cannot serve its /metrics never beats "running" into the store.
+        address = await _listen_for_metrics(runner, config)
+        store = await open_store(config.store, side="worker")
         try:
-            await _run_worker(config, store, metrics, processing, parent_pipe)
+            processing = start_processing(
+                config, store, metrics, playbooks, None, _executable(config, store, metrics, playbooks)
+            )
+            try:
+                await _run_worker(config, store, processing, parent_pipe, address)
+            finally:
+                await processing.close()
         finally:
-            await processing.close()
+            await store.close()
     finally:
-        await store.close()
+        await runner.cleanup()
+
+
+async def _listen_for_metrics(runner: web.AppRunner, config: BotConfig) -> str:
+    host, port = worker_metrics_address(config)
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as exc:
+        default = "" if config.worker.metrics_listen is not None else " (by default the webhook port + 1)"
+        raise CannotStart(
+            f"the worker cannot listen on {host}:{port} for its /metrics{default}: {exc.strerror or exc}; "
+            "set worker.metrics_listen (or --worker-metrics-listen) to a free HOST:PORT"
+        ) from None
+    return f"{host}:{port}"
 
 
 async def _run_worker(
-    config: BotConfig, store: Store, metrics: Metrics, processing: Processing, parent_pipe: int | None
+    config: BotConfig, store: Store, processing: Processing, parent_pipe: int | None, metrics_address: str
 ) -> None:
     heartbeat = Heartbeat(store, config.store.replica, SYSTEM_CLOCK, lambda: _states(processing))
     heartbeat.start()
@@ -138,17 +168,12 @@ async def _run_worker(
     )
     if watch is not None:
         watch.start()
-    runner = web.AppRunner(build_metrics_app(metrics), access_log=None, handle_signals=False)
-    await runner.setup()
     try:
-        host, port = worker_metrics_address(config)
-        await web.TCPSite(runner, host, port).start()
         _freeze_what_is_loaded()
-        log.info("gpu-alert-bot worker ready", extra={"metrics": f"{host}:{port}"})
-        await _stop_requested(parent_pipe)
+        log.info("gpu-alert-bot worker ready", extra={"metrics": metrics_address})
+        await _stop_requested(asyncio.Event(), parent_pipe)
         log.info("worker shutting down")
     finally:
-        await runner.cleanup()
         if watch is not None:
             await watch.stop()
         await heartbeat.stop()
@@ -176,8 +201,8 @@ def _freeze_what_is_loaded() -> None:
     gc.freeze()
 
 
-async def _stop_requested(parent_pipe: int | None = None) -> None:
-    stop = asyncio.Event()
+async def _stop_requested(stop: asyncio.Event, parent_pipe: int | None = None) -> None:
+    """Until SIGINT, SIGTERM, the parent's death (`parent_pipe`) or whoever else sets `stop`."""
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)

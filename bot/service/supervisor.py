@@ -13,7 +13,7 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from bot.clock import Clock
 from bot.metrics import Metrics
@@ -25,13 +25,26 @@ MAX_BACKOFF = 30.0
 # A child that ran this long was healthy: its death starts the backoff over.
 STABLE_AFTER = 60.0
 PARENT_PIPE_OPTION = "--parent-pipe"
+# `serve`'s exit status for a configuration it cannot start with (EXIT_CONFIG): restarting would meet it again.
+CANNOT_START = 2
 
 
 class WorkerSupervisor:
-    def __init__(self, command: Sequence[str], metrics: Metrics, clock: Clock, stop_timeout: float) -> None:
+    def __init__(
+        self,
+        command: Sequence[str],
+        metrics: Metrics,
+        clock: Clock,
+        stop_timeout: float,
+        on_give_up: Callable[[], None] = lambda: None,
+    ) -> None:
         """`command` starts the worker process; `stop_timeout`: how long a stop waits for the delivery under way
-        before it kills the child."""
+        before it kills the child; `on_give_up` is called when the child cannot start with this configuration
+        (it exited with CANNOT_START), which is not restarted: `gave_up` then says why."""
         self._command = list(command)
+        self._on_give_up = on_give_up
+        self.gave_up: str | None = None
+        self._down: str | None = "the worker process is not started yet"
         self._metrics = metrics
         self._clock = clock
         self._stop_timeout = stop_timeout
@@ -42,6 +55,10 @@ class WorkerSupervisor:
     @property
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
+
+    def not_running(self) -> str | None:
+        """Why the worker process is not running now (/readyz's worker check), or None while it runs."""
+        return self._down
 
     async def start(self) -> None:
         await self._spawn()
@@ -71,8 +88,12 @@ class WorkerSupervisor:
             assert self._process is not None
             started = self._clock.monotonic()
             returncode = await self._process.wait()
+            if returncode == CANNOT_START:
+                self._give_up(returncode)
+                return
             failures = 0 if self._clock.monotonic() - started >= STABLE_AFTER else failures + 1
             delay = min(MAX_BACKOFF, FIRST_BACKOFF * 2 ** max(0, failures - 1))
+            self._down = f"the worker process exited ({returncode}): restarting it in {delay:g} s"
             self._metrics.worker_restarts.inc()
             log.error(
                 "the worker process died: restarting it",
@@ -84,6 +105,15 @@ class WorkerSupervisor:
             except OSError:  # the process table or memory is full: the dead child's wait() returns at once
                 log.exception("cannot start the worker process")
 
+    def _give_up(self, returncode: int) -> None:
+        assert self._process is not None
+        self.gave_up = self._down = (
+            f"the worker process cannot start with this configuration (exit {returncode}): its error above says "
+            "what to change; not restarted"
+        )
+        log.error(self.gave_up, extra={"pid": self._process.pid})
+        self._on_give_up()
+
     async def _spawn(self) -> None:
         self._close_pipe()
         read_end, self._pipe = os.pipe()  # neither end is inherited but the one passed below
@@ -93,6 +123,7 @@ class WorkerSupervisor:
             )
         finally:
             os.close(read_end)
+        self._down = None
         log.info("worker process started", extra={"pid": self._process.pid})
 
     def _close_pipe(self) -> None:

@@ -62,14 +62,16 @@ async def running_bot(
     *,
     port: int = 0,
     side: Literal["all", "ingest"] = "all",
+    worker_process: Callable[[], str | None] | None = None,
 ) -> AsyncIterator[RunningBot]:
     """Start the bot from a config dict (written to a real file and loaded like `serve --config` does), on `port`
-    (any free one by default). `side="ingest"`: without its worker and outbox, as `serve --role ingest`."""
+    (any free one by default). `side="ingest"`: without its worker and outbox, as `serve --role ingest`;
+    `worker_process` then says why a supervised worker process is not running (as `serve --role all`'s does)."""
     loaded = load_config(write_config(tmp_path, config or {}))
     playbooks = PlaybookSet.load(loaded.playbooks.dir, loaded.playbooks.vars)
     metrics = Metrics()
     console = io.StringIO()
-    app = build_app(loaded, playbooks, metrics, console, clock, side)
+    app = build_app(loaded, playbooks, metrics, console, clock, side, worker_process)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", port)

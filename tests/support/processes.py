@@ -130,22 +130,43 @@ class ManagedProcess:
 
 
 class Alertmanager(ManagedProcess):
-    """A real Alertmanager on loopback, clustering off, with `amtool` pointed at it. `port` starts it again where
-    a stopped one was (same URL, so the same externalURL)."""
+    """A real Alertmanager on loopback, with `amtool` pointed at it. `port` starts it again where a stopped one
+    was (same URL, so the same externalURL). Clustering is off unless `cluster_peers` is given (even empty): then
+    it gossips on `cluster_port` (again the same one with `cluster_port`), joins those peers' cluster addresses,
+    and its externalURL is its own URL, where the bot can ask its status."""
 
-    def __init__(self, workdir: Path, config: dict[str, Any], port: int | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        config: dict[str, Any],
+        port: int | None = None,
+        *,
+        cluster_peers: Sequence[str] | None = None,
+        cluster_port: int | None = None,
+    ) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.cluster_port = cluster_port or free_port()
+        self.cluster_address = f"127.0.0.1:{self.cluster_port}"
         self.config_path = workdir / "alertmanager.yml"
         self.config_path.write_text(yaml.safe_dump(config))
+        if cluster_peers is None:
+            cluster = ["--cluster.listen-address="]
+        else:
+            cluster = [
+                f"--cluster.listen-address={self.cluster_address}",
+                f"--cluster.advertise-address={self.cluster_address}",
+                f"--web.external-url={self.url}",
+                *(f"--cluster.peer={peer}" for peer in cluster_peers),
+            ]
         super().__init__(
             [
                 find_binary(*ALERTMANAGER_BINARIES),
                 f"--config.file={self.config_path}",
                 f"--storage.path={workdir / 'am-data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",
-                "--cluster.listen-address=",
+                *cluster,
                 "--log.level=warn",
             ],
             cwd=workdir,
@@ -256,10 +277,11 @@ class BotProcess(ManagedProcess):
         listen_port: int | None = None,
         store: Path | None = None,
         role: str = "all",
+        worker_metrics_port: int | None = None,
     ) -> None:
         self.port = listen_port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.worker_metrics_port = free_port()
+        self.worker_metrics_port = worker_metrics_port or free_port()
         args = [
             sys.executable,
             "-m",

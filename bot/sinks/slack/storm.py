@@ -16,6 +16,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from bot import deadman
 from bot.clock import SYSTEM_CLOCK, Clock, wait_for_event
 from bot.config import SlackReceiver
 from bot.message import Message
@@ -27,6 +28,7 @@ from bot.render.slack import (
     storm_line,
     storm_summary_payload,
 )
+from bot.selftest.marking import is_selftest
 from bot.sinks.base import DeliveryResult
 from bot.sinks.slack.channel import SlackChannel, SlackFailure
 from bot.sinks.slack.state import AlertRecord, Arrival, Posting, SinkState, Storm, StormItem
@@ -75,6 +77,8 @@ class StormControl:
     # --- deliveries ---------------------------------------------------------------------------------------
     async def admit(self, message: Message) -> str:
         """Count a new alert's arrival; the id of the storm it belongs to, or "" for a normal message."""
+        if stands_alone(message):
+            return ""
         async with self._state.lock:
             state = await self._state.channel_state()
             now = self._now()
@@ -411,3 +415,12 @@ class StormControl:
             item = await self._state.storm_item(storm_id, seq)
             lines.append(item.line if item is not None else "_(not recorded)_")
         return lines
+
+
+# The bot's own alerts tell of the alert path itself: each keeps a message of its own, never a storm's line, and
+# is not counted towards one.
+_OWN_ALERTS = frozenset({deadman.ALERTNAME, deadman.MEMBER_ALERTNAME})
+
+
+def stands_alone(message: Message) -> bool:
+    return message.alertname in _OWN_ALERTS or is_selftest(message.labels)
