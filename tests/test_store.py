@@ -14,7 +14,7 @@ import pytest
 from bot.dedup import plan_events
 from bot.models import AmAlert, EventKind, GpuEvent, NewDelivery, WebhookPayload, short_id
 from bot.store import core
-from bot.store.base import StoreUnavailable, UnknownAlert, WatchdogRecord
+from bot.store.base import EventRoute, StoreUnavailable, UnknownAlert, WatchdogRecord
 from bot.store.sqlite import SqliteStore, StoreInUse
 from tests.support.clock import FakeClock
 from tests.support.payloads import STARTED, am_alert, distinct_webhooks, gpu_alerts, webhook
@@ -111,6 +111,24 @@ async def test_routing_is_done_once_even_if_attempted_twice(opened: Opener) -> N
         assert (await store.alert_events(event.alert.key))[0].state == "routed"
         alert = await store.get_alert(event.alert.key)
         assert alert is not None and alert.enrichment == {"sections": []}
+
+
+async def test_a_batchs_events_are_routed_together_each_once(opened: Opener) -> None:
+    async with opened() as store:
+        await ingest_and_dedup(store, webhook(gpu_alerts(3)))
+        first, second, third = await store.claim_events(10, 60)
+        routes = [
+            EventRoute(first.id, {"sections": [{"n": 1}]}, [NewDelivery(receiver="console", message=message("a"))]),
+            EventRoute(second.id, None, [NewDelivery(receiver=name, message=message("b")) for name in ("x", "y")]),
+        ]
+        await store.route_events(routes)
+        await store.route_events(routes)  # again, as after a lease expiry: nothing doubled
+        assert (await store.stats()).deliveries_pending == 3
+        states = [(await store.alert_events(e.alert.key))[0].state for e in (first, second, third)]
+        assert states == ["routed", "routed", "pending"]
+        stored = await store.get_alert(first.alert.key)
+        assert stored is not None and stored.enrichment == {"sections": [{"n": 1}]}
+        await store.route_events([])
 
 
 async def test_a_failed_event_is_retried_later_or_set_aside(opened: Opener) -> None:

@@ -12,7 +12,8 @@ than `concurrency` of them at the source at once, so a storm of alerts adds no s
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -66,6 +67,20 @@ def chunks(values: Sequence[T], size: int = HOSTS_PER_QUERY) -> list[list[T]]:
     return [list(values[i : i + size]) for i in range(0, len(values), size)]
 
 
+@contextlib.asynccontextmanager
+async def query_slot(slots: asyncio.Semaphore, deadline: Deadline) -> AsyncIterator[None]:
+    """One of a source's query slots, waited for within the query's deadline."""
+    try:
+        async with asyncio.timeout(deadline.remaining()):
+            await slots.acquire()
+    except TimeoutError:
+        raise QueryError("timeout", f"no free query slot within {deadline.seconds:g} s (source busy)") from None
+    try:
+        yield
+    finally:
+        slots.release()
+
+
 class SharedQueries:
     """Single flight and a short memory for one source's queries, under a cap on concurrent ones."""
 
@@ -89,15 +104,8 @@ class SharedQueries:
         return task
 
     async def _run(self, deadline: Deadline, fetch: Callable[[Deadline], Awaitable[T]]) -> T:
-        try:
-            async with asyncio.timeout(deadline.remaining()):
-                await self._slots.acquire()
-        except TimeoutError:
-            raise QueryError("timeout", f"no free query slot within {deadline.seconds:g} s (source busy)") from None
-        try:
+        async with query_slot(self._slots, deadline):
             return await fetch(deadline)
-        finally:
-            self._slots.release()
 
     def _answered(self, key: Hashable, task: asyncio.Task[Any]) -> None:
         failed = task.cancelled() or task.exception() is not None

@@ -137,6 +137,15 @@ class BreakerState:
     reason: str
 
 
+@dataclass(frozen=True)
+class EventRoute:
+    """What one event's routing writes: the enrichment gathered now (None when kept from before), its deliveries."""
+
+    event_id: int
+    enrichment: dict[str, Any] | None
+    deliveries: Sequence[NewDelivery]
+
+
 class Planner(Protocol):
     """(what the store knows of the notification's alerts, its alerts, its groupKey, the store's time now) -> one
     decision per alert."""
@@ -173,6 +182,10 @@ class Store(abc.ABC):
         self, event_id: int, enrichment: dict[str, Any] | None, deliveries: Sequence[NewDelivery]
     ) -> None:
         """In one transaction: keep the enrichment with the alert, queue the deliveries, mark the event done."""
+
+    @abc.abstractmethod
+    async def route_events(self, routes: Sequence[EventRoute]) -> None:
+        """`route_event` for each of a batch's events, all in one transaction."""
 
     @abc.abstractmethod
     async def fail_event(self, event_id: int, error: str, retry_in: float | None) -> None:

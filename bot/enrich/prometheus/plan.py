@@ -14,13 +14,13 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
 from bot.enrich.batch import SharedQueries, chunks
 from bot.enrich.prometheus.client import PrometheusClient, RawSeries, choose_step
-from bot.enrich.prometheus.scope import scope_labels, scoped
+from bot.enrich.prometheus.scope import grouped, scope_labels, scoped
 from bot.enrich.queryapi import Deadline
 from bot.message import format_duration
 from bot.models import DEFAULT_HOST_LABELS, AlertState, host_from_labels
@@ -158,8 +158,13 @@ def related_needs(
             grouped.setdefault((name, template, window.step, window.end), []).append((alert, values, own))
     for (name, template, step, end), members in grouped.items():
         for chunk in _host_chunks(members):
-            shared = fill_shared(template, [values for _, values, _ in chunk])
+            shared = _shared(template, chunk)
             start = min(windows[a.key].start for a, _, _ in chunk)
+            if len({own for _, _, own in chunk}) == 1:
+                # One query for all (one alert, or one host's): exactly the query each would send alone.
+                group = _Group(chunk[0][2], start, end, step)
+                needs.update({(a.key, name): RelatedNeed(own, group, None, values) for a, values, own in chunk})
+                continue
             if shared is None:
                 for alert, values, own in chunk:
                     needs[(alert.key, name)] = RelatedNeed(own, _Group(own, start, end, step), None, values)
@@ -168,6 +173,20 @@ def related_needs(
             for alert, values, own in chunk:
                 needs[(alert.key, name)] = RelatedNeed(own, group, shared, values)
     return needs
+
+
+def _shared(template: str, chunk: list[tuple[AlertState, dict[str, str], str]]) -> SharedQuery | None:
+    """The template filled for the whole chunk, when each alert's series can be told apart in the answer: its
+    aggregations grouped by the matched labels (`max(x{host="a"})` -> `max by (host) (x{host=~"a|b"})`), or,
+    for a regex matcher (which may select several values per alert), no aggregation that drops the label."""
+    shared = fill_shared(template, [values for _, values, _ in chunk])
+    if shared is None:
+        return None
+    labels = sorted({label for label, _, _ in shared.matchers})
+    if any(op == "=~" for _, op, _ in shared.matchers):
+        return shared if scope_labels(shared.query, labels) == labels else None
+    query = grouped(shared.query, labels)
+    return None if query is None else replace(shared, query=query)
 
 
 def related_values(alert: AlertState) -> dict[str, str]:

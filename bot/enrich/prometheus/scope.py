@@ -138,8 +138,9 @@ class _Reading:
     kept: frozenset[str] | None
 
 
-def _read(expr: str) -> _Reading | None:
-    """None when the expression cannot be narrowed safely (or cannot be read)."""
+def _read(expr: str, regroup: bool = False) -> _Reading | None:
+    """None when the expression cannot be narrowed safely (or cannot be read). `regroup`: aggregations without
+    `by` are fine too, the caller groups them by its labels (see `grouped`)."""
     tokens = _tokens(expr)
     if tokens is None:
         return None
@@ -168,7 +169,7 @@ def _read(expr: str) -> _Reading | None:
                 if following == "(":
                     after = _closing(expr, expr.index("(", token.end), "(", ")") or len(expr)
                     trailing = expr[after:].lstrip()
-                    if not trailing.startswith("by"):
+                    if not trailing.startswith("by") and not regroup:
                         return None
             elif lower in ("bool", "offset", "and", "or", "unless", "atan2") or lower in _NUMBER_WORDS:
                 continue
@@ -216,6 +217,51 @@ def scoped(expr: str, matchers: Mapping[str, Sequence[str]]) -> str:
         position = end
     out.append(expr[position:])
     return "".join(out)
+
+
+def grouped(expr: str, labels: Sequence[str]) -> str | None:
+    """The expression with every aggregation also grouped `by` the labels: `max(x{host=~"a|b"})` becomes
+    `max by (host) (x{host=~"a|b"})`, whose series for host a is what `max(x{host="a"})` answers. None when the
+    expression cannot be regrouped safely (`without`, `on`, `label_replace`...)."""
+    if _read(expr, regroup=True) is None:
+        return None
+    tokens = _tokens(expr)
+    if tokens is None:
+        return None
+    edits: list[tuple[int, str]] = []
+    for token in tokens:
+        if token.kind != "ident" or token.text.lower() not in _AGGREGATIONS:
+            continue
+        rest = expr[token.end :].lstrip()
+        if rest.startswith("("):
+            after = _closing(expr, expr.index("(", token.end), "(", ")")
+            if after is None:
+                return None
+            trailing = expr[after:].lstrip()
+            if trailing.startswith("by"):
+                edits.extend(_extended(expr, after + len(expr[after:]) - len(trailing) + 2, labels))
+            else:
+                edits.append((token.end, f" by ({', '.join(labels)})"))
+        elif rest.startswith("by"):
+            edits.extend(_extended(expr, token.end + len(expr[token.end :]) - len(rest) + 2, labels))
+    out = expr
+    for position, text in sorted(edits, reverse=True):
+        out = out[:position] + text + out[position:]
+    return out
+
+
+def _extended(expr: str, after_by: int, labels: Sequence[str]) -> list[tuple[int, str]]:
+    """The insertion that adds the missing `labels` to the `(a, b)` list after a `by` ending at `after_by`."""
+    present = _by_labels(expr, after_by) or frozenset()
+    missing = [name for name in labels if name not in present]
+    if not missing:
+        return []
+    begin = expr.index("(", after_by)
+    end = _closing(expr, begin, "(", ")")
+    if end is None:
+        return []
+    inner = expr[begin + 1 : end - 1].strip()
+    return [(end - 1, (", " if inner else "") + ", ".join(missing))]
 
 
 def _matcher(name: str, values: Sequence[str]) -> str:
