@@ -93,6 +93,15 @@ class SharedQuery:
     # (label, "=" or "=~", the matcher's string with its placeholders) for each matcher that holds placeholders.
     matchers: tuple[tuple[str, str, str], ...]
 
+    @property
+    def equal_labels(self) -> tuple[str, ...]:
+        """The labels of the `label="..."` matchers: an answer indexed by them is split per alert at once."""
+        return tuple(label for label, op, _ in self.matchers if op == "=")
+
+    def equal_values(self, values: Mapping[str, str]) -> tuple[str, ...]:
+        """One alert's values of `equal_labels`, in order."""
+        return tuple(_PLACEHOLDER.sub(lambda m: values[m.group(1)], text) for _, op, text in self.matchers if op == "=")
+
     def selects(self, labels: Mapping[str, str], values: Mapping[str, str]) -> bool:
         for label, op, text in self.matchers:
             found = labels.get(label)

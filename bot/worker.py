@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 # Notifications applied per transaction: enough to share an fsync, few enough that a webhook's write never
 # waits long behind one (the store runs one statement at a time).
 _DEDUP_BATCH = 8
+# Transactions of dedup per cycle at most, before the cycle claims what is ready (a notification holds several
+# alerts: 8 rounds of 8 are a batch's worth for most storms).
+_DEDUP_ROUNDS = 8
 _STATS_EVERY = 5.0
 _PRUNE_EVERY = 3600.0
 _MAX_RETRY_DELAY = 300.0
@@ -102,7 +105,7 @@ class Worker:
 
     async def _cycle(self) -> bool:
         await self._release_leases()
-        deduped = await self._pipeline.dedup(_DEDUP_BATCH)
+        deduped = await self._dedup()
         free = min(self._config.batch_size, self._config.concurrency - sum(self._in_flight.values()))
         events = await self._store.claim_events(free, self._config.event_lease) if free > 0 else []
         if events:
@@ -112,6 +115,17 @@ class Worker:
             # Let the batch's first stretch of work run before the next cycle claims more.
             await asyncio.sleep(0)
         return bool(deduped or events)
+
+    async def _dedup(self) -> int:
+        """Notifications to events, a few per transaction, until enough events for a batch may be ready: a
+        storm's events are then claimed together rather than a handful at a time."""
+        taken = 0
+        for _ in range(_DEDUP_ROUNDS):
+            applied = await self._pipeline.dedup(_DEDUP_BATCH)
+            taken += applied
+            if applied < _DEDUP_BATCH:
+                break
+        return taken
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._in_flight.pop(task, None)

@@ -220,7 +220,13 @@ class PrometheusEnricher:
         except QueryError as exc:
             return _Part(failure=exc)
         shared = need.shared
-        candidates = answer if shared is None else [s for s in answer if shared.selects(s.labels, need.values)]
+        if shared is None:
+            candidates = answer
+        else:
+            keys = shared.equal_labels
+            index = plan.queries.split(need.group, answer, lambda s: [tuple(s.labels.get(k, "") for k in keys)])
+            own = index.get(shared.equal_values(need.values), [])
+            candidates = [s for s in own if shared.selects(s.labels, need.values)]
         chosen = best_series(candidates, alert.labels, _IGNORED_ALERT_LABELS, strict=False)
         if chosen is None:
             return _Part(problem="no data" if not candidates else "no series for this alert's labels")
