@@ -14,7 +14,7 @@ import pytest
 from bot.dedup import plan_events
 from bot.models import AmAlert, EventKind, GpuEvent, NewDelivery, WebhookPayload, short_id
 from bot.store import core
-from bot.store.base import EventRoute, StoreUnavailable, UnknownAlert, WatchdogRecord
+from bot.store.base import EventRoute, GpuHistoryRequest, StoreUnavailable, UnknownAlert, WatchdogRecord
 from bot.store.sqlite import SqliteStore, StoreInUse
 from tests.support.clock import FakeClock
 from tests.support.payloads import STARTED, am_alert, distinct_webhooks, gpu_alerts, webhook
@@ -298,6 +298,25 @@ async def test_gpu_events_recorded_and_read_in_one_call_are_those_of_the_keys_as
         assert read == [xid("GPU-a", 1), xid("k-ai-01/0", 3)]  # oldest first, the new one included, none too old
         assert await store.record_and_read_gpu_events([], STARTED, []) == []
         assert len(await store.gpu_events(STARTED - timedelta(days=1))) == 4
+
+
+async def test_a_batchs_gpu_histories_are_recorded_and_read_in_turn_in_one_call(opened: Opener) -> None:
+    def xid(code: str, minutes: int) -> GpuEvent:
+        return GpuEvent(gpu_key="GPU-a", host="k-ai-01", kind="xid", code=code, at=STARTED + timedelta(minutes=minutes))
+
+    async with opened() as store:
+        first, second, other = await store.record_and_read_gpu_histories(
+            [
+                GpuHistoryRequest([xid("79", 1)], STARTED, ["GPU-a"]),
+                GpuHistoryRequest([xid("48", 2), xid("79", 1)], STARTED, ["GPU-a"]),
+                GpuHistoryRequest([], STARTED, ["GPU-b"]),
+            ]
+        )
+        # Each as if alone, in order: the first does not see what the second records; nothing is doubled.
+        assert first == [xid("79", 1)]
+        assert second == [xid("79", 1), xid("48", 2)]
+        assert other == []
+        assert await store.record_and_read_gpu_histories([]) == []
 
 
 async def test_prune_keeps_pending_work_and_forgets_expired_dedup_keys(opened: Opener) -> None:

@@ -146,6 +146,15 @@ class EventRoute:
     deliveries: Sequence[NewDelivery]
 
 
+@dataclass(frozen=True)
+class GpuHistoryRequest:
+    """One alert's GPU history: the events it records, and the keys and time since which it reads."""
+
+    events: Sequence[GpuEvent]
+    since: datetime
+    gpu_keys: Sequence[str]
+
+
 class Planner(Protocol):
     """(what the store knows of the notification's alerts, its alerts, its groupKey, the store's time now) -> one
     decision per alert."""
@@ -290,6 +299,11 @@ class Store(abc.ABC):
     ) -> list[GpuEvent]:
         """Record `events` as record_gpu_events does, then return the events since `since` under any of `gpu_keys`,
         oldest first: what recurrence needs for one alert in one round trip."""
+
+    @abc.abstractmethod
+    async def record_and_read_gpu_histories(self, requests: Sequence[GpuHistoryRequest]) -> list[list[GpuEvent]]:
+        """`record_and_read_gpu_events` for each request in turn (each sees what the ones before it recorded, none
+        what the ones after it record), all in one transaction: the alerts of a batch in one round trip."""
 
     # --- audit log ------------------------------------------------------------------------------------
     @abc.abstractmethod
