@@ -89,14 +89,17 @@ class SharedQueries:
         self._ttl = ttl
         self._failure_ttl = failure_ttl
         self._entries: dict[Hashable, tuple[float, asyncio.Task[Any]]] = {}
+        self._next_sweep = 0.0
 
     def get(self, key: Hashable, timeout: float, fetch: Callable[[Deadline], Awaitable[T]]) -> asyncio.Task[T]:
         """The task answering `key`: one already in flight or answered within the TTL, else a new one that waits
         for a free slot within its own deadline of `timeout` seconds."""
-        loop = asyncio.get_running_loop()
-        self._forget_expired(loop.time())
+        now = asyncio.get_running_loop().time()
+        if now >= self._next_sweep:
+            self._next_sweep = now + min(self._ttl, self._failure_ttl)
+            self._forget_expired(now)
         entry = self._entries.get(key)
-        if entry is not None:
+        if entry is not None and entry[0] > now:
             return entry[1]
         task: asyncio.Task[T] = asyncio.ensure_future(self._run(Deadline(timeout), fetch))
         self._entries[key] = (float("inf"), task)

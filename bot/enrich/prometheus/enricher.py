@@ -124,11 +124,11 @@ class PrometheusEnricher:
         window = plan.queries.windows[alert.key]
         queries = request.hints.queries if request.hints is not None else {}
         host = host_from_labels(alert.labels)
-        history, gpus, *related = await asyncio.gather(
-            self._history(alert, plan),
-            self._gpus(alert, host, plan),
-            *(self._related(name, alert, plan) for name in queries),
-        )
+        # The batch's queries are all under way (the plan started them): reading them one after the other waits
+        # no longer than for the slowest, and costs no task per part.
+        history = await self._history(alert, plan)
+        gpus = await self._gpus(alert, host, plan)
+        related = [await self._related(name, alert, plan) for name in queries]
         parts = [history, gpus, *related]
         failures = [p.failure for p in parts if p.failure is not None]
         if failures and not any(p.value for p in parts):
@@ -148,6 +148,7 @@ class PrometheusEnricher:
         queries.related = related_needs(alerts, templates, queries.windows)
         hosts = {a.key: host for a in alerts if (host := host_from_labels(a.labels))}
         queries.inventory = inventory_groups(hosts, queries.windows, self._config.history)
+        queries.start()
         return _Plan(queries, expressions)
 
     async def _expression(self, alert: AlertState) -> _Expression | _Part:

@@ -91,6 +91,15 @@ class BatchQueries:
     inventory: dict[str, _Group] = field(default_factory=dict)
     _splits: dict[int, dict[Hashable, list[RawSeries]]] = field(default_factory=dict)
 
+    def start(self) -> None:
+        """Send every query the batch needs now, each once, rather than when its first reader gets to it."""
+        for group in {id(g): g for g in self.history.values()}.values():
+            self.range(group)
+        for group in {id(n.group): n.group for n in self.related.values() if isinstance(n, RelatedNeed)}.values():
+            self.range(group)
+        for group in {id(g): g for g in self.inventory.values()}.values():
+            self.instant(group)
+
     def range(self, group: _Group) -> asyncio.Task[list[RawSeries]]:
         key: Hashable = ("range", group.query, group.start, group.end, group.step)
         return self.cache.get(
