@@ -8,6 +8,7 @@ refused rather than sent half-filled: a query with an empty matcher would select
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -58,12 +59,14 @@ def quoted(value: str) -> str:
 
 def fill_query(template: str, values: Mapping[str, str]) -> str:
     """Fill `{label}` placeholders of a PromQL/LogQL template; raise TemplateError when that is unsafe."""
-    parts, problems = _split_query(template)
+    parts, problems = _split_cached(template)
     if problems:
         raise TemplateError(problems[0])
     out: list[str] = []
-    for part in parts:
-        names = _PLACEHOLDER.findall(part.text)
+    for part, names in parts:
+        if not names:
+            out.append(part.quote + part.text + part.quote)
+            continue
         if names and part.quote != '"':
             raise TemplateError(f"placeholder {{{names[0]}}} is not inside a double-quoted string")
         missing = [name for name in names if not values.get(name)]
@@ -195,6 +198,14 @@ class _QueryPart:
     is_string: bool
     quote: str = ""
     regex: bool = False
+
+
+@functools.lru_cache(maxsize=1024)
+def _split_cached(template: str) -> tuple[tuple[tuple[_QueryPart, tuple[str, ...]], ...], tuple[str, ...]]:
+    """`_split_query` with each part's placeholder names, kept per template: a storm fills the same few templates
+    for every alert."""
+    parts, problems = _split_query(template)
+    return tuple((part, tuple(_PLACEHOLDER.findall(part.text))) for part in parts), tuple(problems)
 
 
 def _split_query(template: str) -> tuple[list[_QueryPart], list[str]]:
