@@ -21,11 +21,11 @@ from bot.enrich.batch import BatchItem
 from bot.evidence import Enrichment
 from bot.message import Message
 from bot.metrics import Metrics
-from bot.models import AlertState, Event, NewDelivery
+from bot.models import AlertState, Event, EventRoute, NewDelivery
 from bot.outbox import Outbox
 from bot.playbooks import Advice, Playbook, PlaybookSet
 from bot.routing import Router, RouteTrace
-from bot.store.base import EventRoute, Store
+from bot.store.base import Store
 
 Enrich = Callable[[AlertState, Playbook], Awaitable[Enrichment]]
 
@@ -85,25 +85,38 @@ class Pipeline:
         planner = functools.partial(plan_events, late_copy_window=self._late_copy_window)
         return await self._store.dedup_pending(planner, limit)
 
-    async def handle(self, event: Event) -> None:
-        """`handle_batch` of one event; its failure raised."""
-        for _, failure in await self.handle_batch([event]):
-            raise failure
-
     async def handle_batch(self, events: Sequence[Event]) -> list[tuple[Event, Exception]]:
         """Enrich the events together, decide each, write every decided one's deliveries in one transaction, then
         wake the receivers' senders. Returns the events that could not be decided, with why (the others are
         routed); a store failure is raised for the whole batch."""
-        failed: list[tuple[Event, Exception]] = []
+        matched, unmatched = self._match(events)
+        gathered = await self._gather([(event.alert, playbook) for event, playbook in matched])
+        routes, receivers, undecided = self._decide(matched, gathered)
+        await self._store.route_events(routes)
+        routed = {route.event_id for route in routes}
+        for event in events:
+            if event.id in routed:
+                self._metrics.events.labels(event.kind.value).inc()
+        self._outbox.wake(sorted(receivers))
+        return unmatched + undecided
+
+    def _match(self, events: Sequence[Event]) -> tuple[list[tuple[Event, Playbook]], list[tuple[Event, Exception]]]:
         matched: list[tuple[Event, Playbook]] = []
+        failed: list[tuple[Event, Exception]] = []
         for event in events:
             try:
                 matched.append((event, self._playbooks.match(event.alert)))
             except Exception as exc:
                 failed.append((event, exc))
-        gathered = await self._gather([(event.alert, playbook) for event, playbook in matched])
+        return matched, failed
+
+    def _decide(
+        self, matched: Sequence[tuple[Event, Playbook]], gathered: Sequence[Enrichment | None]
+    ) -> tuple[list[EventRoute], set[str], list[tuple[Event, Exception]]]:
+        """Advise, compose and route each event (pure); one that fails is left out, the others go on."""
         routes: list[EventRoute] = []
         receivers: set[str] = set()
+        failed: list[tuple[Event, Exception]] = []
         for (event, playbook), found in zip(matched, gathered, strict=True):
             try:
                 enrichment = found if found is not None else Enrichment.model_validate(event.alert.enrichment)
@@ -112,17 +125,10 @@ class Pipeline:
                 failed.append((event, exc))
                 continue
             deliveries = [NewDelivery(receiver=name, message=decision.message) for name in decision.receivers]
-            routes.append(
-                EventRoute(event.id, found.model_dump(mode="json") if found is not None else None, deliveries)
-            )
+            stored = found.model_dump(mode="json") if found is not None else None
+            routes.append(EventRoute(event.id, stored, deliveries))
             receivers.update(decision.receivers)
-        await self._store.route_events(routes)
-        routed = {route.event_id for route in routes}
-        for event in events:
-            if event.id in routed:
-                self._metrics.events.labels(event.kind.value).inc()
-        self._outbox.wake(sorted(receivers))
-        return failed
+        return routes, receivers, failed
 
     async def _gather(self, alerts: Sequence[tuple[AlertState, Playbook]]) -> list[Enrichment | None]:
         """Evidence is gathered once per alert episode (None: the alert has it already, and repeats and resolves

@@ -18,8 +18,7 @@ from bot.enrich.xid import XidEnricher
 from bot.evidence import AlertCount, Enrichment, EnrichmentSection
 from bot.gpu.xid_catalog import XidCatalog, load_catalog
 from bot.metrics import Metrics
-from bot.models import AlertState, GpuEvent
-from bot.store.base import GpuHistoryRequest
+from bot.models import AlertState, GpuEvent, GpuHistoryRequest
 from bot.store.sqlite import SqliteStore
 from tests.support.bot import RunningBot, eventually, running_bot
 from tests.support.payloads import am_alert, webhook

@@ -12,9 +12,18 @@ from typing import Any
 import pytest
 
 from bot.dedup import plan_events
-from bot.models import AmAlert, EventKind, GpuEvent, NewDelivery, WebhookPayload, short_id
+from bot.models import (
+    AmAlert,
+    EventKind,
+    EventRoute,
+    GpuEvent,
+    GpuHistoryRequest,
+    NewDelivery,
+    WebhookPayload,
+    short_id,
+)
 from bot.store import core
-from bot.store.base import EventRoute, GpuHistoryRequest, StoreUnavailable, UnknownAlert, WatchdogRecord
+from bot.store.base import StoreUnavailable, UnknownAlert, WatchdogRecord
 from bot.store.sqlite import SqliteStore, StoreInUse
 from tests.support.clock import FakeClock
 from tests.support.payloads import STARTED, am_alert, distinct_webhooks, gpu_alerts, webhook

@@ -13,7 +13,18 @@ from datetime import datetime
 from typing import Any, Literal, Protocol
 
 from bot.dedup import AlertDecision
-from bot.models import AlertState, AmAlert, Delivery, Event, EventKind, GpuEvent, NewDelivery, WebhookPayload
+from bot.models import (
+    AlertState,
+    AmAlert,
+    Delivery,
+    Event,
+    EventKind,
+    EventRoute,
+    GpuEvent,
+    GpuHistoryRequest,
+    NewDelivery,
+    WebhookPayload,
+)
 
 # The part of the bot a process runs (`serve --role`): "all" is ingest and worker in one process. An SQLite store
 # takes one ingest and one worker, whether they share a process or not.
@@ -135,24 +146,6 @@ class BreakerState:
 
     opened_at: datetime
     reason: str
-
-
-@dataclass(frozen=True)
-class EventRoute:
-    """What one event's routing writes: the enrichment gathered now (None when kept from before), its deliveries."""
-
-    event_id: int
-    enrichment: dict[str, Any] | None
-    deliveries: Sequence[NewDelivery]
-
-
-@dataclass(frozen=True)
-class GpuHistoryRequest:
-    """One alert's GPU history: the events it records, and the keys and time since which it reads."""
-
-    events: Sequence[GpuEvent]
-    since: datetime
-    gpu_keys: Sequence[str]
 
 
 class Planner(Protocol):

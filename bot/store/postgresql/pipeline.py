@@ -12,9 +12,9 @@ from typing import Any
 import psycopg
 
 from bot.message import Message
-from bot.models import Delivery, Event, EventKind, NewDelivery, short_id
+from bot.models import Delivery, Event, EventKind, EventRoute, NewDelivery, short_id
 from bot.store import core
-from bot.store.base import EventRoute, IncomingNotification, IngestResult, Planner
+from bot.store.base import IncomingNotification, IngestResult, Planner
 from bot.store.postgresql.connection import (
     _DEDUP_LOCK,
     _OUTBOX_CHANNEL,

@@ -10,7 +10,7 @@ from typing import Any
 
 from psycopg import sql
 
-from bot.models import AlertState, EventKind, GpuEvent
+from bot.models import AlertState, EventKind, GpuEvent, GpuHistoryRequest
 from bot.store import core
 from bot.store.base import (
     ActionRun,
@@ -18,7 +18,6 @@ from bot.store.base import (
     BreakerState,
     DeliveryRecord,
     EventRecord,
-    GpuHistoryRequest,
     UnknownAlert,
     WatchdogRecord,
 )

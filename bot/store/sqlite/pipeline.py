@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from bot.message import Message
-from bot.models import AlertState, Delivery, Event, EventKind, NewDelivery, short_id
-from bot.store.base import EventRoute, IncomingNotification, IngestResult, Planner
+from bot.models import AlertState, Delivery, Event, EventKind, EventRoute, NewDelivery, short_id
+from bot.store.base import IncomingNotification, IngestResult, Planner
 from bot.store.core import (
     ALERT_INSERT_COLUMNS,
     ALERT_UPDATE,

@@ -9,7 +9,7 @@ import sqlite3
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from bot.models import AlertState, EventKind, GpuEvent
+from bot.models import AlertState, EventKind, GpuEvent, GpuHistoryRequest
 from bot.store import core
 from bot.store.base import (
     ActionRun,
@@ -17,7 +17,6 @@ from bot.store.base import (
     BreakerState,
     DeliveryRecord,
     EventRecord,
-    GpuHistoryRequest,
     UnknownAlert,
     WatchdogRecord,
 )
