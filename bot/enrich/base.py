@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from bot.clock import SYSTEM_CLOCK, Clock
-from bot.enrich.batch import Batch, BatchItem
+from bot.enrich.batch import Batch, BatchItem, shared
 from bot.evidence import Enrichment, EnrichmentHints, EnrichmentSection
 from bot.metrics import Metrics
 from bot.models import AlertState
@@ -47,7 +47,7 @@ class EnrichmentRequest:
         future = self._results.get(name)
         if future is None:
             return None
-        return await asyncio.shield(future)
+        return await shared(future)
 
 
 class Enricher(Protocol):

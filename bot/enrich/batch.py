@@ -49,13 +49,20 @@ class Batch:
             task = asyncio.ensure_future(make())
             task.add_done_callback(_observed)
             self._plans[owner] = task
-        result: T = await asyncio.shield(task)
-        return result
+        return await shared(task)
 
     async def close(self) -> None:
         for task in self._plans.values():
             task.cancel()
         await asyncio.gather(*self._plans.values(), return_exceptions=True)
+
+
+async def shared(task: asyncio.Future[T]) -> T:
+    """The answer of a task other alerts wait for too: a reader that runs out of budget is cancelled, the task is
+    not. (Most readers of a batch find it answered already, and take the result without a shield.)"""
+    if task.done():
+        return task.result()
+    return await asyncio.shield(task)
 
 
 def _observed(task: asyncio.Future[Any]) -> None:

@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from bot.config import LokiConfig
 from bot.enrich.base import EnrichmentRequest
-from bot.enrich.batch import Batch, chunks, query_slot
+from bot.enrich.batch import Batch, chunks, query_slot, shared
 from bot.enrich.queryapi import Deadline, QueryError, bearer_auth, body_text, send
 from bot.evidence import EnrichmentSection, LokiEvidence
 from bot.models import host_from_labels
@@ -190,7 +190,7 @@ class LokiEnricher:
             return EnrichmentSection.unavailable(self.name, self.title, f"enrichment.loki.selector: {exc}")
         fetches = await request.batch.plan(self.name, lambda: self._plan(request.batch))
         try:
-            result = (await asyncio.shield(fetches[alert.key].task))[host]
+            result = (await shared(fetches[alert.key].task))[host]
         except QueryError as exc:
             return EnrichmentSection.unavailable(self.name, self.title, exc.detail)
         return self._section(host, query, start, end, result)

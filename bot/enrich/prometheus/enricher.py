@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from bot.config import PrometheusConfig
 from bot.enrich.base import EnrichmentRequest
-from bot.enrich.batch import Batch, SharedQueries
+from bot.enrich.batch import Batch, SharedQueries, shared
 from bot.enrich.prometheus.client import AlertRule, PrometheusClient, RawSeries
 from bot.enrich.prometheus.formatting import describe, series_summary
 from bot.enrich.prometheus.plan import (
@@ -175,13 +175,13 @@ class PrometheusEnricher:
         graphed = found.graphed
         ignore = _IGNORED_ALERT_LABELS | frozenset(found.rule_labels) | {"__name__"}
         try:
-            answer = await asyncio.shield(queries.range(group))
+            answer = await shared(queries.range(group))
             index = queries.split(group, answer, lambda s: [tuple(s.labels.get(k, "") for k in group.keys)])
             own = index.get(tuple(alert.labels.get(k, "") for k in group.keys), [])
             chosen = _choose(own, alert.labels, ignore) if own else None
             if chosen is None and group.query != graphed.query:
                 # A label of the alert is not on its series: read the whole expression, as an unnarrowed query would.
-                own = await asyncio.shield(queries.range(unscoped(group, graphed.query)))
+                own = await shared(queries.range(unscoped(group, graphed.query)))
                 chosen = _choose(own, alert.labels, ignore)
         except QueryError as exc:
             return _Part(failure=exc)
@@ -207,7 +207,7 @@ class PrometheusEnricher:
             task = asyncio.create_task(self._client.alerting_rules(deadline), name="prometheus-rules")
             task.add_done_callback(lambda t: t.cancelled() or t.exception())
             self._rules = cached = (loop.time() + _RULES_TTL, task)
-        return await asyncio.shield(cached[1])
+        return await shared(cached[1])
 
     async def _related(self, name: str, alert: AlertState, plan: _Plan) -> _Part:
         need = plan.queries.related.get((alert.key, name))
@@ -217,17 +217,17 @@ class PrometheusEnricher:
             return _Part(problem="no data")
         window = plan.queries.windows[alert.key]
         try:
-            answer = await asyncio.shield(plan.queries.range(need.group))
+            answer = await shared(plan.queries.range(need.group))
         except QueryError as exc:
             return _Part(failure=exc)
-        shared = need.shared
-        if shared is None:
+        common = need.shared
+        if common is None:
             candidates = answer
         else:
-            keys = shared.equal_labels
+            keys = common.equal_labels
             index = plan.queries.split(need.group, answer, lambda s: [tuple(s.labels.get(k, "") for k in keys)])
-            own = index.get(shared.equal_values(need.values), [])
-            candidates = [s for s in own if shared.selects(s.labels, need.values)]
+            own = index.get(common.equal_values(need.values), [])
+            candidates = [s for s in own if common.selects(s.labels, need.values)]
         chosen = best_series(candidates, alert.labels, _IGNORED_ALERT_LABELS, strict=False)
         if chosen is None:
             return _Part(problem="no data" if not candidates else "no series for this alert's labels")
@@ -239,7 +239,7 @@ class PrometheusEnricher:
         if not host or group is None:
             return _Part(value=[])
         try:
-            found = await asyncio.shield(plan.queries.instant(group))
+            found = await shared(plan.queries.instant(group))
         except QueryError as exc:
             return _Part(failure=exc)
         rows = plan.queries.split(group, found, lambda s: inventory_host(s.labels))
