@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -21,9 +21,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bot.config import LokiConfig, PrometheusConfig
 from bot.enrich.base import EnrichmentRunner
-from bot.enrich.batch import HOSTS_PER_QUERY, BatchItem
+from bot.enrich.batch import HOSTS_PER_QUERY, BatchItem, SharedQueries
 from bot.enrich.loki import LokiEnricher
 from bot.enrich.prometheus import PrometheusEnricher
+from bot.enrich.queryapi import Deadline
 from bot.evidence import Enrichment, EnrichmentSection, LokiEvidence, PrometheusEvidence, evidence_of
 from bot.metrics import Metrics
 from bot.playbooks import Playbook
@@ -242,3 +243,30 @@ async def test_a_slow_shared_query_makes_only_its_alerts_sections_unavailable_wi
         else:
             assert section.status == "ok", section
             assert section.summary.startswith(f"{GPUS} lines")
+
+
+async def test_shared_queries_send_each_query_once_and_at_most_the_cap_at_a_time() -> None:
+    queries = SharedQueries(concurrency=2, ttl=60.0)
+    started: list[str] = []
+    release = asyncio.Event()
+
+    def fetch(name: str) -> Callable[[Deadline], Awaitable[str]]:
+        async def run(_: Deadline) -> str:
+            started.append(name)
+            await release.wait()
+            return name
+
+        return run
+
+    try:
+        tasks = [queries.get(f"q{n % 5}", 60.0, fetch(f"q{n % 5}")) for n in range(20)]
+        for _ in range(10):
+            await asyncio.sleep(0)  # let every task that can start do so
+        assert started == ["q0", "q1"]  # two slots; the other three wait, no query twice
+        release.set()
+        assert await asyncio.gather(*tasks) == [f"q{n % 5}" for n in range(20)]
+        assert sorted(started) == ["q0", "q1", "q2", "q3", "q4"]
+        # Asked again within the TTL: the answer kept, nothing sent.
+        assert await queries.get("q3", 60.0, fetch("again")) == "q3" and "again" not in started
+    finally:
+        await queries.close()
