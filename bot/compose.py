@@ -184,7 +184,18 @@ def _bounded(data: Any) -> Any:
     if isinstance(data, dict):
         return {key: _bounded(value) for key, value in data.items()}
     if isinstance(data, list):
-        kept = [_bounded(item) for item in data[-_MAX_DETAIL_ITEMS:]]
+        newest = data[-_MAX_DETAIL_ITEMS:]
+        # A series' [time, value] pairs are lists too: only lists holding containers need walking.
+        kept = [_bounded(item) if _nested(item) else item for item in newest]
         left_out = len(data) - len(kept)
         return ([f"... {left_out} earlier items left out"] if left_out else []) + kept
     return data
+
+
+def _nested(item: Any) -> bool:
+    """Whether `item` holds a list or dict that _bounded may have to cut (a short flat list needs nothing)."""
+    if isinstance(item, dict):
+        return True
+    if isinstance(item, list):
+        return len(item) > _MAX_DETAIL_ITEMS or any(isinstance(part, dict | list) for part in item)
+    return False

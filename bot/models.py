@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -232,3 +234,21 @@ class GpuEvent(BaseModel):
     code: str
     at: datetime
     alert_key: str = ""
+
+
+@dataclass(frozen=True)
+class EventRoute:
+    """What one event's routing writes: the enrichment gathered now (None when kept from before), its deliveries."""
+
+    event_id: int
+    enrichment: dict[str, Any] | None
+    deliveries: Sequence[NewDelivery]
+
+
+@dataclass(frozen=True)
+class GpuHistoryRequest:
+    """One alert's GPU history: the events it records, and the keys and time since which it reads."""
+
+    events: Sequence[GpuEvent]
+    since: datetime
+    gpu_keys: Sequence[str]

@@ -1,24 +1,28 @@
 """The path of one alert, stage by stage: ingest -> dedup -> enrich -> advise -> route -> deliver.
 
 Ingest (bot/ingest.py) has already written the webhook to the store before Alertmanager got its 2xx. The
-worker (bot/worker.py) calls `dedup` for stored notifications, then `handle` for each event that came out.
-`decide` (enrich, advise, compose, route) writes nothing: `explain` calls it too, to show what would happen.
+worker (bot/worker.py) calls `dedup` for stored notifications, then `handle_batch` for the events that are ready
+together: their evidence is gathered at once (queries the alerts share are sent once, bot/enrich/batch.py), then
+each event is advised, composed and routed on its own, and the batch's deliveries are written in one transaction.
+`decide` (enrich, advise, compose, route) writes nothing: `explain` calls it too, to show what would happen; it
+enriches a batch of one through the same code.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from bot.compose import compose_message
 from bot.dedup import plan_events
 from bot.enrich.base import EnrichmentRunner
+from bot.enrich.batch import BatchItem
 from bot.evidence import Enrichment
 from bot.message import Message
 from bot.metrics import Metrics
-from bot.models import AlertState, Event, NewDelivery
+from bot.models import AlertState, Event, EventRoute, NewDelivery
 from bot.outbox import Outbox
 from bot.playbooks import Advice, Playbook, PlaybookSet
 from bot.routing import Router, RouteTrace
@@ -47,12 +51,17 @@ class Decision:
 
 async def decide(event: Event, playbooks: PlaybookSet, router: Router, enrich: Enrich) -> Decision:
     """The playbook, the evidence, the advice, the message and the receivers of one event."""
-    alert = event.alert
-    playbook = playbooks.match(alert)
-    enrichment = await enrich(alert, playbook)
-    advice = playbooks.advise(playbook, alert, enrichment)
+    playbook = playbooks.match(event.alert)
+    return conclude(event, playbook, await enrich(event.alert, playbook), playbooks, router)
+
+
+def conclude(
+    event: Event, playbook: Playbook, enrichment: Enrichment, playbooks: PlaybookSet, router: Router
+) -> Decision:
+    """Advise, compose and route one event whose evidence is gathered (pure: no I/O)."""
+    advice = playbooks.advise(playbook, event.alert, enrichment)
     message = compose_message(event, enrichment, advice)
-    return Decision(playbook, enrichment, advice, message, router.trace(alert.labels))
+    return Decision(playbook, enrichment, advice, message, router.trace(event.alert.labels))
 
 
 class Pipeline:
@@ -80,24 +89,59 @@ class Pipeline:
         planner = functools.partial(plan_events, late_copy_window=self._late_copy_window)
         return await self._store.dedup_pending(planner, limit)
 
-    async def handle(self, event: Event) -> None:
-        """Decide, write the deliveries in one transaction, then wake the receivers' senders."""
-        decision = await decide(event, self._playbooks, self._router, self._enrich)
-        gathered_now = event.alert.enrichment is None
-        receivers = () if _run_over(event.alert) else decision.receivers
-        await self._store.route_event(
-            event.id,
-            decision.enrichment.model_dump(mode="json") if gathered_now else None,
-            [NewDelivery(receiver=name, message=decision.message) for name in receivers],
-        )
-        self._metrics.events.labels(event.kind.value).inc()
-        self._outbox.wake(receivers)
+    async def handle_batch(self, events: Sequence[Event]) -> list[tuple[Event, Exception]]:
+        """Enrich the events together, decide each, write every decided one's deliveries in one transaction, then
+        wake the receivers' senders. Returns the events that could not be decided, with why (the others are
+        routed); a store failure is raised for the whole batch."""
+        matched, unmatched = self._match(events)
+        gathered = await self._gather([(event.alert, playbook) for event, playbook in matched])
+        routes, receivers, undecided = self._decide(matched, gathered)
+        await self._store.route_events(routes)
+        routed = {route.event_id for route in routes}
+        for event in events:
+            if event.id in routed:
+                self._metrics.events.labels(event.kind.value).inc()
+        self._outbox.wake(sorted(receivers))
+        return unmatched + undecided
 
-    async def _enrich(self, alert: AlertState, playbook: Playbook) -> Enrichment:
-        """Evidence is gathered once per alert episode; repeats and resolves show what was found then."""
-        if alert.enrichment is not None:
-            return Enrichment.model_validate(alert.enrichment)
-        return await self._enrichers.run(alert, playbook)
+    def _match(self, events: Sequence[Event]) -> tuple[list[tuple[Event, Playbook]], list[tuple[Event, Exception]]]:
+        matched: list[tuple[Event, Playbook]] = []
+        failed: list[tuple[Event, Exception]] = []
+        for event in events:
+            try:
+                matched.append((event, self._playbooks.match(event.alert)))
+            except Exception as exc:
+                failed.append((event, exc))
+        return matched, failed
+
+    def _decide(
+        self, matched: Sequence[tuple[Event, Playbook]], gathered: Sequence[Enrichment | None]
+    ) -> tuple[list[EventRoute], set[str], list[tuple[Event, Exception]]]:
+        """Advise, compose and route each event (pure); one that fails is left out, the others go on."""
+        routes: list[EventRoute] = []
+        receivers: set[str] = set()
+        failed: list[tuple[Event, Exception]] = []
+        for (event, playbook), found in zip(matched, gathered, strict=True):
+            try:
+                enrichment = found if found is not None else Enrichment.model_validate(event.alert.enrichment)
+                decision = conclude(event, playbook, enrichment, self._playbooks, self._router)
+            except Exception as exc:
+                failed.append((event, exc))
+                continue
+            told = () if _run_over(event.alert) else decision.receivers
+            deliveries = [NewDelivery(receiver=name, message=decision.message) for name in told]
+            stored = found.model_dump(mode="json") if found is not None else None
+            routes.append(EventRoute(event.id, stored, deliveries))
+            receivers.update(told)
+        return routes, receivers, failed
+
+    async def _gather(self, alerts: Sequence[tuple[AlertState, Playbook]]) -> list[Enrichment | None]:
+        """Evidence is gathered once per alert episode (None: the alert has it already, and repeats and resolves
+        show what was found then); the alerts that need it are enriched together."""
+        fresh = [i for i, (alert, _) in enumerate(alerts) if alert.enrichment is None]
+        enriched = await self._enrichers.run_batch([BatchItem(*alerts[i]) for i in fresh])
+        found: dict[int, Enrichment] = dict(zip(fresh, enriched, strict=True))
+        return [found.get(i) for i in range(len(alerts))]
 
 
 def _run_over(alert: AlertState) -> bool:

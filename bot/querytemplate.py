@@ -8,8 +8,9 @@ refused rather than sent half-filled: a query with an empty matcher would select
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 _IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -58,12 +59,14 @@ def quoted(value: str) -> str:
 
 def fill_query(template: str, values: Mapping[str, str]) -> str:
     """Fill `{label}` placeholders of a PromQL/LogQL template; raise TemplateError when that is unsafe."""
-    parts, problems = _split_query(template)
+    parts, problems = _split_cached(template)
     if problems:
         raise TemplateError(problems[0])
     out: list[str] = []
-    for part in parts:
-        names = _PLACEHOLDER.findall(part.text)
+    for part, names in parts:
+        if not names:
+            out.append(part.quote + part.text + part.quote)
+            continue
         if names and part.quote != '"':
             raise TemplateError(f"placeholder {{{names[0]}}} is not inside a double-quoted string")
         missing = [name for name in names if not values.get(name)]
@@ -78,6 +81,116 @@ def fill_query(template: str, values: Mapping[str, str]) -> str:
     return "".join(out)
 
 
+# --- one query for several alerts --------------------------------------------------------------------------
+_MATCHER_BEFORE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*(=~|=)\s*$")
+_GO_ESCAPES = {"\\": "\\", '"': '"', "n": "\n", "t": "\t", "r": "\r"}
+
+
+@dataclass(frozen=True)
+class SharedQuery:
+    """A template filled once for several alerts: each label matcher holding placeholders selects every alert's
+    value (`host=~"a|b"`). `selects` tells which of the answer's series (or streams) one alert's own query would
+    have selected, so each alert reads its part."""
+
+    query: str
+    # (label, "=" or "=~", the matcher's string with its placeholders) for each matcher that holds placeholders.
+    matchers: tuple[tuple[str, str, str], ...]
+
+    @property
+    def equal_labels(self) -> tuple[str, ...]:
+        """The labels of the `label="..."` matchers: an answer indexed by them is split per alert at once."""
+        return tuple(label for label, op, _ in self.matchers if op == "=")
+
+    def equal_values(self, values: Mapping[str, str]) -> tuple[str, ...]:
+        """One alert's values of `equal_labels`, in order."""
+        return tuple(_PLACEHOLDER.sub(lambda m: values[m.group(1)], text) for _, op, text in self.matchers if op == "=")
+
+    def selects(self, labels: Mapping[str, str], values: Mapping[str, str]) -> bool:
+        for label, op, text in self.matchers:
+            found = labels.get(label)
+            if found is None:
+                return False
+            if op == "=":
+                if found != _PLACEHOLDER.sub(lambda m: values[m.group(1)], text):
+                    return False
+            elif re.fullmatch(_PLACEHOLDER.sub(lambda m: regex_literal(values[m.group(1)]), text), found) is None:
+                return False
+        return True
+
+
+def fill_shared(template: str, values: Sequence[Mapping[str, str]]) -> SharedQuery | None:
+    """One query for all `values` (each alert's labels); None when that cannot be done safely: a placeholder
+    outside a `label="..."` or `label=~"..."` matcher (a negation, a line filter, a function's argument), or a
+    regex Python cannot read to split the answer. Raises TemplateError as fill_query does."""
+    parts, problems = _split_query(template)
+    if problems:
+        raise TemplateError(problems[0])
+    out: list[str] = []
+    matchers: list[tuple[str, str, str]] = []
+    for index, part in enumerate(parts):
+        names = _PLACEHOLDER.findall(part.text)
+        if not part.is_string or not names:
+            out.append(part.quote + part.text + part.quote if part.is_string else part.text)
+            continue
+        if part.quote != '"':
+            raise TemplateError(f"placeholder {{{names[0]}}} is not inside a double-quoted string")
+        for name in names:
+            if any(not one.get(name) for one in values):
+                raise TemplateError(f"the alert has no label {name}")
+        before = _MATCHER_BEFORE.search(parts[index - 1].text) if index else None
+        text = _go_unescaped(part.text)
+        if before is None or text is None:
+            return None
+        label, op = before.groups()
+        pattern = text if op == "=~" else _literal_pattern(text)
+        try:
+            re.compile(_PLACEHOLDER.sub("x", pattern))
+        except re.error:
+            return None
+        matchers.append((label, op, text if op == "=" else pattern))
+        if all(len({one[name] for one in values}) == 1 for name in names):
+            out.append('"' + _filled(part.text, values[0], op == "=~") + '"')
+            continue
+        out[-1] = out[-1][: before.start(2)] + "=~" + out[-1][before.end(2) :]
+        regex = _PLACEHOLDER.sub(lambda m: _alternation(values, m.group(1)), pattern)
+        out.append('"' + quote_string_body(regex) + '"')
+    return SharedQuery("".join(out), tuple(matchers))
+
+
+def _literal_pattern(text: str) -> str:
+    """A regex matching `text` literally, its placeholders kept: `{host}:9100` -> `{host}:9100` escaped around them."""
+    pieces = _PLACEHOLDER.split(text)
+    return "".join(regex_literal(piece) if i % 2 == 0 else "{" + piece + "}" for i, piece in enumerate(pieces))
+
+
+def _filled(text: str, values: Mapping[str, str], regex: bool) -> str:
+    """A string's placeholders filled for one alert, as fill_query does."""
+    return _PLACEHOLDER.sub(
+        lambda m: quote_string_body(regex_literal(values[m.group(1)]) if regex else values[m.group(1)]), text
+    )
+
+
+def _alternation(values: Sequence[Mapping[str, str]], name: str) -> str:
+    return "(?:" + "|".join(regex_literal(v) for v in sorted({one[name] for one in values})) + ")"
+
+
+def _go_unescaped(text: str) -> str | None:
+    """The value of a double-quoted string's body with the common escapes; None for any other escape."""
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        if text[i] == "\\":
+            mapped = _GO_ESCAPES.get(text[i + 1 : i + 2])
+            if mapped is None:
+                return None
+            out.append(mapped)
+            i += 2
+            continue
+        out.append(text[i])
+        i += 1
+    return "".join(out)
+
+
 # --- the parts of a template: code, and string literals ---------------------------------------------------
 @dataclass(frozen=True)
 class _QueryPart:
@@ -85,6 +198,14 @@ class _QueryPart:
     is_string: bool
     quote: str = ""
     regex: bool = False
+
+
+@functools.lru_cache(maxsize=1024)
+def _split_cached(template: str) -> tuple[tuple[tuple[_QueryPart, tuple[str, ...]], ...], tuple[str, ...]]:
+    """`_split_query` with each part's placeholder names, kept per template: a storm fills the same few templates
+    for every alert."""
+    parts, problems = _split_query(template)
+    return tuple((part, tuple(_PLACEHOLDER.findall(part.text))) for part in parts), tuple(problems)
 
 
 def _split_query(template: str) -> tuple[list[_QueryPart], list[str]]:

@@ -1,5 +1,9 @@
 """The worker loop: drains stored notifications and events through the pipeline, and resumes after a crash.
 
+Events ready together are taken as one batch (at most `worker.batch_size`; a lone event is not held back to wait
+for others): the pipeline enriches them together and writes their deliveries in one transaction. Several batches
+may be in flight, `worker.concurrency` events in all.
+
 Work lives in the store, not in memory: a notification stays pending until its events are written, an event
 stays pending (under a lease) until its deliveries are queued. A killed process leaves both where they were,
 and the next one picks them up.
@@ -24,6 +28,9 @@ log = logging.getLogger(__name__)
 # Notifications applied per transaction: enough to share an fsync, few enough that a webhook's write never
 # waits long behind one (the store runs one statement at a time).
 _DEDUP_BATCH = 8
+# Transactions of dedup per cycle at most, before the cycle claims what is ready (a notification holds several
+# alerts: 8 rounds of 8 are a batch's worth for most storms).
+_DEDUP_ROUNDS = 8
 _STATS_EVERY = 5.0
 _PRUNE_EVERY = 3600.0
 _MAX_RETRY_DELAY = 300.0
@@ -47,7 +54,7 @@ class Worker:
         self._retention = store_config.retention
         self._metrics = metrics
         self._wakeup = asyncio.Event()
-        self._in_flight: set[asyncio.Task[None]] = set()
+        self._in_flight: dict[asyncio.Task[None], int] = {}
         # Events that failed for want of the store and whose lease the store could not release either: released
         # as soon as it can write, rather than left for the whole lease once space is back.
         self._leased_by_store_failure: set[int] = set()
@@ -98,47 +105,62 @@ class Worker:
 
     async def _cycle(self) -> bool:
         await self._release_leases()
-        deduped = await self._pipeline.dedup(_DEDUP_BATCH)
-        free = self._config.concurrency - len(self._in_flight)
+        deduped = await self._dedup()
+        free = min(self._config.batch_size, self._config.concurrency - sum(self._in_flight.values()))
         events = await self._store.claim_events(free, self._config.event_lease) if free > 0 else []
-        for event in events:
-            task = asyncio.create_task(self._handle(event), name=f"event-{event.id}")
-            self._in_flight.add(task)
+        if events:
+            task = asyncio.create_task(self._handle_batch(events), name=f"events-{events[0].id}")
+            self._in_flight[task] = len(events)
             task.add_done_callback(self._finished)
-            # Let each event's first stretch of work run before the next starts: started together, their
-            # CPU-bound stretches (playbook, message) would run back to back while webhooks wait for the loop.
+            # Let the batch's first stretch of work run before the next cycle claims more.
             await asyncio.sleep(0)
         return bool(deduped or events)
 
+    async def _dedup(self) -> int:
+        """Notifications to events, a few per transaction, until enough events for a batch may be ready: a
+        storm's events are then claimed together rather than a handful at a time."""
+        taken = 0
+        for _ in range(_DEDUP_ROUNDS):
+            applied = await self._pipeline.dedup(_DEDUP_BATCH)
+            taken += applied
+            if applied < _DEDUP_BATCH:
+                break
+        return taken
+
     def _finished(self, task: asyncio.Task[None]) -> None:
-        self._in_flight.discard(task)
+        self._in_flight.pop(task, None)
         self._wakeup.set()
 
-    async def _handle(self, event: Event) -> None:
+    async def _handle_batch(self, events: list[Event]) -> None:
         try:
-            await self._pipeline.handle(event)
+            failed = await self._pipeline.handle_batch(events)
         except asyncio.CancelledError:
             raise
-        except StoreUnavailable as exc:
+        except Exception as exc:
+            failed = [(event, exc) for event in events]
+        for event, failure in failed:
+            await self._failed(event, failure)
+
+    async def _failed(self, event: Event, failure: Exception) -> None:
+        if isinstance(failure, StoreUnavailable):
             # The disk, not the event: it waits for the store like all other work, and is never set aside for it.
             self._metrics.error("store_unavailable")
-            log.warning("event waits for the store", extra={"event_id": event.id, "reason": str(exc)})
+            log.warning("event waits for the store", extra={"event_id": event.id, "reason": str(failure)})
             try:
-                await self._store.fail_event(event.id, f"StoreUnavailable: {exc}", self._config.retry_backoff)
+                await self._store.fail_event(event.id, f"StoreUnavailable: {failure}", self._config.retry_backoff)
             except StoreUnavailable:
                 self._leased_by_store_failure.add(event.id)
-        except Exception as exc:
-            self._metrics.error("pipeline")
-            give_up = event.attempts >= self._config.max_event_attempts
-            log.exception(
-                "event processing failed",
-                extra={"event_id": event.id, "alert_key": event.alert.key, "attempt": event.attempts, "final": give_up},
-            )
-            retry_in = (
-                None if give_up else min(_MAX_RETRY_DELAY, self._config.retry_backoff * 2 ** (event.attempts - 1))
-            )
-            with contextlib.suppress(StoreUnavailable):
-                await self._store.fail_event(event.id, f"{type(exc).__name__}: {exc}", retry_in)
+            return
+        self._metrics.error("pipeline")
+        give_up = event.attempts >= self._config.max_event_attempts
+        log.error(
+            "event processing failed",
+            exc_info=failure,
+            extra={"event_id": event.id, "alert_key": event.alert.key, "attempt": event.attempts, "final": give_up},
+        )
+        retry_in = None if give_up else min(_MAX_RETRY_DELAY, self._config.retry_backoff * 2 ** (event.attempts - 1))
+        with contextlib.suppress(StoreUnavailable):
+            await self._store.fail_event(event.id, f"{type(failure).__name__}: {failure}", retry_in)
 
     async def _release_leases(self) -> None:
         for event_id in sorted(self._leased_by_store_failure):

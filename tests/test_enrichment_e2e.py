@@ -94,7 +94,7 @@ async def test_alert_is_delivered_saying_loki_is_unavailable_and_why(
     assert section["status"] == "unavailable" and section["reason"].startswith(reason)
 
 
-async def test_64_xid_alerts_on_8_hosts_cost_8_loki_queries(tmp_path: Path) -> None:
+async def test_64_xid_alerts_on_8_hosts_cost_at_most_one_loki_query_per_host(tmp_path: Path) -> None:
     hosts = [f"k-ai-{n:02d}" for n in range(1, 9)]
     now = datetime.now(UTC).replace(microsecond=0)
     async with FakeLoki() as loki, running_bot(tmp_path, bot_config(tmp_path, loki)) as bot:
@@ -117,8 +117,10 @@ async def test_64_xid_alerts_on_8_hosts_cost_8_loki_queries(tmp_path: Path) -> N
         events = await eventually(lambda: len(firing(bot)) == 64 and firing(bot), timeout=20)
         queries = list(loki.range_queries)
 
-    assert len(queries) == 8
-    assert sorted(q.query for q in queries) == [f'{{job="syslog", host="{h}"}} |= "NVRM:"' for h in hosts]
+    # Hosts whose alerts the worker takes in one batch share one query (host=~"k-ai-01|..."); never two per host.
+    assert 1 <= len(queries) <= 8
+    assert all(sum(host in q.query for q in queries) == 1 for host in hosts)
+    assert all(q.query.startswith('{job="syslog", host') and q.query.endswith(' |= "NVRM:"') for q in queries)
     for event in events:
         lines = event["sections"][LOKI_TITLE]
         assert lines[0].startswith(f'8 lines matching "NVRM:" for {event["host"]}, ')

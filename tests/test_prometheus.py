@@ -384,7 +384,9 @@ async def test_expression_comes_from_the_generator_url_and_the_configured_promet
     assert section.status == "ok"
     method, path, form = stub.requests[0] if stub.requests[0][1] == "/api/v1/query_range" else stub.requests[1]
     assert (method, path) == ("POST", "/api/v1/query_range")
-    assert form["query"] == "DCGM_FI_DEV_GPU_TEMP"
+    # Narrowed to the alert's own series by its host and GPU labels, never the whole fleet's.
+    assert form["query"].startswith('DCGM_FI_DEV_GPU_TEMP{Hostname="k-ai-01", UUID="GPU-')
+    assert 'gpu="3", pci_bus_id="00000000:5D:00.0"}' in form["query"]
     assert float(form["step"]) >= 1 and (float(form["end"]) - float(form["start"])) / float(form["step"]) <= 240
     history = section.data.history
     assert history.labels["gpu"] == "3"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -18,7 +19,7 @@ import yaml
 
 from bot.config import PrometheusConfig
 from bot.enrich.base import EnrichmentRequest
-from bot.enrich.prometheus import PrometheusEnricher
+from bot.enrich.prometheus import PrometheusClient, PrometheusEnricher
 from bot.models import AlertState
 from bot.playbooks import Playbook
 from tests.support.bot import eventually, running_bot
@@ -220,3 +221,40 @@ async def test_hostile_label_values_reach_real_prometheus_as_data(stack: Stack) 
     assert section.data.unavailable == {"exact": "no data", "regex": "no data"}
     assert section.data.gpus == []
     assert not any("HTTP 400" in line for line in section.lines)
+
+
+class _Recording(httpx.AsyncBaseTransport):
+    """The real network transport, keeping each request's form: the test replays what the enricher asked."""
+
+    def __init__(self) -> None:
+        self._inner = httpx.AsyncHTTPTransport()
+        self.forms: list[tuple[str, dict[str, str]]] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.forms.append((request.url.path, dict(urllib.parse.parse_qsl(request.content.decode()))))
+        return await self._inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+async def test_a_single_alerts_history_query_selects_its_own_series_not_the_fleets(stack: Stack) -> None:
+    labels = {"alertname": "GPUTempCritical", "severity": "critical", **stack.hot()}
+    url = "http://prometheus.internal:9090/graph?g0.expr=DCGM_FI_DEV_GPU_TEMP+%3E+87&g0.tab=1"
+    config = PrometheusConfig(url=stack.prometheus.url)
+    recording = _Recording()
+    enricher = PrometheusEnricher(config, timeout=2.0, client=PrometheusClient(config, transport=recording))
+    try:
+        section = await enricher.enrich(EnrichmentRequest(_alert(labels, url), None, {}))
+    finally:
+        await enricher.close()
+    assert section.status == "ok", section
+    assert section.data.history is not None and section.data.history.labels["gpu"] == str(HOT_GPU)
+    [form] = [form for path, form in recording.forms if path == "/api/v1/query_range"]
+    sent = httpx.post(f"{stack.prometheus.url}/api/v1/query_range", data=form, timeout=10).json()["data"]["result"]
+    whole = httpx.post(
+        f"{stack.prometheus.url}/api/v1/query_range", data={**form, "query": DCGM_GPU_TEMP}, timeout=10
+    ).json()["data"]["result"]
+    # Prometheus answered the alert's one series, where the expression as it is selects every GPU it scrapes.
+    assert [(s["metric"]["Hostname"], s["metric"]["gpu"]) for s in sent] == [(HOST, str(HOT_GPU))]
+    assert len(whole) == 9

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -10,13 +10,15 @@ from typing import Any
 import httpx
 import pytest
 
-from bot.enrich.base import Enricher
+from bot.enrich.base import Enricher, EnrichmentRunner
+from bot.enrich.batch import BatchItem
 from bot.enrich.gpu import GpuEnricher
 from bot.enrich.recurrence import RecurrenceEnricher
 from bot.enrich.xid import XidEnricher
 from bot.evidence import AlertCount, Enrichment, EnrichmentSection
 from bot.gpu.xid_catalog import XidCatalog, load_catalog
-from bot.models import AlertState
+from bot.metrics import Metrics
+from bot.models import AlertState, GpuEvent, GpuHistoryRequest
 from bot.store.sqlite import SqliteStore
 from tests.support.bot import RunningBot, eventually, running_bot
 from tests.support.payloads import am_alert, webhook
@@ -279,3 +281,31 @@ async def test_a_self_test_alert_is_no_gpu_incident(store: SqliteStore, catalog:
     section = await alert_from_labels(store, catalog, labels, NOW, "selftest")
     assert section.status == "skipped"
     assert await store.gpu_events(NOW - timedelta(days=30)) == []
+
+
+async def test_a_batchs_alerts_record_and_read_gpu_history_in_a_few_transactions_each_as_if_alone(
+    store: SqliteStore, catalog: XidCatalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+    original = store.record_and_read_gpu_histories
+
+    async def counted(requests: Sequence[GpuHistoryRequest]) -> list[list[GpuEvent]]:
+        calls.append(len(requests))
+        return await original(requests)
+
+    monkeypatch.setattr(store, "record_and_read_gpu_histories", counted)
+    started = datetime.now(UTC) - timedelta(minutes=1)
+    # 64 alerts of one incident; two of them on one GPU: the second counts the first, as one by one.
+    labels = [{**XID79, "host": f"k-ai-{n:02d}", "UUID": f"GPU-{n:08d}-0000-0000-0000-000000000000"} for n in range(63)]
+    items = [BatchItem(alert_state(one, starts_at=started, fingerprint=f"f{n}"), None) for n, one in enumerate(labels)]
+    items.append(BatchItem(alert_state(labels[0], starts_at=started, fingerprint="again"), None))
+    runner = EnrichmentRunner(
+        [GpuEnricher(), XidEnricher(catalog), RecurrenceEnricher(store, catalog, WINDOW)], 10.0, Metrics()
+    )
+    try:
+        enrichments = await runner.run_batch(items)
+    finally:
+        await runner.close()
+    assert sum(calls) == len(items) and len(calls) <= 3, calls
+    counts = [recurrence(e).data.gpus[0].alert.count for e in enrichments]  # type: ignore[union-attr]
+    assert counts == [1] * 63 + [2]

@@ -22,6 +22,7 @@ from bot.render.slack import (
     shrink_for_slack,
     slack_payload,
     storm_batch_payload,
+    storm_batch_size,
     storm_line,
     storm_summary_payload,
 )
@@ -295,3 +296,14 @@ def test_buttons_follow_the_alert_state() -> None:
     assert "confirm" in day and "confirm" not in fresh["elements"][1]
     resolved = message(status="resolved", event="resolved", resolved_at=STARTED + timedelta(minutes=3))
     assert not [b for b in blocks(slack_payload(resolved, controls=controls)) if b["type"] == "actions"]
+
+
+def test_a_storm_reply_lists_as_many_alerts_as_one_slack_message_holds() -> None:
+    for summary in ("", "x" * 500):
+        lines = [storm_line(message(host=f"k-ai-{n:03d}", summary=summary)) for n in range(400)]
+        batch = storm_batch_payload(lines, 1001)
+        assert block_kit_errors(batch) == []  # 3,000 per section, 50 blocks, block text under Slack's ~11,000
+        listed = "\n".join(texts(batch["blocks"]))
+        # Filled close to the limit: a storm's 1 post/s to Slack carries all the alerts it can.
+        assert 9000 < len(listed) <= 10_000
+        assert listed.startswith("1001. ") and f"\n{1000 + storm_batch_size(lines, 1001)}. " in listed

@@ -12,7 +12,16 @@ from typing import Any
 import pytest
 
 from bot.dedup import plan_events
-from bot.models import AmAlert, EventKind, GpuEvent, NewDelivery, WebhookPayload, short_id
+from bot.models import (
+    AmAlert,
+    EventKind,
+    EventRoute,
+    GpuEvent,
+    GpuHistoryRequest,
+    NewDelivery,
+    WebhookPayload,
+    short_id,
+)
 from bot.store import core
 from bot.store.base import StoreUnavailable, UnknownAlert, WatchdogRecord
 from bot.store.sqlite import SqliteStore, StoreInUse
@@ -111,6 +120,24 @@ async def test_routing_is_done_once_even_if_attempted_twice(opened: Opener) -> N
         assert (await store.alert_events(event.alert.key))[0].state == "routed"
         alert = await store.get_alert(event.alert.key)
         assert alert is not None and alert.enrichment == {"sections": []}
+
+
+async def test_a_batchs_events_are_routed_together_each_once(opened: Opener) -> None:
+    async with opened() as store:
+        await ingest_and_dedup(store, webhook(gpu_alerts(3)))
+        first, second, third = await store.claim_events(10, 60)
+        routes = [
+            EventRoute(first.id, {"sections": [{"n": 1}]}, [NewDelivery(receiver="console", message=message("a"))]),
+            EventRoute(second.id, None, [NewDelivery(receiver=name, message=message("b")) for name in ("x", "y")]),
+        ]
+        await store.route_events(routes)
+        await store.route_events(routes)  # again, as after a lease expiry: nothing doubled
+        assert (await store.stats()).deliveries_pending == 3
+        states = [(await store.alert_events(e.alert.key))[0].state for e in (first, second, third)]
+        assert states == ["routed", "routed", "pending"]
+        stored = await store.get_alert(first.alert.key)
+        assert stored is not None and stored.enrichment == {"sections": [{"n": 1}]}
+        await store.route_events([])
 
 
 async def test_a_failed_event_is_retried_later_or_set_aside(opened: Opener) -> None:
@@ -306,6 +333,25 @@ async def test_gpu_events_recorded_and_read_in_one_call_are_those_of_the_keys_as
         assert read == [xid("GPU-a", 1), xid("k-ai-01/0", 3)]  # oldest first, the new one included, none too old
         assert await store.record_and_read_gpu_events([], STARTED, []) == []
         assert len(await store.gpu_events(STARTED - timedelta(days=1))) == 4
+
+
+async def test_a_batchs_gpu_histories_are_recorded_and_read_in_turn_in_one_call(opened: Opener) -> None:
+    def xid(code: str, minutes: int) -> GpuEvent:
+        return GpuEvent(gpu_key="GPU-a", host="k-ai-01", kind="xid", code=code, at=STARTED + timedelta(minutes=minutes))
+
+    async with opened() as store:
+        first, second, other = await store.record_and_read_gpu_histories(
+            [
+                GpuHistoryRequest([xid("79", 1)], STARTED, ["GPU-a"]),
+                GpuHistoryRequest([xid("48", 2), xid("79", 1)], STARTED, ["GPU-a"]),
+                GpuHistoryRequest([], STARTED, ["GPU-b"]),
+            ]
+        )
+        # Each as if alone, in order: the first does not see what the second records; nothing is doubled.
+        assert first == [xid("79", 1)]
+        assert second == [xid("79", 1), xid("48", 2)]
+        assert other == []
+        assert await store.record_and_read_gpu_histories([]) == []
 
 
 async def test_prune_keeps_pending_work_and_forgets_expired_dedup_keys(opened: Opener) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,12 +34,17 @@ class FlakyPipeline(Pipeline):
 
     failures: dict[str, int]
 
-    async def handle(self, event: Event) -> None:
-        gpu = event.alert.labels.get("gpu", "")
-        if self.failures.get(gpu, 0) > 0:
-            self.failures[gpu] -= 1
-            raise RuntimeError(f"enrichment bug for gpu {gpu}")
-        await super().handle(event)
+    async def handle_batch(self, events: Sequence[Event]) -> list[tuple[Event, Exception]]:
+        failed: list[tuple[Event, Exception]] = []
+        working: list[Event] = []
+        for event in events:
+            gpu = event.alert.labels.get("gpu", "")
+            if self.failures.get(gpu, 0) > 0:
+                self.failures[gpu] -= 1
+                failed.append((event, RuntimeError(f"enrichment bug for gpu {gpu}")))
+            else:
+                working.append(event)
+        return failed + await super().handle_batch(working)
 
 
 @dataclass

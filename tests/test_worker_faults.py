@@ -3,6 +3,7 @@ when it can write again."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -21,14 +22,19 @@ class StoreFailsFor(FlakyPipeline):
 
     then_refuse_writes = False
 
-    async def handle(self, event: Event) -> None:
-        gpu = event.alert.labels.get("gpu", "")
-        if self.failures.get(gpu, 0) > 0:
-            self.failures[gpu] -= 1
-            if self.then_refuse_writes:
-                await self._store.pragma("query_only = 1")  # type: ignore[attr-defined]
-            raise StoreUnavailable("OperationalError: database or disk is full")
-        await super(FlakyPipeline, self).handle(event)
+    async def handle_batch(self, events: Sequence[Event]) -> list[tuple[Event, Exception]]:
+        failed: list[tuple[Event, Exception]] = []
+        working: list[Event] = []
+        for event in events:
+            gpu = event.alert.labels.get("gpu", "")
+            if self.failures.get(gpu, 0) > 0:
+                self.failures[gpu] -= 1
+                if self.then_refuse_writes:
+                    await self._store.pragma("query_only = 1")  # type: ignore[attr-defined]
+                failed.append((event, StoreUnavailable("OperationalError: database or disk is full")))
+            else:
+                working.append(event)
+        return failed + await super(FlakyPipeline, self).handle_batch(working)
 
 
 async def test_an_event_failing_for_want_of_the_store_is_never_set_aside(

@@ -34,6 +34,10 @@ class LokiConfig(StrictModel):
     cache_ttl: Duration = 60.0
     # Newest lines shown in the message (all fetched lines stay in the stored enrichment).
     show_lines: int = Field(default=20, ge=0, le=200)
+    # Queries at Loki at once; a batch's hosts are asked 50 to a query.
+    max_concurrent_queries: int = Field(default=8, ge=1, le=256)
+    # Loki's max_entries_limit_per_query: a query for several hosts asks `limit` lines per host, at most this.
+    max_lines_per_query: int = Field(default=5000, ge=1)
 
     @field_validator("selector")
     @classmethod
@@ -51,6 +55,10 @@ class PrometheusConfig(StrictModel):
     bearer_token_file: SecretFile | None = None
     history: Duration = 1800.0
     timeout: Duration = 2.0
+    # Queries at Prometheus at once, whatever the number of alerts: a storm adds no stampede to an incident.
+    max_concurrent_queries: int = Field(default=8, ge=1, le=256)
+    # Identical queries asked again within this long share the answer (alerts of one incident, `explain`).
+    cache_ttl: Duration = 5.0
 
 
 class EnrichmentConfig(StrictModel):

@@ -4,6 +4,9 @@ An enricher looks up one kind of evidence for an alert (kernel log lines in Loki
 Prometheus, the decoded Xid, the GPU's identity, its past). Each returns a section; one that fails or runs out
 of time becomes "unavailable: <reason>" in the message instead of delaying delivery past the budget.
 Enrichers may read each other's results (`await request.section("loki")`), which the runner resolves.
+
+The runner enriches a batch of alerts at once (bot/enrich/batch.py): every alert has its own request and its
+own budget, and enrichers plan the queries the whole batch needs through `request.batch`.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import time
 from collections.abc import Sequence
 from typing import Protocol
 
+from bot.clock import SYSTEM_CLOCK, Clock
+from bot.enrich.batch import Batch, BatchItem, shared
 from bot.evidence import Enrichment, EnrichmentHints, EnrichmentSection
 from bot.metrics import Metrics
 from bot.models import AlertState
@@ -29,17 +34,20 @@ class EnrichmentRequest:
         alert: AlertState,
         hints: EnrichmentHints | None,
         results: dict[str, asyncio.Future[EnrichmentSection]],
+        batch: Batch | None = None,
     ) -> None:
         self.alert = alert
         self.hints = hints
         self._results = results
+        # The alerts enriched together with this one (this one alone when none is given).
+        self.batch = batch if batch is not None else Batch([BatchItem(alert, hints)], SYSTEM_CLOCK.now())
 
     async def section(self, name: str) -> EnrichmentSection | None:
         """Wait for another enricher's section; None when that enricher is not configured."""
         future = self._results.get(name)
         if future is None:
             return None
-        return await asyncio.shield(future)
+        return await shared(future)
 
 
 class Enricher(Protocol):
@@ -52,20 +60,60 @@ class Enricher(Protocol):
     async def close(self) -> None: ...
 
 
+def _all_done(tasks: Sequence[asyncio.Task[None]]) -> asyncio.Future[None]:
+    """A future done once every task is (cheaper than a task waiting on them: one per alert of a storm)."""
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    left = len(tasks)
+
+    def finished(_: asyncio.Task[None]) -> None:
+        nonlocal left
+        left -= 1
+        if left == 0 and not done.done():
+            done.set_result(None)
+
+    for task in tasks:
+        task.add_done_callback(finished)
+    if not tasks:
+        done.set_result(None)
+    return done
+
+
 class EnrichmentRunner:
-    def __init__(self, enrichers: Sequence[Enricher], budget: float, metrics: Metrics) -> None:
+    def __init__(
+        self, enrichers: Sequence[Enricher], budget: float, metrics: Metrics, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
+        """`clock` times each alert's budget."""
         self._enrichers = list(enrichers)
         self._budget = budget
         self._metrics = metrics
+        self._clock = clock
 
     async def run(self, alert: AlertState, hints: EnrichmentHints | None) -> Enrichment:
+        [enrichment] = await self.run_batch([BatchItem(alert, hints)])
+        return enrichment
+
+    async def run_batch(self, items: Sequence[BatchItem]) -> list[Enrichment]:
+        """Each alert's enrichment, in order, every one within its budget; queries shared across the batch."""
         if not self._enrichers:
-            return Enrichment()
+            return [Enrichment() for _ in items]
+        batch = Batch(items, self._clock.now())
+        try:
+            return list(await asyncio.gather(*(self._alert(item, batch) for item in items)))
+        finally:
+            await batch.close()
+
+    async def _alert(self, item: BatchItem, batch: Batch) -> Enrichment:
         loop = asyncio.get_running_loop()
         results: dict[str, asyncio.Future[EnrichmentSection]] = {e.name: loop.create_future() for e in self._enrichers}
-        request = EnrichmentRequest(alert, hints, results)
+        request = EnrichmentRequest(item.alert, item.hints, results, batch)
         tasks = [asyncio.create_task(self._one(e, request, results[e.name])) for e in self._enrichers]
-        _, late = await asyncio.wait(tasks, timeout=self._budget)
+        everything = _all_done(tasks)
+        timer = asyncio.ensure_future(self._clock.sleep(self._budget))
+        try:
+            await asyncio.wait([everything, timer], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
+        late = [task for task in tasks if not task.done()]
         for task in late:
             task.cancel()
         await asyncio.gather(*late, return_exceptions=True)

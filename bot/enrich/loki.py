@@ -1,8 +1,10 @@
 """Kernel log evidence: the `NVRM:` lines Loki holds for the alert's host around the time the alert started.
 
-One `query_range` per host and incident: alerts for the same host whose windows fall inside one already
-fetched (or being fetched) share its answer, so 64 Xid alerts on 8 hosts cost 8 queries. This enricher only
-fetches lines; decoding them (Xid, PCI address, process) is the `xid` enricher's job.
+One `query_range` per group of up to 50 hosts of a batch (the selector's `host="{host}"` made `host=~"a|b|..."`),
+its lines split per host by their streams' labels, and `limit` lines asked per host. Alerts for a host whose
+windows fall inside one already fetched (or being fetched) share its answer for `cache_ttl`, so 64 Xid alerts on
+8 hosts cost one query. This enricher only fetches lines; decoding them (Xid, PCI address, process) is the `xid`
+enricher's job.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from pydantic import BaseModel, Field, ValidationError
 
 from bot.config import LokiConfig
 from bot.enrich.base import EnrichmentRequest
+from bot.enrich.batch import Batch, chunks, query_slot, shared
 from bot.enrich.queryapi import Deadline, QueryError, bearer_auth, body_text, send
 from bot.evidence import EnrichmentSection, LokiEvidence
 from bot.models import host_from_labels
-from bot.querytemplate import TemplateError, fill_query, quoted
+from bot.querytemplate import SharedQuery, TemplateError, fill_query, fill_shared, quoted
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +92,20 @@ class LokiClient:
         direction: Literal["backward", "forward"] = "backward",
     ) -> LokiResult:
         """Lines in [start, end) (Loki's end is exclusive); with `backward`, the newest `limit` of them."""
+        streams = await self.query_streams(query, start_ns, end_ns, limit=limit, deadline=deadline, direction=direction)
+        return merged([entries for _, entries in streams], limit)
+
+    async def query_streams(
+        self,
+        query: str,
+        start_ns: int,
+        end_ns: int,
+        *,
+        limit: int,
+        deadline: Deadline,
+        direction: Literal["backward", "forward"] = "backward",
+    ) -> list[tuple[dict[str, str], list[tuple[int, str]]]]:
+        """Each stream's labels and lines (oldest first), for a query that spans several hosts."""
         params = {
             "query": query,
             "start": str(start_ns),
@@ -99,26 +116,33 @@ class LokiClient:
         response = await send(
             self._client, "GET", QUERY_RANGE_PATH, deadline, service="Loki", error_text=body_text, params=params
         )
-        entries = _entries(response, newest_first=direction == "backward")
-        return LokiResult(entries=entries, truncated=len(entries) >= limit)
+        return _streams(response, newest_first=direction == "backward")
 
     async def close(self) -> None:
         await self._client.aclose()
 
 
-def _entries(response: httpx.Response, newest_first: bool) -> list[tuple[int, str]]:
-    """All streams' lines, oldest first. Lines with the same timestamp keep Loki's order (a multi-line kernel
+def merged(streams: list[list[tuple[int, str]]], limit: int, total: int | None = None) -> LokiResult:
+    """Streams' lines as one oldest-first list; truncated when the query's answer (`total` lines) hit `limit`."""
+    entries = list(heapq.merge(*streams, key=_timestamp))
+    return LokiResult(entries=entries, truncated=(len(entries) if total is None else total) >= limit)
+
+
+def _streams(response: httpx.Response, newest_first: bool) -> list[tuple[dict[str, str], list[tuple[int, str]]]]:
+    """Each stream's lines, oldest first. Lines with the same timestamp keep Loki's order (a multi-line kernel
     message is often logged within one timestamp), so the sort is stable on the timestamp alone."""
     try:
         parsed = _Response.model_validate_json(response.content)
-        streams = [
-            sorted(((int(v[0]), v[1]) for v in (reversed(s.values) if newest_first else s.values)), key=_timestamp)
+        return [
+            (
+                s.stream,
+                sorted(((int(v[0]), v[1]) for v in (reversed(s.values) if newest_first else s.values)), key=_timestamp),
+            )
             for s in parsed.data.result
         ]
     except (ValidationError, ValueError):
         detail = f"Loki answered something that is not a log query result: {body_text(response)}"
         raise QueryError("malformed", detail) from None
-    return list(heapq.merge(*streams, key=_timestamp))
 
 
 def _timestamp(entry: tuple[int, str]) -> int:
@@ -127,12 +151,12 @@ def _timestamp(entry: tuple[int, str]) -> int:
 
 @dataclass
 class _Fetch:
-    """One query for one host, in flight or answered, that alerts of the same incident share."""
+    """One query for a group of hosts, in flight or answered, that alerts of the same incident share."""
 
     start_ns: int
     end_ns: int
     started: datetime
-    task: asyncio.Task[LokiResult]
+    task: asyncio.Task[dict[str, LokiResult]]
     expires: float = field(default=float("inf"))
 
     def covers(self, start_ns: int, end_ns: int, alert_start: datetime) -> bool:
@@ -150,56 +174,102 @@ class LokiEnricher:
         self._timeout = timeout
         self._client = client or LokiClient(config)
         self._fetches: dict[str, list[_Fetch]] = {}
+        self._slots = asyncio.Semaphore(config.max_concurrent_queries)
 
     async def enrich(self, request: EnrichmentRequest) -> EnrichmentSection:
         alert = request.alert
-        host = host_from_labels(alert.labels, self._config.host_labels)
+        host = self._host(alert.labels)
         if not host:
             labels = ", ".join(self._config.host_labels)
             return EnrichmentSection.skipped(self.name, self.title, f"the alert has none of the labels {labels}")
-        loki_host = self._config.host_map.get(host, host)
         start = alert.starts_at - timedelta(seconds=self._config.before)
         end = alert.starts_at + timedelta(seconds=self._config.after)
         try:
-            query = self.query_for(loki_host)
+            query = self.query_for(host)
         except TemplateError as exc:
             return EnrichmentSection.unavailable(self.name, self.title, f"enrichment.loki.selector: {exc}")
-        fetch = self._shared_fetch(loki_host, query, to_ns(start), to_ns(end), alert.starts_at)
+        fetches = await request.batch.plan(self.name, lambda: self._plan(request.batch))
         try:
-            result = await asyncio.shield(fetch.task)
+            result = (await shared(fetches[alert.key].task))[host]
         except QueryError as exc:
             return EnrichmentSection.unavailable(self.name, self.title, exc.detail)
-        return self._section(loki_host, query, start, end, result)
+        return self._section(host, query, start, end, result)
 
     def query_for(self, host: str) -> str:
-        query = fill_query(self._config.selector, {"host": host})
+        return self._with_filter(fill_query(self._config.selector, {"host": host}))
+
+    def _with_filter(self, query: str) -> str:
         if self._config.line_filter:
             query += f" |= {quoted(self._config.line_filter)}"
         return query
 
-    def _shared_fetch(self, host: str, query: str, start_ns: int, end_ns: int, alert_start: datetime) -> _Fetch:
+    def _host(self, labels: dict[str, str]) -> str:
+        host = host_from_labels(labels, self._config.host_labels)
+        return self._config.host_map.get(host, host) if host else ""
+
+    async def _plan(self, batch: Batch) -> dict[str, _Fetch]:
+        """The fetch each alert of the batch reads: one already covering its window, or one of the new queries,
+        one per group of hosts."""
         self._forget_expired()
-        fetches = self._fetches.setdefault(host, [])
-        for fetch in fetches:
-            if fetch.covers(start_ns, end_ns, alert_start):
-                return fetch
+        fetches: dict[str, _Fetch] = {}
+        wanted: dict[str, list[tuple[str, int, int]]] = {}
+        for item in batch.items:
+            alert = item.alert
+            host = self._host(alert.labels)
+            if not host:
+                continue
+            start_ns = to_ns(alert.starts_at - timedelta(seconds=self._config.before))
+            end_ns = to_ns(alert.starts_at + timedelta(seconds=self._config.after))
+            known = next((f for f in self._fetches.get(host, []) if f.covers(start_ns, end_ns, alert.starts_at)), None)
+            if known is not None:
+                fetches[alert.key] = known
+            else:
+                wanted.setdefault(host, []).append((alert.key, start_ns, end_ns))
+        for group in self._host_groups(sorted(wanted)):
+            windows = [w for host in group for w in wanted[host]]
+            fetch = self._fetch(group, min(w[1] for w in windows), max(w[2] for w in windows))
+            fetches.update({key: fetch for key, _, _ in windows})
+        return fetches
+
+    def _host_groups(self, hosts: list[str]) -> list[list[str]]:
+        """Hosts asked together: 50 to a query, or one each when the selector cannot be shared."""
+        try:
+            shareable = len(hosts) < 2 or bool(fill_shared(self._config.selector, [{"host": h} for h in hosts[:2]]))
+        except TemplateError:
+            shareable = False
+        return chunks(hosts) if shareable else [[host] for host in hosts]
+
+    def _fetch(self, hosts: list[str], start_ns: int, end_ns: int) -> _Fetch:
         wide_start = (start_ns - _SHARE_MARGIN_NS) // _SHARE_MARGIN_NS * _SHARE_MARGIN_NS
         wide_end = -(-(end_ns + _SHARE_MARGIN_NS) // _SHARE_MARGIN_NS) * _SHARE_MARGIN_NS
-        task = asyncio.create_task(
-            self._client.query_range(
-                query, wide_start, wide_end, limit=self._config.limit, deadline=Deadline(self._timeout)
-            ),
-            name=f"loki-{host}",
-        )
+        task = asyncio.create_task(self._query(hosts, wide_start, wide_end), name=f"loki-{hosts[0]}")
         fetch = _Fetch(wide_start, wide_end, datetime.now(UTC), task)
-        task.add_done_callback(lambda done: self._answered(host, fetch, done))
-        fetches.append(fetch)
+        task.add_done_callback(lambda done: self._answered(hosts, fetch, done))
+        for host in hosts:
+            self._fetches.setdefault(host, []).append(fetch)
         return fetch
 
-    def _answered(self, host: str, fetch: _Fetch, task: asyncio.Task[LokiResult]) -> None:
+    async def _query(self, hosts: list[str], start_ns: int, end_ns: int) -> dict[str, LokiResult]:
+        """Each host's lines; `limit` lines per host, at most `max_lines_per_query` in all."""
+        values = [{"host": host} for host in hosts]
+        shared = fill_shared(self._config.selector, values) if len(hosts) > 1 else None
+        query = self._with_filter(shared.query) if shared is not None else self.query_for(hosts[0])
+        limit = min(self._config.limit * len(hosts), max(self._config.limit, self._config.max_lines_per_query))
+        deadline = Deadline(self._timeout)
+        async with query_slot(self._slots, deadline):
+            streams = await self._client.query_streams(query, start_ns, end_ns, limit=limit, deadline=deadline)
+        total = sum(len(entries) for _, entries in streams)
+        return {
+            host: merged([e for labels, e in streams if _of_host(shared, labels, one)], limit, total)
+            for host, one in zip(hosts, values, strict=True)
+        }
+
+    def _answered(self, hosts: list[str], fetch: _Fetch, task: asyncio.Task[dict[str, LokiResult]]) -> None:
         failure = None if task.cancelled() else task.exception()
         if isinstance(failure, QueryError):
-            log.warning("loki query failed", extra={"reason": failure.reason, "detail": failure.detail, "host": host})
+            log.warning(
+                "loki query failed", extra={"reason": failure.reason, "detail": failure.detail, "hosts": len(hosts)}
+            )
         # A failure is shared briefly too, so a storm of alerts does not hammer a Loki that is down.
         ttl = _FAILURE_TTL if task.cancelled() or failure is not None else self._config.cache_ttl
         fetch.expires = asyncio.get_running_loop().time() + ttl
@@ -248,12 +318,16 @@ class LokiEnricher:
         return text
 
     async def close(self) -> None:
-        tasks = [fetch.task for fetches in self._fetches.values() for fetch in fetches]
+        tasks = list({id(f.task): f.task for fetches in self._fetches.values() for f in fetches}.values())
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._fetches.clear()
         await self._client.close()
+
+
+def _of_host(shared: SharedQuery | None, labels: dict[str, str], values: dict[str, str]) -> bool:
+    return shared is None or shared.selects(labels, values)
 
 
 def _cut(line: str) -> str:

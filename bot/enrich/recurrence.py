@@ -16,6 +16,7 @@ enricher judged a stale gauge (no kernel line in the window) is not recorded at 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -36,7 +37,7 @@ from bot.evidence import (
 from bot.gpu.nvrm import PciAddress
 from bot.gpu.xid_catalog import FOLLOWER_XIDS, XidCatalog, severity_rank
 from bot.gpu.xid_escalation import Verdict, escalate, incidents, window_text
-from bot.models import AlertState, GpuEvent
+from bot.models import AlertState, GpuEvent, GpuHistoryRequest
 from bot.selftest.marking import is_selftest
 from bot.store.base import Store
 
@@ -89,15 +90,52 @@ def _history(target: GpuIdentity, stored: list[GpuEvent]) -> list[GpuEvent]:
     return sorted(seen.values(), key=lambda e: e.at)
 
 
+class _SharedHistories:
+    """The alerts of a batch record and read their GPUs' history together: requests made while one transaction is
+    under way go, in the order they came, into the next one (each still sees exactly what a transaction of its own
+    would: the ones before it, not the ones after)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._waiting: list[tuple[GpuHistoryRequest, asyncio.Future[list[GpuEvent]]]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def record_and_read(self, request: GpuHistoryRequest) -> list[GpuEvent]:
+        future: asyncio.Future[list[GpuEvent]] = asyncio.get_running_loop().create_future()
+        self._waiting.append((request, future))
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._flush(), name="gpu-history")
+        return await future
+
+    async def _flush(self) -> None:
+        while self._waiting:
+            taken, self._waiting = self._waiting, []
+            try:
+                found = await self._store.record_and_read_gpu_histories([request for request, _ in taken])
+            except Exception as exc:
+                for _, future in taken:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for (_, future), events in zip(taken, found, strict=True):
+                if not future.done():
+                    future.set_result(events)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+
 class RecurrenceEnricher:
     name = "recurrence"
     title = "History of this GPU"
     source = ""
 
     def __init__(self, store: Store, catalog: XidCatalog, window: float) -> None:
-        self._store = store
         self._catalog = catalog
         self._window = window
+        self._histories = _SharedHistories(store)
 
     async def enrich(self, request: EnrichmentRequest) -> EnrichmentSection:
         alert = request.alert
@@ -109,7 +147,7 @@ class RecurrenceEnricher:
         targets = _targets(identity, records)
         since = alert.starts_at - timedelta(seconds=self._window)
         keys = [key for target in targets for key in target.store_keys()]
-        stored = await self._store.record_and_read_gpu_events(records, since, keys)
+        stored = await self._histories.record_and_read(GpuHistoryRequest(records, since, keys))
         if not targets:
             return EnrichmentSection.skipped(self.name, self.title, "no GPU named by the alert or its Xid lines")
         now = max([datetime.now(UTC), alert.starts_at, *(r.at for r in records)])
@@ -170,7 +208,7 @@ class RecurrenceEnricher:
         )
 
     async def close(self) -> None:
-        return None
+        await self._histories.close()
 
 
 @dataclass(frozen=True)

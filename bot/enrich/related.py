@@ -41,6 +41,8 @@ def same_host(first: Mapping[str, str], second: Mapping[str, str]) -> bool:
 
 
 def _is_ip(value: str) -> bool:
+    if not (value[:1].isdigit() or ":" in value):
+        return False  # a name, not an address: most hosts, and far cheaper than a failed parse
     try:
         ipaddress.ip_address(value)
     except ValueError:

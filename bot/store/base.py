@@ -13,7 +13,18 @@ from datetime import datetime
 from typing import Any, Literal, Protocol
 
 from bot.dedup import AlertDecision
-from bot.models import AlertState, AmAlert, Delivery, Event, EventKind, GpuEvent, NewDelivery, WebhookPayload
+from bot.models import (
+    AlertState,
+    AmAlert,
+    Delivery,
+    Event,
+    EventKind,
+    EventRoute,
+    GpuEvent,
+    GpuHistoryRequest,
+    NewDelivery,
+    WebhookPayload,
+)
 
 # The part of the bot a process runs (`serve --role`): "all" is ingest and worker in one process. An SQLite store
 # takes one ingest and one worker, whether they share a process or not.
@@ -175,6 +186,10 @@ class Store(abc.ABC):
         """In one transaction: keep the enrichment with the alert, queue the deliveries, mark the event done."""
 
     @abc.abstractmethod
+    async def route_events(self, routes: Sequence[EventRoute]) -> None:
+        """`route_event` for each of a batch's events, all in one transaction."""
+
+    @abc.abstractmethod
     async def fail_event(self, event_id: int, error: str, retry_in: float | None) -> None:
         """Record a processing error; retry after `retry_in` seconds, or give up when it is None."""
 
@@ -288,6 +303,11 @@ class Store(abc.ABC):
     ) -> list[GpuEvent]:
         """Record `events` as record_gpu_events does, then return the events since `since` under any of `gpu_keys`,
         oldest first: what recurrence needs for one alert in one round trip."""
+
+    @abc.abstractmethod
+    async def record_and_read_gpu_histories(self, requests: Sequence[GpuHistoryRequest]) -> list[list[GpuEvent]]:
+        """`record_and_read_gpu_events` for each request in turn (each sees what the ones before it recorded, none
+        what the ones after it record), all in one transaction: the alerts of a batch in one round trip."""
 
     # --- audit log ------------------------------------------------------------------------------------
     @abc.abstractmethod

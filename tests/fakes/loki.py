@@ -7,7 +7,8 @@ RFC3339), `X-Scope-OrgID` (401 `no org id` when auth is enabled), plain-text err
 JSON Content-Type Loki 2.6 sends), `/loki/api/v1/query` refusing log queries. LogQL: a stream selector with
 `=`, `!=`, `=~`, `!~` (anchored RE2-ish regexes) followed by line filters `|=`, `!=`, `|~`, `!~`.
 
-Failure modes for tests: `down()` (connection refused), `delay` (slow), `fail(status, body, times)` (500,
+Failure modes for tests: `down()` (connection refused), `delay` (slow), `hold_queries_with` (one query that gets
+no answer while others do), `fail(status, body, times)` (500,
 429, 504...), `malformed()` (200 with a body that is not a query result), `oversized(size)` (a 200 query
 result of `size` bytes, or an endless one, optionally gzip-compressed). Every request is recorded.
 """
@@ -234,6 +235,8 @@ class FakeLoki(LoopbackServer):
     max_entries_limit: int = MAX_ENTRIES_LIMIT
     error_content_type: str = TEXT_PLAIN
     delay: float = 0.0
+    # Queries whose LogQL contains this text get no answer until stop(): one slow query among others.
+    hold_queries_with: str = ""
     requests: list[RecordedQuery] = field(default_factory=list)
     entries: list[Entry] = field(default_factory=list)
     _failures: list[_Failure] = field(default_factory=list)
@@ -304,6 +307,8 @@ class FakeLoki(LoopbackServer):
         self.requests.append(
             RecordedQuery(request.path, request.method, params, org_id, request.headers.get("Authorization"))
         )
+        if self.hold_queries_with and self.hold_queries_with in params.get("query", ""):
+            await self._released.wait()
         if self.delay:
             # A slow Loki; stop() releases waiting requests so shutting the fake down stays quick.
             with contextlib.suppress(TimeoutError):

@@ -5,26 +5,36 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from bot.config import PrometheusConfig
 from bot.enrich.base import EnrichmentRequest
-from bot.enrich.prometheus.client import AlertRule, PrometheusClient, RawSeries, choose_step
+from bot.enrich.batch import Batch, SharedQueries, shared
+from bot.enrich.prometheus.client import AlertRule, PrometheusClient, RawSeries
 from bot.enrich.prometheus.formatting import describe, series_summary
+from bot.enrich.prometheus.plan import (
+    INVENTORY_METRIC,
+    BatchQueries,
+    Window,
+    alert_window,
+    history_groups,
+    inventory_groups,
+    inventory_host,
+    related_needs,
+    unscoped,
+    within,
+)
 from bot.enrich.prometheus.promql import ValueExpression, expression_from_generator_url, value_expression, value_meaning
 from bot.enrich.queryapi import Deadline, QueryError
 from bot.evidence import EnrichmentSection, PrometheusEvidence, PrometheusSeries, PrometheusWindow
-from bot.message import format_duration
 from bot.models import AlertState, host_from_labels
-from bot.querytemplate import TemplateError, fill_query, quoted, regex_literal
+from bot.querytemplate import TemplateError
 
 log = logging.getLogger(__name__)
 
-INVENTORY_METRIC = "DCGM_FI_DEV_GPU_TEMP"
+__all__ = ["INVENTORY_METRIC", "PrometheusEnricher", "best_series", "gpu_inventory"]
 _IGNORED_ALERT_LABELS = frozenset({"alertname", "severity"})
 # Labels that differ between exporters on one host; a related query's series may carry other values.
 _EXPORTER_LABELS = frozenset({"__name__", "instance", "job"})
@@ -64,17 +74,6 @@ def best_series(
 
 
 @dataclass(frozen=True)
-class _Window:
-    start: float
-    end: float
-    step: float
-
-    @property
-    def span(self) -> str:
-        return format_duration(self.end - self.start)
-
-
-@dataclass(frozen=True)
 class _History:
     expr: str
     source: Literal["generatorURL", "rules"]
@@ -91,6 +90,22 @@ class _Part:
         self.failure = failure
 
 
+@dataclass(frozen=True)
+class _Expression:
+    expr: str
+    source: Literal["generatorURL", "rules"]
+    rule_labels: dict[str, str]
+    graphed: ValueExpression
+
+
+class _Plan:
+    """What the enricher knows of one batch: each alert's window and expression, and the batch's queries."""
+
+    def __init__(self, queries: BatchQueries, expressions: dict[str, _Expression | _Part]) -> None:
+        self.queries = queries
+        self.expressions = expressions
+
+
 class PrometheusEnricher:
     name = "prometheus"
     title = "Metric history"
@@ -100,58 +115,84 @@ class PrometheusEnricher:
         self._config = config
         self._timeout = timeout
         self._client = client or PrometheusClient(config)
+        self._cache = SharedQueries(config.max_concurrent_queries, config.cache_ttl)
         self._rules: tuple[float, asyncio.Task[list[AlertRule]]] | None = None
 
     async def enrich(self, request: EnrichmentRequest) -> EnrichmentSection:
         alert = request.alert
-        deadline = Deadline(self._timeout)
-        now = datetime.now(UTC).timestamp()
-        start = (alert.starts_at - timedelta(seconds=self._config.history)).timestamp()
-        end = max(now, start + 60)
-        step = choose_step(start, end)
-        # Prometheus evaluates at start, start + step, ...: anchor the grid on `end` so the newest point is now.
-        window = _Window(end - step * math.ceil((end - start) / step), end, step)
+        plan = await request.batch.plan(self.name, lambda: self._plan(request.batch))
+        window = plan.queries.windows[alert.key]
         queries = request.hints.queries if request.hints is not None else {}
         host = host_from_labels(alert.labels)
-        history, gpus, *related = await asyncio.gather(
-            self._history(alert, window, deadline),
-            self._gpus(host, window, deadline),
-            *(self._related(template, alert, host, window, deadline) for template in queries.values()),
-        )
+        # The batch's queries are all under way (the plan started them): reading them one after the other waits
+        # no longer than for the slowest, and costs no task per part.
+        history = await self._history(alert, plan)
+        gpus = await self._gpus(alert, host, plan)
+        related = [await self._related(name, alert, plan) for name in queries]
         parts = [history, gpus, *related]
         failures = [p.failure for p in parts if p.failure is not None]
         if failures and not any(p.value for p in parts):
             return EnrichmentSection.unavailable(self.name, self.title, failures[0].detail)
         return self._section(host, window, history, gpus, dict(zip(queries, related, strict=True)))
 
-    async def _history(self, alert: AlertState, window: _Window, deadline: Deadline) -> _Part:
+    # --- the plan: made once per batch ---------------------------------------------------------------------
+    async def _plan(self, batch: Batch) -> _Plan:
+        now = batch.now.timestamp()
+        alerts = [item.alert for item in batch.items]
+        queries = BatchQueries(self._client, self._cache, self._timeout)
+        queries.windows = {a.key: alert_window(a, now, self._config.history) for a in alerts}
+        expressions = {a.key: await self._expression(a) for a in alerts}
+        graphed = [(a, e.graphed.query) for a in alerts if isinstance(e := expressions[a.key], _Expression)]
+        queries.history = history_groups(graphed, queries.windows)
+        templates = {item.alert.key: dict(item.hints.queries) for item in batch.items if item.hints is not None}
+        queries.related = related_needs(alerts, templates, queries.windows)
+        hosts = {a.key: host for a in alerts if (host := host_from_labels(a.labels))}
+        queries.inventory = inventory_groups(hosts, queries.windows, self._config.history)
+        queries.start()
+        return _Plan(queries, expressions)
+
+    async def _expression(self, alert: AlertState) -> _Expression | _Part:
         expr = expression_from_generator_url(alert.generator_url)
-        source: Literal["generatorURL", "rules"] = "generatorURL"
-        rule_labels: dict[str, str] = {}
+        if expr is not None:
+            return _Expression(expr, "generatorURL", {}, value_expression(expr))
         try:
-            if expr is None:
-                rule = await self._rule_for(alert, deadline)
-                if rule is None:
-                    link = "is not a Prometheus link" if alert.generator_url else "is empty"
-                    problem = f"the alert's generatorURL {link} and Prometheus has no alerting rule named"
-                    return _Part(problem=f"{problem} {alert.alertname!r}")
-                expr, source, rule_labels = rule.query, "rules", rule.labels
-            graphed = value_expression(expr)
-            candidates = await self._client.query_range(graphed.query, window.start, window.end, window.step, deadline)
+            rule = await self._rule_for(alert, Deadline(self._timeout))
         except QueryError as exc:
             return _Part(failure=exc)
-        ignore = _IGNORED_ALERT_LABELS | frozenset(rule_labels) | {"__name__"}
-        # Rule labels may override the series' own; without the rule (generatorURL) retry leniently, but among
-        # several series never pick one that shares no label with the alert (another host's, say).
-        chosen = best_series(candidates, alert.labels, ignore) or best_series(
-            candidates, alert.labels, ignore, strict=False, min_score=1 if len(candidates) > 1 else 0
-        )
+        if rule is None:
+            link = "is not a Prometheus link" if alert.generator_url else "is empty"
+            problem = f"the alert's generatorURL {link} and Prometheus has no alerting rule named"
+            return _Part(problem=f"{problem} {alert.alertname!r}")
+        return _Expression(rule.query, "rules", rule.labels, value_expression(rule.query))
+
+    # --- each alert's part ---------------------------------------------------------------------------------
+    async def _history(self, alert: AlertState, plan: _Plan) -> _Part:
+        found = plan.expressions[alert.key]
+        if isinstance(found, _Part):
+            return found
+        queries = plan.queries
+        window, group = queries.windows[alert.key], queries.history[alert.key]
+        graphed = found.graphed
+        ignore = _IGNORED_ALERT_LABELS | frozenset(found.rule_labels) | {"__name__"}
+        try:
+            answer = await shared(queries.range(group))
+            index = queries.split(group, answer, lambda s: [tuple(s.labels.get(k, "") for k in group.keys)])
+            own = index.get(tuple(alert.labels.get(k, "") for k in group.keys), [])
+            chosen = _choose(own, alert.labels, ignore) if own else None
+            if chosen is None and group.query != graphed.query:
+                # A label of the alert is not on its series: read the whole expression, as an unnarrowed query would.
+                own = await shared(queries.range(unscoped(group, graphed.query)))
+                chosen = _choose(own, alert.labels, ignore)
+        except QueryError as exc:
+            return _Part(failure=exc)
+        history = _History(found.expr, found.source, graphed, None)
         if chosen is None:
-            problem = "no data" if not candidates else f"none of its {len(candidates)} series has the alert's labels"
-            return _Part(_History(expr, source, graphed, None), problem=f"{graphed.query}: {problem}")
+            problem = "no data" if not own else f"none of its {len(own)} series has the alert's labels"
+            return _Part(history, problem=f"{graphed.query}: {problem}")
         pick = min if graphed.comparison and graphed.comparison.startswith("<") else max
+        chosen = within(chosen, window)
         series = series_summary(graphed.query, chosen, window.start, window.end, window.step, pick)
-        return _Part(_History(expr, source, graphed, series))
+        return _Part(replace(history, series=series))
 
     async def _rule_for(self, alert: AlertState, deadline: Deadline) -> AlertRule | None:
         rules = [r for r in await self._alerting_rules(deadline) if r.name == alert.alertname]
@@ -166,48 +207,48 @@ class PrometheusEnricher:
             task = asyncio.create_task(self._client.alerting_rules(deadline), name="prometheus-rules")
             task.add_done_callback(lambda t: t.cancelled() or t.exception())
             self._rules = cached = (loop.time() + _RULES_TTL, task)
-        return await asyncio.shield(cached[1])
+        return await shared(cached[1])
 
-    async def _related(self, template: str, alert: AlertState, host: str, window: _Window, deadline: Deadline) -> _Part:
-        values = dict(alert.labels)
-        if host:
-            values.setdefault("host", host)
+    async def _related(self, name: str, alert: AlertState, plan: _Plan) -> _Part:
+        need = plan.queries.related.get((alert.key, name))
+        if isinstance(need, TemplateError):
+            return _Part(problem=str(need))
+        if need is None:
+            return _Part(problem="no data")
+        window = plan.queries.windows[alert.key]
         try:
-            query = fill_query(template, values)
-            candidates = await self._client.query_range(query, window.start, window.end, window.step, deadline)
-        except TemplateError as exc:
-            return _Part(problem=str(exc))
+            answer = await shared(plan.queries.range(need.group))
         except QueryError as exc:
             return _Part(failure=exc)
+        common = need.shared
+        if common is None:
+            candidates = answer
+        else:
+            keys = common.equal_labels
+            index = plan.queries.split(need.group, answer, lambda s: [tuple(s.labels.get(k, "") for k in keys)])
+            own = index.get(common.equal_values(need.values), [])
+            candidates = [s for s in own if common.selects(s.labels, need.values)]
         chosen = best_series(candidates, alert.labels, _IGNORED_ALERT_LABELS, strict=False)
         if chosen is None:
             return _Part(problem="no data" if not candidates else "no series for this alert's labels")
-        return _Part(value=series_summary(query, chosen, window.start, window.end, window.step))
+        chosen = within(chosen, window)
+        return _Part(value=series_summary(need.own, chosen, window.start, window.end, window.step))
 
-    async def _gpus(self, host: str, window: _Window, deadline: Deadline) -> _Part:
-        if not host:
+    async def _gpus(self, alert: AlertState, host: str, plan: _Plan) -> _Part:
+        group = plan.queries.inventory.get(alert.key)
+        if not host or group is None:
             return _Part(value=[])
-        lookback = f"[{int(self._config.history)}s]"
-        selectors = [
-            f"{{Hostname={quoted(host)}}}",
-            f"{{hostname={quoted(host)}}}",
-            f"{{instance=~{quoted(regex_literal(host) + '(:[0-9]+)?')}}}",
-        ]
-        query = (
-            "count by (gpu, UUID, uuid, pci_bus_id, modelName, Hostname, hostname) ("
-            + " or ".join(f"last_over_time({INVENTORY_METRIC}{s}{lookback})" for s in selectors)
-            + ")"
-        )
         try:
-            found = await self._client.query(query, window.end, deadline)
+            found = await shared(plan.queries.instant(group))
         except QueryError as exc:
             return _Part(failure=exc)
-        return _Part(value=gpu_inventory(found))
+        rows = plan.queries.split(group, found, lambda s: inventory_host(s.labels))
+        return _Part(value=gpu_inventory(rows.get(host, [])))
 
     def _section(
         self,
         host: str,
-        window: _Window,
+        window: Window,
         history: _Part,
         gpus: _Part,
         related: dict[str, _Part],
@@ -250,10 +291,19 @@ class PrometheusEnricher:
         return EnrichmentSection(name=self.name, title=self.title, status="ok", summary=summary, lines=lines, data=data)
 
     async def close(self) -> None:
+        await self._cache.close()
         if self._rules is not None and not self._rules[1].done():
             self._rules[1].cancel()
             await asyncio.gather(self._rules[1], return_exceptions=True)
         await self._client.close()
+
+
+def _choose(candidates: Sequence[RawSeries], labels: Mapping[str, str], ignore: frozenset[str]) -> RawSeries | None:
+    """Rule labels may override the series' own; without the rule (generatorURL) retry leniently, but among
+    several series never pick one that shares no label with the alert (another host's, say)."""
+    return best_series(candidates, labels, ignore) or best_series(
+        candidates, labels, ignore, strict=False, min_score=1 if len(candidates) > 1 else 0
+    )
 
 
 def _failed(task: asyncio.Task[Any]) -> bool:

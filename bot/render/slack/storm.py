@@ -12,7 +12,6 @@ from bot.render.slack.alert import FALLBACK_BUDGET, split_text
 from bot.render.slack.blockkit import (
     MAX_BLOCKS,
     MAX_HEADER_TEXT,
-    MAX_TOTAL_TEXT,
     RESOLVED_COLOUR,
     RESOLVED_EMOJI,
     Block,
@@ -32,9 +31,12 @@ from bot.render.slack.blockkit import (
 )
 
 _STORM_LINE_BUDGET = 180
-_STORM_BATCH_TEXT = 7000
-# At most this many alerts per storm thread reply; fewer when their lines are long.
-STORM_BATCH_LINES = 80
+# A storm reply holds as many lines as Slack takes in one message: section blocks of at most 3,000 characters
+# (50 blocks at most), and at most about 11,000 characters of block text in all (`msg_blocks_too_long` beyond,
+# observed; the 40,000 of a message's `text` does not apply to blocks): 10,000 leaves a margin.
+_STORM_BATCH_TEXT = 10_000
+# At most this many alerts per storm thread reply; fewer when their lines are long (the text bound decides).
+STORM_BATCH_LINES = 200
 
 
 def storm_line(message: Message, *, posted_above: bool = False) -> str:
@@ -79,7 +81,7 @@ def storm_batch_payload(lines: Sequence[str], first_number: int) -> Payload:
     """A thread reply listing storm lines (each from storm_line), numbered from `first_number`."""
     fitting = lines[: storm_batch_size(lines, first_number)]
     numbered = [_numbered(number, line) for number, line in enumerate(fitting, first_number)]
-    blocks = [section_block(chunk) for chunk in split_text("\n".join(numbered), MAX_TOTAL_TEXT)]
+    blocks = [section_block(chunk) for chunk in split_text("\n".join(numbered), _STORM_BATCH_TEXT)]
     last = first_number + len(numbered) - 1
     text = f"Alerts {first_number} to {last} of this storm" if numbered else "Alerts of this storm"
     return {"text": text, "blocks": blocks[:MAX_BLOCKS], "unfurl_links": False, "unfurl_media": False}

@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 
 from bot.message import Message
-from bot.models import Delivery, Event, EventKind, NewDelivery, short_id
+from bot.models import Delivery, Event, EventKind, EventRoute, NewDelivery, short_id
 from bot.store import core
 from bot.store.base import IncomingNotification, IngestResult, Planner
 from bot.store.postgresql.connection import (
@@ -198,26 +198,42 @@ class PostgresAlertPath(PostgresConnection):
     async def route_event(
         self, event_id: int, enrichment: dict[str, Any] | None, deliveries: Sequence[NewDelivery]
     ) -> None:
+        await self.route_events([EventRoute(event_id, enrichment, deliveries)])
+
+    async def route_events(self, routes: Sequence[EventRoute]) -> None:
+        if not routes:
+            return
         async with self._transaction() as conn:
-            # The row lock makes a replica that took the event over after a lease expiry wait, then see it routed.
-            row = await (
-                await conn.execute("SELECT alert_key, state FROM events WHERE id = %s FOR UPDATE", (event_id,))
-            ).fetchone()
-            if row is None or row["state"] != "pending":
-                return
-            if enrichment is not None:
-                await conn.execute(
-                    "UPDATE alerts SET enrichment = %s WHERE key = %s", (json.dumps(enrichment), row["alert_key"])
-                )
             now = self._now()
-            await conn.cursor().executemany(
-                """INSERT INTO deliveries (event_id, alert_key, receiver, message, next_attempt_at, created_at)
-                   VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (event_id, receiver) DO NOTHING""",
-                [(event_id, row["alert_key"], d.receiver, d.message.model_dump_json(), now, now) for d in deliveries],
-            )
-            await conn.execute("UPDATE events SET state = 'routed', error = NULL WHERE id = %s", (event_id,))
-            for receiver in sorted({d.receiver for d in deliveries}):
+            receivers: set[str] = set()
+            for route in routes:
+                if await self._route_one(conn, route, now):
+                    receivers.update(d.receiver for d in route.deliveries)
+            for receiver in sorted(receivers):
                 await conn.execute("SELECT pg_notify(%s, %s)", (_OUTBOX_CHANNEL, receiver))
+
+    @staticmethod
+    async def _route_one(conn: Any, route: EventRoute, now: float) -> bool:
+        # The row lock makes a replica that took the event over after a lease expiry wait, then see it routed.
+        row = await (
+            await conn.execute("SELECT alert_key, state FROM events WHERE id = %s FOR UPDATE", (route.event_id,))
+        ).fetchone()
+        if row is None or row["state"] != "pending":
+            return False
+        if route.enrichment is not None:
+            await conn.execute(
+                "UPDATE alerts SET enrichment = %s WHERE key = %s", (json.dumps(route.enrichment), row["alert_key"])
+            )
+        await conn.cursor().executemany(
+            """INSERT INTO deliveries (event_id, alert_key, receiver, message, next_attempt_at, created_at)
+               VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (event_id, receiver) DO NOTHING""",
+            [
+                (route.event_id, row["alert_key"], d.receiver, d.message.model_dump_json(), now, now)
+                for d in route.deliveries
+            ],
+        )
+        await conn.execute("UPDATE events SET state = 'routed', error = NULL WHERE id = %s", (route.event_id,))
+        return True
 
     async def fail_event(self, event_id: int, error: str, retry_in: float | None) -> None:
         if retry_in is None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from psycopg import sql
 
-from bot.models import AlertState, EventKind, GpuEvent
+from bot.models import AlertState, EventKind, GpuEvent, GpuHistoryRequest
 from bot.store import core
 from bot.store.base import (
     ActionRun,
@@ -139,17 +139,26 @@ class PostgresRecords(PostgresConnection):
     async def record_and_read_gpu_events(
         self, events: Sequence[GpuEvent], since: datetime, gpu_keys: Sequence[str]
     ) -> list[GpuEvent]:
+        [found] = await self.record_and_read_gpu_histories([GpuHistoryRequest(events, since, gpu_keys)])
+        return found
+
+    async def record_and_read_gpu_histories(self, requests: Sequence[GpuHistoryRequest]) -> list[list[GpuEvent]]:
+        found: list[list[GpuEvent]] = []
+        if not requests:
+            return found
         async with self._transaction() as conn:
-            if events:
-                await conn.cursor().executemany(_INSERT_GPU_EVENT, [_gpu_event_row(e) for e in events])
-            if not gpu_keys:
-                return []
-            cursor = await conn.execute(
-                "SELECT * FROM gpu_events WHERE at >= %s AND gpu_key = ANY(%s) ORDER BY at",
-                (since.timestamp(), list(gpu_keys)),
-            )
-            rows = await cursor.fetchall()
-        return [core.gpu_event_from_row(row) for row in rows]
+            for request in requests:
+                if request.events:
+                    await conn.cursor().executemany(_INSERT_GPU_EVENT, [_gpu_event_row(e) for e in request.events])
+                if not request.gpu_keys:
+                    found.append([])
+                    continue
+                cursor = await conn.execute(
+                    "SELECT * FROM gpu_events WHERE at >= %s AND gpu_key = ANY(%s) ORDER BY at",
+                    (request.since.timestamp(), list(request.gpu_keys)),
+                )
+                found.append([core.gpu_event_from_row(row) for row in await cursor.fetchall()])
+        return found
 
     # --- audit log ------------------------------------------------------------------------------------
     async def record_audit(self, entry: AuditEntry) -> None:

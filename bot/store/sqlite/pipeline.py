@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from bot.message import Message
-from bot.models import AlertState, Delivery, Event, EventKind, NewDelivery, short_id
+from bot.models import AlertState, Delivery, Event, EventKind, EventRoute, NewDelivery, short_id
 from bot.store.base import IncomingNotification, IngestResult, Planner
 from bot.store.core import (
     ALERT_INSERT_COLUMNS,
@@ -249,30 +249,39 @@ class SqliteAlertPath(SqliteConnection):
     async def route_event(
         self, event_id: int, enrichment: dict[str, Any] | None, deliveries: Sequence[NewDelivery]
     ) -> None:
-        await self._run(self._route_event_sync, event_id, enrichment, deliveries)
+        await self.route_events([EventRoute(event_id, enrichment, deliveries)])
 
-    def _route_event_sync(
-        self, event_id: int, enrichment: dict[str, Any] | None, deliveries: Sequence[NewDelivery]
-    ) -> None:
+    async def route_events(self, routes: Sequence[EventRoute]) -> None:
+        if routes:
+            await self._run(self._route_events_sync, list(routes))
+
+    def _route_events_sync(self, routes: list[EventRoute]) -> None:
         def route(conn: sqlite3.Connection) -> None:
-            row = conn.execute("SELECT alert_key, state FROM events WHERE id = ?", (event_id,)).fetchone()
-            if row is None or row["state"] != "pending":
-                return
-            if enrichment is not None:
-                conn.execute(
-                    "UPDATE alerts SET enrichment = ? WHERE key = ?",
-                    (json.dumps(enrichment), row["alert_key"]),
-                )
             now = self._now()
-            conn.executemany(
-                """INSERT OR IGNORE INTO deliveries
-                       (event_id, alert_key, receiver, message, next_attempt_at, created_at)
-                   VALUES (?, ?, ?, ?, ?, ?)""",
-                [(event_id, row["alert_key"], d.receiver, d.message.model_dump_json(), now, now) for d in deliveries],
-            )
-            conn.execute("UPDATE events SET state = 'routed', error = NULL WHERE id = ?", (event_id,))
+            for one in routes:
+                self._route_one(conn, one, now)
 
         self._transaction(route)
+
+    @staticmethod
+    def _route_one(conn: sqlite3.Connection, route: EventRoute, now: float) -> None:
+        row = conn.execute("SELECT alert_key, state FROM events WHERE id = ?", (route.event_id,)).fetchone()
+        if row is None or row["state"] != "pending":
+            return
+        if route.enrichment is not None:
+            conn.execute(
+                "UPDATE alerts SET enrichment = ? WHERE key = ?", (json.dumps(route.enrichment), row["alert_key"])
+            )
+        conn.executemany(
+            """INSERT OR IGNORE INTO deliveries
+                   (event_id, alert_key, receiver, message, next_attempt_at, created_at)
+               VALUES (?, ?, ?, ?, ?, ?)""",
+            [
+                (route.event_id, row["alert_key"], d.receiver, d.message.model_dump_json(), now, now)
+                for d in route.deliveries
+            ],
+        )
+        conn.execute("UPDATE events SET state = 'routed', error = NULL WHERE id = ?", (route.event_id,))
 
     async def fail_event(self, event_id: int, error: str, retry_in: float | None) -> None:
         if retry_in is None:

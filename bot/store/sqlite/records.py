@@ -9,7 +9,7 @@ import sqlite3
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from bot.models import AlertState, EventKind, GpuEvent
+from bot.models import AlertState, EventKind, GpuEvent, GpuHistoryRequest
 from bot.store import core
 from bot.store.base import (
     ActionRun,
@@ -152,16 +152,7 @@ class SqliteRecords(SqliteConnection):
         await self._run(self._record_gpu_events_sync, events)
 
     def _record_gpu_events_sync(self, events: Sequence[GpuEvent]) -> None:
-        self._transaction(
-            lambda conn: conn.executemany(
-                """INSERT OR IGNORE INTO gpu_events (gpu_key, host, pci_bus_id, uuid, kind, code, at, alert_key)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?)""",
-                [
-                    (e.gpu_key, e.host, e.pci_bus_id, e.uuid, e.kind, e.code, e.at.timestamp(), e.alert_key)
-                    for e in events
-                ],
-            )
-        )
+        self._transaction(lambda conn: _insert_gpu_events(conn, events))
 
     async def gpu_events(
         self, since: datetime, gpu_key: str | None = None, kind: str | None = None, code: str | None = None
@@ -187,15 +178,20 @@ class SqliteRecords(SqliteConnection):
     def _record_and_read_gpu_events_sync(
         self, events: Sequence[GpuEvent], since: datetime, gpu_keys: Sequence[str]
     ) -> list[sqlite3.Row]:
-        if events:
-            self._record_gpu_events_sync(events)
-        if not gpu_keys:
+        [rows] = self._record_and_read_gpu_histories_sync([GpuHistoryRequest(events, since, gpu_keys)])
+        return rows
+
+    async def record_and_read_gpu_histories(self, requests: Sequence[GpuHistoryRequest]) -> list[list[GpuEvent]]:
+        if not requests:
             return []
-        marks = ", ".join("?" * len(gpu_keys))
-        return self._fetchall(
-            f"SELECT * FROM gpu_events WHERE at >= ? AND gpu_key IN ({marks}) ORDER BY at",  # noqa: S608
-            [since.timestamp(), *gpu_keys],
-        )
+        found = await self._run(self._record_and_read_gpu_histories_sync, list(requests))
+        return [[gpu_event_from_row(row) for row in rows] for rows in found]
+
+    def _record_and_read_gpu_histories_sync(self, requests: list[GpuHistoryRequest]) -> list[list[sqlite3.Row]]:
+        def each(conn: sqlite3.Connection) -> list[list[sqlite3.Row]]:
+            return [_record_and_read(conn, request) for request in requests]
+
+        return self._transaction(each)
 
     # --- audit log ------------------------------------------------------------------------------------
     async def record_audit(self, entry: AuditEntry) -> None:
@@ -334,3 +330,23 @@ def _insert_note(conn: sqlite3.Connection, alert_key: str, text: str, now: float
     event_id = _insert_event(conn, alert_key, EventKind.NOTE, now)
     conn.execute("INSERT INTO event_notes (event_id, text) VALUES (?, ?)", (event_id, text))
     return event_id
+
+
+def _insert_gpu_events(conn: sqlite3.Connection, events: Sequence[GpuEvent]) -> None:
+    conn.executemany(
+        """INSERT OR IGNORE INTO gpu_events (gpu_key, host, pci_bus_id, uuid, kind, code, at, alert_key)
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?)""",
+        [(e.gpu_key, e.host, e.pci_bus_id, e.uuid, e.kind, e.code, e.at.timestamp(), e.alert_key) for e in events],
+    )
+
+
+def _record_and_read(conn: sqlite3.Connection, request: GpuHistoryRequest) -> list[sqlite3.Row]:
+    _insert_gpu_events(conn, request.events)
+    if not request.gpu_keys:
+        return []
+    marks = ", ".join("?" * len(request.gpu_keys))
+    rows: list[sqlite3.Row] = conn.execute(
+        f"SELECT * FROM gpu_events WHERE at >= ? AND gpu_key IN ({marks}) ORDER BY at",  # noqa: S608
+        [request.since.timestamp(), *request.gpu_keys],
+    ).fetchall()
+    return rows

@@ -1,0 +1,228 @@
+"""Fleet storm benchmark: N GPUs on H hosts cross the shipped GPUTempCritical rule at once (the spec's incident:
+1,200 GPUs on 150 hosts), and the worker enriches them all against a real Prometheus and the Loki fake.
+
+A real Prometheus scrapes a synthetic dcgm-exporter serving every GPU of the fleet (too hot); the Loki fake holds
+one kernel line per GPU. The alerts are stored as Alertmanager would send them (one notification per host,
+labels as Prometheus gives them: the series' own labels, `instance`, `job`, `alertname`, `severity`, and the
+rule's generatorURL) with the worker stopped; then `serve` of each checkout drains them (bench/ack.py's method:
+timed from the first poll that sees the worker at work, once every notification is deduplicated). Printed per
+checkout: enriched alerts/s, and the queries Prometheus (its own `prometheus_http_requests_total`) and the Loki
+fake received for the whole storm, beside the issue's bound 2 x rules + templates x ceil(H / 50).
+
+    .venv/bin/python -m bench.fleet [--alerts 1200] [--hosts 150] [--before DIR] [--after DIR]
+
+It prints figures; it asserts nothing. The machine's load from other processes counts in them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.ack import in_thread
+from bench.common import GO_ZERO_TIME, REPO, Checkout, StoreReader, pending_counts, serve
+from tests.fakes.loki import FakeLoki
+from tests.support.exporter import (
+    DCGM_GPU_TEMP,
+    DCGM_POWER_USAGE,
+    DCGM_SM_CLOCK,
+    SyntheticExporter,
+    dcgm_labels,
+    scrape_config,
+)
+from tests.support.processes import Prometheus
+
+TEMP_URL = "http://prometheus:9090/graph?g0.expr=DCGM_FI_DEV_GPU_TEMP+%3E+87&g0.tab=1"
+RULES = {"groups": [{"name": "gpu", "rules": [{"alert": "GPUTempCritical", "expr": "DCGM_FI_DEV_GPU_TEMP > 87"}]}]}
+# The shipped GPUTempCritical playbook's related queries, and the GPU inventory.
+TEMPLATES = 5 + 1
+HOSTS_PER_QUERY = 50
+_POLL = 0.02
+_START_TIMEOUT = 60.0
+
+
+def host_name(n: int) -> str:
+    return f"gpu-node-{n:03d}"
+
+
+def labels(host: int, gpu: int) -> dict[str, str]:
+    """A GPU's series labels as Prometheus stores them: dcgm-exporter's, and its host's exporter `instance`."""
+    return {**dcgm_labels(gpu, hostname=host_name(host)), "instance": f"{host_name(host)}:9400"}
+
+
+def notification(host: int, gpus: int, starts_at: str) -> bytes:
+    alerts = [
+        {
+            "status": "firing",
+            "labels": {
+                "alertname": "GPUTempCritical",
+                "severity": "critical",
+                "job": "dcgm",
+                **labels(host, gpu),
+            },
+            "annotations": {"summary": f"GPU {gpu} on {host_name(host)} is above 87 °C"},
+            "startsAt": starts_at,
+            "endsAt": GO_ZERO_TIME,
+            "generatorURL": TEMP_URL,
+            "fingerprint": f"{host:04d}{gpu:04d}",
+        }
+        for gpu in range(gpus)
+    ]
+    payload = {
+        "receiver": "gpu-alert-bot",
+        "status": "firing",
+        "alerts": alerts,
+        "groupLabels": {"Hostname": host_name(host)},
+        "commonLabels": {"alertname": "GPUTempCritical", "Hostname": host_name(host)},
+        "commonAnnotations": {},
+        "externalURL": "http://alertmanager:9093",
+        "version": "4",
+        "groupKey": f'{{}}:{{Hostname="{host_name(host)}"}}',
+        "truncatedAlerts": 0,
+    }
+    return json.dumps(payload).encode()
+
+
+async def post_all(url: str, bodies: list[bytes]) -> None:
+    async with aiohttp.ClientSession() as session:
+        for body in bodies:
+            async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as response:
+                await response.read()
+                if response.status != 200:
+                    raise RuntimeError(f"webhook: HTTP {response.status}")
+
+
+@contextmanager
+def sources(hosts: int, gpus: int, starts_at: datetime) -> Iterator[tuple[Prometheus, FakeLoki]]:
+    """The real Prometheus (scraping the fleet, with the rule) and the Loki fake."""
+    with tempfile.TemporaryDirectory(prefix="gpu-alert-bot-fleet-") as tmp, SyntheticExporter() as exporter:
+        for n in range(hosts):
+            for gpu in range(gpus):
+                values = {DCGM_GPU_TEMP: 90.0 + gpu, DCGM_POWER_USAGE: 600.0, DCGM_SM_CLOCK: 1200.0}
+                exporter.set_gpu(labels(n, gpu), values)
+        rules = Path(tmp) / "rules.yml"
+        rules.write_text(yaml.safe_dump(RULES))
+        config = scrape_config(exporter.target, interval="2s")
+        # Each host's series keep the `instance` the exporter gives them, as if every host ran its own exporter.
+        config["scrape_configs"][0]["honor_labels"] = True
+        prometheus = Prometheus(Path(tmp), config, [rules])
+        try:
+            _wait_scraped(prometheus.url, hosts * gpus)
+            loki = FakeLoki()
+            for n in range(hosts):
+                for gpu in range(gpus):
+                    line = f"NVRM: GPU at PCI:0000:{0x18 + gpu:02x}:00: GPU-{n:04d}{gpu:04d}"
+                    loki.push({"job": "syslog", "host": host_name(n)}, line, starts_at - timedelta(seconds=5))
+            with in_thread(loki):
+                yield prometheus, loki
+        finally:
+            prometheus.stop()
+
+
+def _wait_scraped(url: str, series: int, timeout: float = 60.0) -> None:
+    query = urllib.parse.urlencode({"query": f"count({DCGM_GPU_TEMP})"})
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"{url}/api/v1/query?{query}", timeout=5) as response:  # noqa: S310 (loopback)
+            result = json.load(response)["data"]["result"]
+        if result and int(result[0]["value"][1]) >= series:
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"Prometheus did not scrape {series} series")
+
+
+def drain(db: Path, stored: int, limit: float, per_notification: int) -> dict[str, Any]:
+    """From the first poll that sees the worker at work (dedup included: the storm's notifications are its work
+    too) until no notification or event is pending, or `limit` seconds passed."""
+    with StoreReader(db) as store:
+        give_up = time.monotonic() + _START_TIMEOUT
+        while time.monotonic() < give_up and _pending(store.pending(), per_notification) >= stored:
+            time.sleep(_POLL)
+        started = time.perf_counter()
+        pending = _pending(store.pending(), per_notification)
+        while pending and time.perf_counter() - started < limit:
+            time.sleep(_POLL)
+            pending = _pending(store.pending(), per_notification)
+        elapsed = time.perf_counter() - started
+    done = stored - pending
+    return {"stored": stored, "processed": done, "seconds": round(elapsed, 2), "alerts_per_s": done / elapsed}
+
+
+def _pending(counts: dict[str, int], per_notification: int) -> int:
+    return counts["notifications_pending"] * per_notification + counts["events_pending"]
+
+
+def prometheus_requests(url: str) -> int:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:  # noqa: S310 (loopback)
+        text = response.read().decode()
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        if family.name == "prometheus_http_requests":
+            total += sum(
+                s.value for s in family.samples if s.name.endswith("_total") and s.labels["handler"].startswith("/api/")
+            )
+    return int(total)
+
+
+def figure(checkout: Checkout, args: argparse.Namespace, prometheus: Prometheus, loki: FakeLoki) -> dict[str, Any]:
+    gpus = args.alerts // args.hosts
+    starts_at = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    bodies = [notification(n, gpus, starts_at) for n in range(args.hosts)]
+    settings = {"enrichment": {"prometheus": {"url": prometheus.url}, "loki": {"url": loki.url}}}
+    with tempfile.TemporaryDirectory(prefix="gpu-alert-bot-fleet-") as tmp:
+        workdir = Path(tmp)
+        options: tuple[str, ...] = ("--role", "ingest") if checkout.serve_roles else ()
+        with serve(workdir, settings, *options, checkout=checkout) as (url, _process):
+            asyncio.run(post_all(f"{url}/alertmanager", bodies))
+        counts = pending_counts(workdir / "bot.db")
+        stored = counts["notifications_pending"] * gpus + counts["events_pending"]
+        asked_prometheus, asked_loki = prometheus_requests(prometheus.url), len(loki.range_queries)
+        with serve(workdir, settings, checkout=checkout):
+            result = drain(workdir / "bot.db", stored, args.drain_limit, gpus)
+        result["prometheus_queries"] = prometheus_requests(prometheus.url) - asked_prometheus
+        result["loki_queries"] = len(loki.range_queries) - asked_loki
+    result["bound_prometheus"] = 2 * 1 + TEMPLATES * math.ceil(args.hosts / HOSTS_PER_QUERY)
+    result["bound_loki"] = math.ceil(args.hosts / HOSTS_PER_QUERY)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--alerts", type=int, default=1200)
+    parser.add_argument("--hosts", type=int, default=150)
+    parser.add_argument("--before", type=Path, help="a checkout to measure first (e.g. the base commit)")
+    parser.add_argument("--after", type=Path, default=REPO)
+    parser.add_argument("--drain-limit", type=float, default=180.0)
+    args = parser.parse_args()
+    trees = [("before", Checkout(args.before))] if args.before else []
+    trees.append(("after", Checkout(args.after)))
+    started = datetime.now(UTC)
+    with sources(args.hosts, args.alerts // args.hosts, started) as (prometheus, loki):
+        for label, checkout in trees:
+            result = figure(checkout, args, prometheus, loki)
+            print(f"{label:<7} {json.dumps(result, default=str)}", flush=True)
+            print(
+                f"{label:<7} {result['processed']} alerts on {args.hosts} hosts: {result['alerts_per_s']:.0f} enriched "
+                f"alerts/s; Prometheus received {result['prometheus_queries']} queries (bound "
+                f"{result['bound_prometheus']}), Loki {result['loki_queries']} (bound {result['bound_loki']})",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
