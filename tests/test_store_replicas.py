@@ -22,12 +22,13 @@ import httpx
 import pytest
 import yaml
 
-from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack
+from tests.fakes.slack import FakeSlack
 from tests.support.bot import RunningBot, eventually, running_bot
 from tests.support.cluster import StartPair, to_every_bot
 from tests.support.payloads import body, distinct_webhooks
 from tests.support.postgres import PostgresServer, store_section
 from tests.support.processes import BotProcess
+from tests.support.slack_receiver import slack_receiver
 
 pytestmark = pytest.mark.realstack
 
@@ -35,20 +36,8 @@ JSON = {"Content-Type": "application/json"}
 
 
 def slack_bot_config(tmp_path: Path, slack: FakeSlack, dsn: str, replica: str) -> dict[str, Any]:
-    token_file = tmp_path / "slack_token"
-    token_file.write_text(DEFAULT_TOKEN + "\n")
-    receiver = {
-        "type": "slack",
-        "name": "slack",
-        "channel": "#gpu-alerts",
-        "token_file": str(token_file),
-        "api_url": slack.api_url,
-        "timeout": "2s",
-        "messages_per_second": 50,
-        "storm_threshold": 50,
-    }
     return {
-        "receivers": [receiver],
+        "receivers": [slack_receiver(tmp_path, slack, messages_per_second=50, storm_threshold=50)],
         "routing": {"default": ["slack"]},
         "outbox": {"initial_backoff": "100ms", "max_backoff": "500ms"},
         "worker": {"poll_interval": "200ms"},
