@@ -6,11 +6,13 @@ import functools
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
 
 from tests.fakes.slack import FakeSlack
+from tests.support.cluster import StartPair, start_clustered_pair
 from tests.support.postgres import PostgresServer
 from tests.support.processes import Alertmanager, webhook_alertmanager_config
 from tests.support.sshd import Sshd
@@ -61,6 +63,21 @@ def alertmanager_factory(tmp_path: Path) -> Iterator[object]:
         am = Alertmanager(tmp_path / f"am{len(started)}", webhook_alertmanager_config(bot_url, **options))  # type: ignore[arg-type]
         started.append(am)
         return am
+
+    yield start
+    for am in started:
+        am.stop()
+
+
+@pytest.fixture
+def clustered_pair(tmp_path: Path) -> Iterator[StartPair]:
+    """Start clustered pairs of real Alertmanagers (tests/support/cluster.py); all are stopped after the test."""
+    started: list[Alertmanager] = []
+
+    def start(config: dict[str, Any], *, peer_timeout: str | None = None) -> list[Alertmanager]:
+        pair = start_clustered_pair(tmp_path / f"cluster{len(started) // 2}", config, peer_timeout=peer_timeout)
+        started.extend(pair)
+        return pair
 
     yield start
     for am in started:

@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from bot.deadman import ALERTNAME, ANY_REPLICA, BOT_CHECKED, MEMBER_ALERTNAME
 from tests.support.bot import RunningBot, eventually, running_bot
+from tests.support.cluster import StartPair, clustered
 from tests.support.processes import Alertmanager, webhook_alertmanager_config
 
 CONFIG = {"deadman": {"repeat_interval": "1s", "timeout": "3s", "check_interval": "200ms"}}
@@ -58,11 +57,6 @@ async def test_alertmanager_stopped_raises_watchdog_missing_and_its_return_clear
             am.stop()
 
 
-def clustered(*members: Alertmanager) -> bool:
-    """Every member sees all of them as its cluster's peers."""
-    return all(len(httpx.get(f"{am.url}/api/v2/status").json()["cluster"]["peers"]) == len(members) for am in members)
-
-
 async def heard(bot: RunningBot, am: Alertmanager) -> bool:
     return any(r.replica == am.url for r in await bot.runtime.store.watchdog_records())
 
@@ -71,13 +65,14 @@ def age(bot: RunningBot, am: Alertmanager) -> float:
     return bot.metric("gpu_alert_bot_watchdog_age_seconds", {"replica": am.url})
 
 
-async def test_a_clustered_pair_is_expected_to_send_the_watchdog_once_between_them(tmp_path: Path) -> None:
+async def test_a_clustered_pair_is_expected_to_send_the_watchdog_once_between_them(
+    tmp_path: Path, clustered_pair: StartPair
+) -> None:
     async with running_bot(tmp_path, CONFIG) as bot:
         config = watchdog_config(bot)
-        am_a = Alertmanager(tmp_path / "am-a", config, cluster_peers=[])
-        am_b = Alertmanager(tmp_path / "am-b", config, cluster_peers=[am_a.cluster_address])
+        am_a, am_b = clustered_pair(config)
         try:
-            await eventually(lambda: clustered(am_a, am_b), timeout=30)
+            await eventually(lambda: clustered([am_a, am_b]), timeout=30)
             # B gets the Watchdog first, so that it notifies once (nobody else has it) and the bot knows it.
             send_watchdog(am_b)
             await eventually(lambda: heard(bot, am_b), timeout=40)
@@ -94,7 +89,7 @@ async def test_a_clustered_pair_is_expected_to_send_the_watchdog_once_between_th
             assert down["summary"].startswith(f"Alertmanager {am_b.url} is down or unreachable: its API does not")
             assert bot.metric("gpu_alert_bot_alertmanager_cluster_member", {"replica": am_b.url}) == 0
 
-            am_b = Alertmanager(tmp_path / "am-b", config, port=am_b.port, cluster_peers=[am_a.cluster_address])
+            am_b = Alertmanager(am_b.workdir, config, port=am_b.port, cluster_peers=[am_a.cluster_address])
             [back] = await eventually(lambda: member_missing(bot, "resolved"), timeout=30)
             assert back["alert_key"] == down["alert_key"]
             assert back["summary"].startswith(f"Alertmanager {am_b.url} is back in its cluster")
@@ -102,7 +97,7 @@ async def test_a_clustered_pair_is_expected_to_send_the_watchdog_once_between_th
 
             am_b.stop()  # down again, then back without its peer: in a cluster of its own, which A is not in
             await eventually(lambda: len(member_missing(bot, "firing")) == 2, timeout=20)
-            am_b = Alertmanager(tmp_path / "am-b", config, port=am_b.port, cluster_peers=[])
+            am_b = Alertmanager(am_b.workdir, config, port=am_b.port, cluster_peers=[])
 
             has_left = f"Alertmanager {am_b.url} has left its cluster with {am_a.url}: it answers with cluster"
 
@@ -119,8 +114,7 @@ async def test_a_clustered_pair_is_expected_to_send_the_watchdog_once_between_th
             assert "1 peer(s), none of its former" in b_left["summary"]
             assert missing(bot, "firing") == []
         finally:
-            am_b.stop()
-            am_a.stop()
+            am_b.stop()  # the one started again; the fixture stops the pair it started
 
 
 def member_missing(bot: RunningBot, event: str) -> list[dict[str, Any]]:

@@ -12,10 +12,11 @@ import httpx
 import pytest
 from PIL import Image
 
-from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack
+from tests.fakes.slack import FakeSlack
 from tests.support.bot import eventually, running_bot
 from tests.support.exporter import dcgm_labels
 from tests.support.payloads import am_alert, webhook
+from tests.support.slack_receiver import slack_receiver
 from tests.test_prometheus_realstack import HOST, Stack, _wait_until, stack  # noqa: F401 (the module's fixture)
 
 pytestmark = [pytest.mark.realstack, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -33,18 +34,8 @@ async def test_one_alert_one_message_and_one_image_in_its_thread(
     stack: Stack,  # noqa: F811
 ) -> None:
     _wait_until(lambda: stack.instant('count_over_time(DCGM_FI_DEV_POWER_USAGE{gpu="5"}[1m]) > 4'))
-    (tmp_path / "slack_token").write_text(DEFAULT_TOKEN + "\n")
     config = {
-        "receivers": [
-            {
-                "type": "slack",
-                "name": "slack",
-                "channel": "#gpu-alerts",
-                "token_file": str(tmp_path / "slack_token"),
-                "api_url": slack.api_url,
-                "timeout": "2s",
-            }
-        ],
+        "receivers": [slack_receiver(tmp_path, slack)],
         "routing": {"default": ["slack"]},
         "enrichment": {"prometheus": {"url": stack.prometheus.url, "history": "60s"}},
     }

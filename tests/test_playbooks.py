@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from bot import deadman
 from bot.actions.registry import ACTIONS
 from bot.commands.cli import main
 from bot.compose import compose_message
@@ -28,6 +29,7 @@ from bot.playbooks import (
     fill_command,
 )
 from bot.querytemplate import TemplateError, fill_query, query_template_problems
+from bot.selftest import marking as selftest_marking
 from bot.store import open_store
 from tests.support.payloads import alert_state
 from tests.support.processes import REPO, find_binary
@@ -37,8 +39,8 @@ RULES = REPO / "config" / "rules"
 BROKEN = REPO / "tests" / "fixtures" / "playbooks" / "broken"
 EXAMPLE_CONFIG = REPO / "config" / "bot.example.yaml"
 STARTED = datetime(2026, 11, 29, 3, 0, tzinfo=UTC)
-# Alerts gpu-alert-bot raises itself (bot/deadman.py); they have playbooks but no Prometheus rule.
-BOT_ALERTS = {"WatchdogMissing", "GPUSelfTest"}
+# Alerts gpu-alert-bot raises itself (bot/deadman.py, the self-test's); they have playbooks but no Prometheus rule.
+BOT_ALERTS = {deadman.ALERTNAME, deadman.MEMBER_ALERTNAME, selftest_marking.ALERTNAME}
 
 DCGM = {
     "gpu": "3",
@@ -112,6 +114,22 @@ def test_every_playbook_matches_a_shipped_rule_or_a_bot_alert(shipped: PlaybookS
     for playbook in shipped:
         if playbook.match is not None:
             assert set(playbook.match.alertnames) & names, playbook.name
+
+
+@pytest.mark.parametrize("alertname", sorted(BOT_ALERTS))
+def test_every_alert_the_bot_raises_itself_has_its_own_playbook(shipped: PlaybookSet, alertname: str) -> None:
+    playbook = shipped.match(alert(alertname, replica="http://am-b:9093"))
+    assert playbook.name == alertname
+    assert playbook.steps and playbook.thresholds and playbook.causes
+
+
+def test_a_cluster_member_missing_is_checked_at_the_members_own_url(shipped: PlaybookSet) -> None:
+    missing = alert(deadman.MEMBER_ALERTNAME, severity="warning", replica="http://am-b:9093")
+    advice = shipped.advise(shipped.match(missing), missing, Enrichment())
+    assert advice.title == "Alertmanager http://am-b:9093 is out of its cluster - the alert path has no spare"
+    steps = "\n".join(advice.steps)
+    assert "http://am-b:9093/-/healthy" in steps and "http://am-b:9093/api/v2/status" in steps
+    assert "--cluster" in steps and "9094" in steps and "docker compose logs" in steps
 
 
 def test_label_matchers_pick_the_more_specific_playbook(shipped: PlaybookSet) -> None:

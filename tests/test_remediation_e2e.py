@@ -17,11 +17,12 @@ import httpx
 import pytest
 import yaml
 
-from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack
+from tests.fakes.slack import FakeSlack
 from tests.support.bot import eventually, running_bot
 from tests.support.exporter import DCGM_GPU_TEMP, SyntheticExporter, dcgm_labels
 from tests.support.processes import Prometheus
 from tests.support.rules import SHIPPED_RULES, quick_rules
+from tests.support.slack_receiver import slack_receiver
 from tests.support.sshd import SSHD, Sshd
 
 pytestmark = [
@@ -38,8 +39,6 @@ def export_gpus(exporter: SyntheticExporter) -> None:
 
 
 def bot_config(tmp_path: Path, slack: FakeSlack, sshd: Sshd, prometheus: Prometheus) -> dict[str, Any]:
-    token_file = tmp_path / "slack_token"
-    token_file.write_text(DEFAULT_TOKEN + "\n")
     ssh = {
         "address": "127.0.0.1",
         "port": sshd.port,
@@ -48,16 +47,7 @@ def bot_config(tmp_path: Path, slack: FakeSlack, sshd: Sshd, prometheus: Prometh
         "known_hosts": str(sshd.known_hosts),
     }
     return {
-        "receivers": [
-            {
-                "type": "slack",
-                "name": "slack",
-                "channel": "#gpu-alerts",
-                "token_file": str(token_file),
-                "api_url": slack.api_url,
-                "timeout": "2s",
-            }
-        ],
+        "receivers": [slack_receiver(tmp_path, slack)],
         "routing": {"default": ["slack"]},
         "outbox": {"initial_backoff": "100ms", "max_backoff": "500ms"},
         "remediation": {

@@ -52,26 +52,30 @@ def config_with_token(directory: Path, token: Path) -> Path:
     return path
 
 
+def refused(shared_dir: Path, token: Path, mode: int) -> str:
+    """What check-config, run as the bot's user, says as it refuses a configuration whose token file has this
+    mode (exit 2)."""
+    token.write_text("0123456789abcdef\n")
+    token.chmod(mode)
+    done = check_config_as_bot_user(config_with_token(shared_dir, token))
+    assert done.returncode == 2, done.stderr
+    return done.stderr
+
+
 def test_a_0700_secrets_directory_is_refused_with_the_uid_and_the_fix(shared_dir: Path) -> None:
     secrets = shared_dir / "secrets"
     secrets.mkdir(mode=0o700)
     token = secrets / "webhook_token"
-    token.write_text("0123456789abcdef\n")
-    token.chmod(0o444)
-    done = check_config_as_bot_user(config_with_token(shared_dir, token))
-    assert done.returncode == 2, done.stderr
-    assert f"cannot read secret file {token}: Permission denied: the bot runs as uid {BOT_UID}" in done.stderr
-    assert f"cannot enter {secrets} (mode 0700, owner uid 0)" in done.stderr
-    assert "mount the secret files themselves, not their directory" in done.stderr
+    said = refused(shared_dir, token, 0o444)
+    assert f"cannot read secret file {token}: Permission denied: the bot runs as uid {BOT_UID}" in said
+    assert f"cannot enter {secrets} (mode 0700, owner uid 0)" in said
+    assert "mount the secret files themselves, not their directory" in said
 
 
 def test_a_file_only_its_owner_reads_is_refused_with_the_modes_that_work(shared_dir: Path) -> None:
     token = shared_dir / "webhook_token"
-    token.write_text("0123456789abcdef\n")
-    token.chmod(0o600)
-    done = check_config_as_bot_user(config_with_token(shared_dir, token))
-    assert done.returncode == 2, done.stderr
-    assert f"the file is mode 0600, owner uid 0: make it readable by uid {BOT_UID}" in done.stderr
-    assert f"(chmod 0444, or chown {BOT_UID} and chmod 0400)" in done.stderr
+    said = refused(shared_dir, token, 0o600)
+    assert f"the file is mode 0600, owner uid 0: make it readable by uid {BOT_UID}" in said
+    assert f"(chmod 0444, or chown {BOT_UID} and chmod 0400)" in said
     token.chmod(0o444)  # what the Dockerfile's header and config/secrets/README.md say
     assert check_config_as_bot_user(config_with_token(shared_dir, token)).returncode == 0

@@ -21,20 +21,21 @@ from bot.interact.silences import silence_comment
 from bot.models import AlertState, short_id
 from tests.fakes.slack import FakeSlack
 from tests.support.bot import RunningBot, eventually, running_bot
-from tests.support.processes import free_port
+from tests.support.cluster import StartPair, to_every_bot
+from tests.support.postgres import store_section
+from tests.support.processes import Alertmanager, free_port
 from tests.support.slack_requests import click_payload, command_fields, interactive_config, post_click, signed_headers
-from tests.test_store_replicas import ClusteredAlertmanager, clustered_pair, store_section  # noqa: F401
 
 pytestmark = pytest.mark.realstack
 
 
 @asynccontextmanager
 async def replicas(
-    tmp_path: Path, slack: FakeSlack, dsn: str, pair_of: Any
-) -> AsyncIterator[tuple[list[RunningBot], list[ClusteredAlertmanager]]]:
+    tmp_path: Path, slack: FakeSlack, dsn: str, pair_of: StartPair
+) -> AsyncIterator[tuple[list[RunningBot], list[Alertmanager]]]:
     """Two bot replicas on one PostgreSQL, both told by a clustered pair of Alertmanagers and silencing in it."""
     ports = [free_port(), free_port()]
-    pair: list[ClusteredAlertmanager] = pair_of([f"http://127.0.0.1:{port}" for port in ports])
+    pair = pair_of(to_every_bot([f"http://127.0.0.1:{port}" for port in ports]), peer_timeout="2s")
     async with AsyncExitStack() as stack:
         bots = []
         for name, port in zip(("a", "b"), ports, strict=True):
@@ -45,7 +46,7 @@ async def replicas(
         yield bots, pair
 
 
-def fire(pair: Sequence[ClusteredAlertmanager], *labels: str) -> None:
+def fire(pair: Sequence[Alertmanager], *labels: str) -> None:
     start = datetime.now(UTC).replace(microsecond=0).isoformat()
     for am in pair:  # Prometheus sends every alert to every Alertmanager
         am.amtool("alert", "add", *labels, f"--start={start}")
@@ -67,7 +68,7 @@ async def posted(bot: RunningBot, slack: FakeSlack, **labels: str) -> tuple[Aler
     return found
 
 
-async def live_silences(am: ClusteredAlertmanager) -> list[Silence]:
+async def live_silences(am: Alertmanager) -> list[Silence]:
     client = AlertmanagerClient([am.url])
     try:
         return [s for s in await client.silences() if s.state is not SilenceState.EXPIRED]
@@ -79,7 +80,7 @@ async def test_a_double_click_on_two_replicas_makes_one_silence_and_unsilence_ex
     tmp_path: Path,
     postgres_dsn: str,
     slack: FakeSlack,
-    clustered_pair: Any,  # noqa: F811
+    clustered_pair: StartPair,
 ) -> None:
     async with replicas(tmp_path, slack, postgres_dsn, clustered_pair) as (bots, pair):
         fire(pair, "GPUXidError", "host=k-ai-01", "gpu=3", "severity=critical")
@@ -129,20 +130,20 @@ async def test_a_double_click_on_two_replicas_makes_one_silence_and_unsilence_ex
         ]
 
 
-async def _has(am: ClusteredAlertmanager, silence_id: str) -> bool:
+async def _has(am: Alertmanager, silence_id: str) -> bool:
     return silence_id in {s.id for s in await live_silences(am)}
 
 
-async def _none_live(am: ClusteredAlertmanager) -> bool:
+async def _none_live(am: Alertmanager) -> bool:
     return not await live_silences(am)
 
 
 @asynccontextmanager
 async def one_bot(
-    tmp_path: Path, slack: FakeSlack, pair_of: Any
-) -> AsyncIterator[tuple[RunningBot, list[ClusteredAlertmanager]]]:
+    tmp_path: Path, slack: FakeSlack, pair_of: StartPair
+) -> AsyncIterator[tuple[RunningBot, list[Alertmanager]]]:
     port = free_port()
-    pair: list[ClusteredAlertmanager] = pair_of([f"http://127.0.0.1:{port}"])
+    pair = pair_of(to_every_bot([f"http://127.0.0.1:{port}"]), peer_timeout="2s")
     config = interactive_config(tmp_path, slack, [am.url for am in pair])
     async with running_bot(tmp_path, config, port=port) as bot:
         yield bot, pair
@@ -165,7 +166,7 @@ def offered(answer: dict[str, Any]) -> dict[str, Any]:
     return button
 
 
-async def muted(am: ClusteredAlertmanager, **labels: str) -> bool:
+async def muted(am: Alertmanager, **labels: str) -> bool:
     client = AlertmanagerClient([am.url])
     try:
         alerts = await client.alerts([f'{k}="{v}"' for k, v in labels.items()])
@@ -178,7 +179,7 @@ async def muted(am: ClusteredAlertmanager, **labels: str) -> bool:
 async def test_an_alert_without_host_labels_is_silenced_on_its_own_labels_and_wider_silences_are_confirmed(
     tmp_path: Path,
     slack: FakeSlack,
-    clustered_pair: Any,  # noqa: F811
+    clustered_pair: StartPair,
 ) -> None:
     async with one_bot(tmp_path, slack, clustered_pair) as (bot, pair):
         for cluster in ("east", "west"):
@@ -228,7 +229,7 @@ async def test_an_alert_without_host_labels_is_silenced_on_its_own_labels_and_wi
 async def test_a_silence_button_that_would_mute_another_alert_asks_first(
     tmp_path: Path,
     slack: FakeSlack,
-    clustered_pair: Any,  # noqa: F811
+    clustered_pair: StartPair,
 ) -> None:
     async with one_bot(tmp_path, slack, clustered_pair) as (bot, pair):
         fire(pair, "GPUPartitionDegraded", "team=ml")
@@ -257,5 +258,5 @@ async def test_a_silence_button_that_would_mute_another_alert_asks_first(
         assert stored is not None and stored.silence_id is not None
 
 
-async def _count(am: ClusteredAlertmanager, n: int) -> bool:
+async def _count(am: Alertmanager, n: int) -> bool:
     return len(await live_silences(am)) == n

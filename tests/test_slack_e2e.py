@@ -9,27 +9,16 @@ from typing import Any
 
 import pytest
 
-from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack, SlackMessage
+from tests.fakes.slack import FakeSlack, SlackMessage
 from tests.support.bot import eventually, running_bot
+from tests.support.slack_receiver import slack_receiver
 
 pytestmark = pytest.mark.realstack
 
 
 def bot_config(tmp_path: Path, slack: FakeSlack, **receiver: Any) -> dict[str, Any]:
-    token_file = tmp_path / "slack_token"
-    token_file.write_text(DEFAULT_TOKEN + "\n")
-    options = {
-        "type": "slack",
-        "name": "slack",
-        "channel": "#gpu-alerts",
-        "token_file": str(token_file),
-        "api_url": slack.api_url,
-        "timeout": "2s",
-        "messages_per_second": 20,
-        **receiver,
-    }
     return {
-        "receivers": [options],
+        "receivers": [slack_receiver(tmp_path, slack, messages_per_second=20) | receiver],
         "routing": {"default": ["slack"]},
         "outbox": {"initial_backoff": "100ms", "max_backoff": "500ms"},
         # Alertmanager's repeat (repeat_interval 2s) must come after the copy window to count as a repeat.

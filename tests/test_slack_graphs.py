@@ -23,6 +23,7 @@ from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack, SlackMessage
 from tests.support.bot import eventually
 from tests.support.clock import FakeClock, running
 from tests.support.graphs import stored_alert_delivery
+from tests.support.slack_receiver import slack_receiver
 from tests.support.store import sqlite_store
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -31,9 +32,9 @@ SinkFactory = Callable[..., SlackSink]
 
 
 @pytest.fixture
-async def fake() -> AsyncIterator[FakeSlack]:
-    async with FakeSlack() as slack:
-        yield slack
+def fake(slack: FakeSlack) -> FakeSlack:
+    """The Slack fake of tests/conftest.py, by the name these tests give it."""
+    return slack
 
 
 @pytest.fixture
@@ -45,22 +46,12 @@ async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
 @pytest.fixture
 async def make_sink(tmp_path: Path, fake: FakeSlack, store: SqliteStore) -> AsyncIterator[SinkFactory]:
     """A Slack sink with pictures; each call is a new process's sink (its own graph worker) on the same store."""
-    (tmp_path / "slack_token").write_text(DEFAULT_TOKEN + "\n")
     sinks: list[SlackSink] = []
 
     def make(
         metrics: Metrics | None = None, limits: GraphLimits | None = None, clock: Clock = SYSTEM_CLOCK, **options: Any
     ) -> SlackSink:
-        config = {
-            "type": "slack",
-            "name": "slack",
-            "channel": "#gpu-alerts",
-            "token_file": "slack_token",
-            "api_url": fake.api_url,
-            "timeout": 2,
-            "messages_per_second": 50,
-            **options,
-        }
+        config = slack_receiver(tmp_path, fake, messages_per_second=50) | options
         receiver = SlackReceiver.model_validate(config, context={"base_dir": tmp_path})
         metrics = metrics or Metrics()
         renderer = GraphRenderer(metrics, limits or GraphLimits())

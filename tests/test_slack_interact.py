@@ -154,6 +154,18 @@ async def test_list_shows_firing_alerts_with_their_ids_and_help_lists_commands(b
     assert "Dead man's switch: never armed: no Watchdog received yet" in status
 
 
+async def test_status_reports_the_heartbeat_the_dead_mans_switch_is_configured_to_listen_for(
+    tmp_path: Path, slack: FakeSlack
+) -> None:
+    config = interactive_config(tmp_path, slack, ["http://127.0.0.1:9"])
+    config["deadman"] = {"alertname": "DeadMansSwitch"}
+    async with running_bot(tmp_path, config) as bot, aiohttp.ClientSession() as http:
+        await http.post(bot.webhook_url, json=webhook([am_alert("DeadMansSwitch", severity="none")]))
+        await eventually(lambda: bot.runtime.store.list_alerts("firing"))
+        status = await post_command(bot.url, "status")
+    assert "\nDeadMansSwitch: last seen " in status and "Watchdog:" not in status
+
+
 @given(st.text(max_size=30))
 def test_typed_silence_parsers_either_parse_or_explain(text: str) -> None:
     for parse in (lambda: parse_silence_duration(text, 86400.0), lambda: typed_matchers(text.split())):

@@ -28,6 +28,7 @@ from bot.store.sqlite import SqliteStore
 from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack, SlackMessage
 from tests.support.bot import eventually
 from tests.support.clock import FakeClock, running
+from tests.support.slack_receiver import slack_receiver
 from tests.support.store import sqlite_store
 from tests.test_secret_files import rotate
 
@@ -84,9 +85,9 @@ def in_a_thread(fake: FakeSlack, text: str) -> bool:
 
 
 @pytest.fixture
-async def fake() -> AsyncIterator[FakeSlack]:
-    async with FakeSlack() as slack:
-        yield slack
+def fake(slack: FakeSlack) -> FakeSlack:
+    """The Slack fake of tests/conftest.py, by the name these tests give it."""
+    return slack
 
 
 @pytest.fixture
@@ -97,7 +98,6 @@ async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
 
 @pytest.fixture
 async def make_sink(tmp_path: Path, fake: FakeSlack, store: SqliteStore) -> AsyncIterator[SinkFactory]:
-    (tmp_path / "slack_token").write_text(DEFAULT_TOKEN + "\n")
     sinks: list[SlackSink] = []
 
     def make(
@@ -107,16 +107,7 @@ async def make_sink(tmp_path: Path, fake: FakeSlack, store: SqliteStore) -> Asyn
         limits: SlackRateLimits | None = None,
         **options: Any,
     ) -> SlackSink:
-        config = {
-            "type": "slack",
-            "name": "slack",
-            "channel": "#gpu-alerts",
-            "token_file": "slack_token",
-            "api_url": fake.api_url,
-            "timeout": 2,
-            "messages_per_second": 50,
-            **options,
-        }
+        config = slack_receiver(tmp_path, fake, messages_per_second=50) | options
         receiver = SlackReceiver.model_validate(config, context={"base_dir": tmp_path})
         sink = SlackSink(receiver, store, metrics or Metrics(), limits, controls=controls or Controls(), clock=clock)
         sinks.append(sink)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 from collections.abc import Iterator
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime
@@ -23,101 +22,22 @@ import httpx
 import pytest
 import yaml
 
-from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack
+from tests.fakes.slack import FakeSlack
 from tests.support.bot import RunningBot, eventually, running_bot
+from tests.support.cluster import StartPair, to_every_bot
 from tests.support.payloads import body, distinct_webhooks
-from tests.support.postgres import PostgresServer
-from tests.support.processes import ALERTMANAGER_BINARIES, BotProcess, ManagedProcess, find_binary, free_port, wait_http
+from tests.support.postgres import PostgresServer, store_section
+from tests.support.processes import BotProcess
+from tests.support.slack_receiver import slack_receiver
 
 pytestmark = pytest.mark.realstack
 
 JSON = {"Content-Type": "application/json"}
 
 
-def store_section(tmp_path: Path, dsn: str, replica: str, **options: Any) -> dict[str, Any]:
-    dsn_file = tmp_path / "postgres_dsn"
-    dsn_file.write_text(dsn + "\n")
-    return {"backend": "postgresql", "dsn_file": str(dsn_file), "replica": replica, **options}
-
-
-class ClusteredAlertmanager(ManagedProcess):
-    """A real Alertmanager in a gossip cluster with its peers."""
-
-    def __init__(self, workdir: Path, config: dict[str, Any], cluster_port: int, peers: list[int]) -> None:
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        (workdir / "alertmanager.yml").write_text(yaml.safe_dump(config))
-        super().__init__(
-            [
-                find_binary(*ALERTMANAGER_BINARIES),
-                f"--config.file={workdir / 'alertmanager.yml'}",
-                f"--storage.path={workdir / 'data'}",
-                f"--web.listen-address=127.0.0.1:{self.port}",
-                f"--cluster.listen-address=127.0.0.1:{cluster_port}",
-                f"--cluster.advertise-address=127.0.0.1:{cluster_port}",
-                *(f"--cluster.peer=127.0.0.1:{peer}" for peer in peers),
-                "--cluster.peer-timeout=2s",
-                "--log.level=warn",
-            ],
-            cwd=workdir,
-        )
-        wait_http(f"{self.url}/-/ready", process=self.process)
-
-    def amtool(self, *args: str) -> None:
-        subprocess.run(
-            [find_binary("amtool"), f"--alertmanager.url={self.url}", *args],
-            check=True,
-            capture_output=True,
-            timeout=30,
-        )
-
-
-@pytest.fixture
-def clustered_pair(tmp_path: Path) -> Iterator[Any]:
-    started: list[ClusteredAlertmanager] = []
-
-    def start(bot_urls: list[str]) -> list[ClusteredAlertmanager]:
-        config = {
-            "route": {
-                "receiver": "bots",
-                "group_by": ["alertname", "host"],
-                "group_wait": "1s",
-                "group_interval": "1s",
-                "repeat_interval": "1h",
-            },
-            "receivers": [
-                {
-                    "name": "bots",
-                    "webhook_configs": [{"url": f"{u}/alertmanager", "send_resolved": True} for u in bot_urls],
-                }
-            ],
-        }
-        ports = [free_port(), free_port()]
-        for n, port in enumerate(ports):
-            started.append(ClusteredAlertmanager(tmp_path / f"am{n}", config, port, [p for p in ports if p != port]))
-        return started
-
-    yield start
-    for am in started:
-        am.stop()
-
-
 def slack_bot_config(tmp_path: Path, slack: FakeSlack, dsn: str, replica: str) -> dict[str, Any]:
-    token_file = tmp_path / "slack_token"
-    token_file.write_text(DEFAULT_TOKEN + "\n")
-    receiver = {
-        "type": "slack",
-        "name": "slack",
-        "channel": "#gpu-alerts",
-        "token_file": str(token_file),
-        "api_url": slack.api_url,
-        "timeout": "2s",
-        "messages_per_second": 50,
-        "storm_threshold": 50,
-    }
     return {
-        "receivers": [receiver],
+        "receivers": [slack_receiver(tmp_path, slack, messages_per_second=50, storm_threshold=50)],
         "routing": {"default": ["slack"]},
         "outbox": {"initial_backoff": "100ms", "max_backoff": "500ms"},
         "worker": {"poll_interval": "200ms"},
@@ -126,7 +46,7 @@ def slack_bot_config(tmp_path: Path, slack: FakeSlack, dsn: str, replica: str) -
 
 
 async def test_two_clustered_alertmanagers_and_two_replicas_tell_each_alert_once(
-    tmp_path: Path, postgres_dsn: str, slack: FakeSlack, clustered_pair: Any
+    tmp_path: Path, postgres_dsn: str, slack: FakeSlack, clustered_pair: StartPair
 ) -> None:
     alerts = 8
     async with AsyncExitStack() as stack:
@@ -135,7 +55,7 @@ async def test_two_clustered_alertmanagers_and_two_replicas_tell_each_alert_once
             (tmp_path / name).mkdir()
             config = slack_bot_config(tmp_path / name, slack, postgres_dsn, name)
             bots.append(await stack.enter_async_context(running_bot(tmp_path / name, config)))
-        pair = clustered_pair([bot.url for bot in bots])
+        pair = clustered_pair(to_every_bot([bot.url for bot in bots]), peer_timeout="2s")
         start = datetime.now(UTC).replace(microsecond=0).isoformat()
         for am in pair:  # Prometheus sends every alert to every Alertmanager
             for gpu in range(alerts):

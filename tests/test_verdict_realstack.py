@@ -17,11 +17,12 @@ import yaml
 
 from bot.enrich.xid import STALE_GAUGE_TEXT
 from tests.fakes.loki import FakeLoki
-from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack, SlackMessage
+from tests.fakes.slack import FakeSlack, SlackMessage
 from tests.support.bot import eventually, running_bot
 from tests.support.exporter import DCGM_XID_ERRORS, dcgm_labels
 from tests.support.payloads import am_alert, webhook
 from tests.support.processes import REPO, Prometheus, backfill
+from tests.support.slack_receiver import slack_receiver
 
 pytestmark = pytest.mark.realstack
 
@@ -59,18 +60,8 @@ async def loki() -> AsyncIterator[FakeLoki]:
 
 
 def bot_config(tmp_path: Path, slack: FakeSlack, loki: FakeLoki, prometheus: Prometheus) -> dict[str, Any]:
-    token_file = tmp_path / "slack_token"
-    token_file.write_text(DEFAULT_TOKEN + "\n")
-    slack_receiver = {
-        "type": "slack",
-        "name": "slack",
-        "channel": "#gpu-alerts",
-        "token_file": str(token_file),
-        "api_url": slack.api_url,
-        "timeout": "2s",
-    }
     return {
-        "receivers": [slack_receiver],
+        "receivers": [slack_receiver(tmp_path, slack)],
         "routing": {"default": ["slack"]},
         "enrichment": {
             "budget": "10s",

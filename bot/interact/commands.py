@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from bot import deadman
 from bot.alertmanager import AlertmanagerClient
 from bot.clock import Clock
-from bot.config import InteractivityConfig
+from bot.config import DeadmanConfig, InteractivityConfig
 from bot.interact.dispatch import ButtonSpec, CommandSpec, Dispatcher, Invocation, Outcome, UsageError
 from bot.interact.lookup import ALREADY_RESOLVED, alert_by_short_id, firing_alert
 from bot.interact.silencing import SilenceCommands
@@ -23,7 +23,6 @@ from bot.routing import LabelMatcher, parse_matcher
 from bot.store.base import Store, StoreUnavailable
 
 _LIST_LIMIT = 30
-_WATCHDOG = "Watchdog"
 
 
 class AlertCommands:
@@ -35,12 +34,15 @@ class AlertCommands:
         alertmanager: AlertmanagerClient,
         config: InteractivityConfig,
         clock: Clock,
+        watchdog: str = DeadmanConfig().alertname,
     ) -> None:
-        """`config.receiver` is the Slack receiver whose messages a silence's comment links to."""
+        """`config.receiver` is the Slack receiver whose messages a silence's comment links to; `watchdog` is the
+        always-firing alert the dead man's switch listens for (`deadman.alertname`), which `status` reports."""
         self._store = store
         self._am = alertmanager
         self._config = config
         self._clock = clock
+        self._watchdog = watchdog
         self._dispatcher: Dispatcher | None = None
         self._silences = SilenceCommands(store, alertmanager, config, clock)
 
@@ -156,11 +158,12 @@ class AlertCommands:
 
     async def _watchdog_line(self) -> str:
         now = self._clock.now()
-        seen = await self._store.recent_alerts([_WATCHDOG], now - timedelta(days=30))
+        seen = await self._store.recent_alerts([self._watchdog], now - timedelta(days=30))
+        name = escape(self._watchdog)
         if not seen:
-            return "Watchdog: never seen in the last 30 days"
+            return f"{name}: never seen in the last 30 days"
         last = max(alert.last_seen for alert in seen)
-        return f"Watchdog: last seen {format_duration((now - last).total_seconds())} ago"
+        return f"{name}: last seen {format_duration((now - last).total_seconds())} ago"
 
     async def _help(self, invocation: Invocation) -> Outcome:
         assert self._dispatcher is not None

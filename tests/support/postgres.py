@@ -84,3 +84,10 @@ class PostgresServer:
         with contextlib.suppress(RuntimeError):  # already stopped
             self.stop("immediate")
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def store_section(directory: Path, dsn: str, replica: str, **options: object) -> dict[str, object]:
+    """The bot's `store` section for a replica on the database `dsn`, read from a file in `directory`."""
+    dsn_file = directory / "postgres_dsn"
+    dsn_file.write_text(dsn + "\n")
+    return {"backend": "postgresql", "dsn_file": str(dsn_file), "replica": replica, **options}

@@ -133,7 +133,8 @@ class Alertmanager(ManagedProcess):
     """A real Alertmanager on loopback, with `amtool` pointed at it. `port` starts it again where a stopped one
     was (same URL, so the same externalURL). Clustering is off unless `cluster_peers` is given (even empty): then
     it gossips on `cluster_port` (again the same one with `cluster_port`), joins those peers' cluster addresses,
-    and its externalURL is its own URL, where the bot can ask its status."""
+    and its externalURL is its own URL, where the bot can ask its status. `peer_timeout` (clustered only) is
+    how long each member waits for the ones before it to notify (Alertmanager's default, 15 s, unless given)."""
 
     def __init__(
         self,
@@ -143,8 +144,10 @@ class Alertmanager(ManagedProcess):
         *,
         cluster_peers: Sequence[str] | None = None,
         cluster_port: int | None = None,
+        peer_timeout: str | None = None,
     ) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
+        self.workdir = workdir
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.cluster_port = cluster_port or free_port()
@@ -159,6 +162,7 @@ class Alertmanager(ManagedProcess):
                 f"--cluster.advertise-address={self.cluster_address}",
                 f"--web.external-url={self.url}",
                 *(f"--cluster.peer={peer}" for peer in cluster_peers),
+                *([f"--cluster.peer-timeout={peer_timeout}"] if peer_timeout else []),
             ]
         super().__init__(
             [

@@ -12,7 +12,8 @@ import aiohttp
 from slack_sdk.signature import SignatureVerifier
 
 from tests.fakes.pagerduty import FakePagerDuty
-from tests.fakes.slack import DEFAULT_APP_TOKEN, DEFAULT_TOKEN, FakeSlack
+from tests.fakes.slack import DEFAULT_APP_TOKEN, FakeSlack
+from tests.support.slack_receiver import slack_receiver
 
 SIGNING_SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
 RESPONDER = ("U0RESPOND1", "alice")
@@ -100,20 +101,9 @@ def interactive_config(
     **interactivity: Any,
 ) -> dict[str, Any]:
     """A bot posting to the Slack fake (and PagerDuty), taking commands over HTTP, silencing in Alertmanager."""
-    (tmp_path / "slack_token").write_text(DEFAULT_TOKEN + "\n")
     (tmp_path / "signing_secret").write_text(SIGNING_SECRET + "\n")
     (tmp_path / "app_token").write_text(DEFAULT_APP_TOKEN + "\n")
-    receivers: list[dict[str, Any]] = [
-        {
-            "type": "slack",
-            "name": "slack",
-            "channel": "#gpu-alerts",
-            "token_file": str(tmp_path / "slack_token"),
-            "api_url": slack.api_url,
-            "timeout": "2s",
-            "messages_per_second": 20,
-        }
-    ]
+    receivers = [slack_receiver(tmp_path, slack, messages_per_second=20)]
     if pagerduty is not None:
         (tmp_path / "pd_key").write_text(ROUTING_KEY + "\n")
         receivers.append(
