@@ -150,8 +150,11 @@ def drain(db: Path, stored: int, limit: float, per_notification: int) -> dict[st
     """From the first poll that sees the worker at work (dedup included: the storm's notifications are its work
     too) until no notification or event is pending, or `limit` seconds passed."""
     with StoreReader(db) as store:
+        # Not the pending total: the worker's dedup leaves it unchanged (notifications become as many events), and
+        # a storm routed in one batch takes it from all to none at once.
+        idle = _work(store.pending())
         give_up = time.monotonic() + _START_TIMEOUT
-        while time.monotonic() < give_up and _pending(store.pending(), per_notification) >= stored:
+        while time.monotonic() < give_up and _work(store.pending()) == idle:
             time.sleep(_POLL)
         started = time.perf_counter()
         pending = _pending(store.pending(), per_notification)
@@ -161,6 +164,10 @@ def drain(db: Path, stored: int, limit: float, per_notification: int) -> dict[st
         elapsed = time.perf_counter() - started
     done = stored - pending
     return {"stored": stored, "processed": done, "seconds": round(elapsed, 2), "alerts_per_s": done / elapsed}
+
+
+def _work(counts: dict[str, int]) -> tuple[int, int]:
+    return counts["notifications_pending"], counts["events_pending"]
 
 
 def _pending(counts: dict[str, int], per_notification: int) -> int:
