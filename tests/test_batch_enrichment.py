@@ -21,6 +21,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from bot.compose import compose_message
 from bot.config import LokiConfig, PrometheusConfig, load_config
 from bot.enrich import build_enrichers
 from bot.enrich.base import EnrichmentRunner
@@ -30,7 +31,7 @@ from bot.enrich.prometheus import PrometheusEnricher
 from bot.enrich.queryapi import Deadline
 from bot.evidence import Enrichment, EnrichmentSection, LokiEvidence, PrometheusEvidence, evidence_of
 from bot.metrics import Metrics
-from bot.models import alert_key
+from bot.models import Event, EventKind, alert_key
 from bot.outbox import Outbox
 from bot.pipeline import Pipeline
 from bot.playbooks import GENERIC, Playbook, PlaybookSet
@@ -215,6 +216,26 @@ async def test_the_worker_takes_a_stored_storm_of_many_notifications_as_one_batc
             assert data.history is not None
             assert data.history.labels["Hostname"] == item.alert.labels["Hostname"]
             assert data.history.labels["gpu"] == item.alert.labels["gpu"]
+
+
+async def test_a_message_composed_from_the_stored_evidence_is_the_one_composed_from_the_evidence(fleet: Fleet) -> None:
+    """The pipeline dumps each enrichment once, to store it, and composes the message's details from that dump."""
+    config = PrometheusConfig(url=fleet.prometheus.url, history="60s")
+    runner = EnrichmentRunner([PrometheusEnricher(config, timeout=20.0)], 30.0, Metrics())
+    items = _storm()[:8]
+    try:
+        enrichments = await runner.run_batch(items)
+    finally:
+        await runner.close()
+    playbooks = PlaybookSet([PLAYBOOK.model_copy(update={"name": GENERIC})])
+    for n, (item, enrichment) in enumerate(zip(items, enrichments, strict=True)):
+        event = Event(id=n, kind=EventKind.FIRING, created_at=item.alert.starts_at, alert=item.alert)
+        advice = playbooks.advise(PLAYBOOK, item.alert, enrichment)
+        stored = enrichment.model_dump(mode="json")
+        assert _prometheus(enrichment).history is not None
+        composed = compose_message(event, enrichment, advice, stored)
+        assert composed == compose_message(event, enrichment, advice)
+        assert composed.details["prometheus"]["history"]["labels"]["gpu"] == item.alert.labels["gpu"]
 
 
 def _as_sent(item: BatchItem) -> dict[str, object]:
