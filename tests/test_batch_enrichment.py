@@ -22,7 +22,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from bot.compose import compose_message
-from bot.config import LokiConfig, PrometheusConfig, load_config
+from bot.config import BotConfig, LokiConfig, PrometheusConfig, load_config
 from bot.enrich import build_enrichers
 from bot.enrich.base import EnrichmentRunner
 from bot.enrich.batch import HOSTS_PER_QUERY, BatchItem, SharedQueries
@@ -180,8 +180,16 @@ async def test_the_worker_takes_a_stored_storm_of_many_notifications_as_one_batc
 ) -> None:
     """The storm of the test above as Alertmanager may send it, one notification per GPU (more than a few rounds
     of dedup): the worker dedups them all before it claims, so the storm costs the sources what one batch does."""
-    settings = {"enrichment": {"prometheus": {"url": fleet.prometheus.url, "history": "60s"}, "budget": "30s"}}
-    config = load_config(write_config(tmp_path, settings))
+    async with FakeLoki() as loki:
+        prometheus = {"url": fleet.prometheus.url, "history": "60s"}
+        settings = {"enrichment": {"prometheus": prometheus, "loki": {"url": loki.url}, "budget": "30s"}}
+        await _drain_stored_storm(fleet, load_config(write_config(tmp_path, settings)))
+        assert 1 <= len(loki.range_queries) <= math.ceil(len(HOSTS) / HOSTS_PER_QUERY), len(loki.range_queries)
+
+
+async def _drain_stored_storm(fleet: Fleet, config: BotConfig) -> None:
+    """`_storm()` stored one notification per GPU, then drained by the worker: Prometheus's queries within the
+    bound, and each alert's stored evidence its own."""
     metrics = Metrics()
     items = _storm()
     async with sqlite_store(config.store.path) as store:
