@@ -5,44 +5,57 @@ per channel unless --rate says otherwise) gets 1,000 new alerts across 125 hosts
 Alertmanager webhooks (one group per host, each group sent twice as it grows). The Slack fake enforces the
 same rate (429 beyond it) and records every call.
 
-    .venv/bin/python -m bench.storm [--alerts 1000] [--hosts 125] [--seconds 10] [--rate 1]
+With `--enrich`, the alerts are bench.fleet's GPUTempCritical ones (the shipped playbook, its related queries)
+and the bot enriches them against bench.fleet's sources: a real Prometheus scraping every GPU of the hosts, and
+the Loki fake; the queries each received and the enrichment sections' statuses are printed too.
+
+    .venv/bin/python -m bench.storm [--alerts 1000] [--hosts 125] [--seconds 10] [--rate 1] [--enrich]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import re
+import contextlib
+import json
+import math
 import tempfile
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from bench import fleet
 from bench.common import slack_bot_config
+from bench.slackview import until, visible
+from tests.fakes.loki import FakeLoki
 from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack
-from tests.support.payloads import am_alert, body, webhook
-from tests.support.processes import BotProcess, free_port
-
-_LINE = re.compile(r"\*GPUTempHigh\* · `(bench-\d+)` GPU (\d+)")
+from tests.support.payloads import am_alert, body, rfc3339, webhook
+from tests.support.processes import BotProcess, Prometheus, free_port
 
 
-def bot_config(workdir: Path, slack: FakeSlack, rate: float) -> Path:
-    return slack_bot_config(workdir, slack.api_url, DEFAULT_TOKEN, "error", messages_per_second=rate)
+def bot_config(workdir: Path, slack: FakeSlack, rate: float, enrichment: dict[str, Any] | None = None) -> Path:
+    path = slack_bot_config(workdir, slack.api_url, DEFAULT_TOKEN, "error", messages_per_second=rate)
+    if enrichment is not None:
+        path.write_text(json.dumps({**json.loads(path.read_text()), "enrichment": enrichment}))
+    return path
 
 
-def groups(alerts: int, hosts: int) -> dict[str, list[dict[str, Any]]]:
+def groups(alerts: int, hosts: int, enrich: bool = False) -> dict[str, list[dict[str, Any]]]:
     start = datetime.now(UTC).replace(microsecond=0)
-    per_host: dict[str, list[dict[str, Any]]] = {f"bench-{h:03d}": [] for h in range(hosts)}
-    names = list(per_host)
+    names = [fleet.host_name(h) if enrich else f"bench-{h:03d}" for h in range(hosts)]
+    per_host: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     for n in range(alerts):
         host = names[n % hosts]
-        gpu = str(len(per_host[host]))
+        gpu = len(per_host[host])
         per_host[host].append(
-            am_alert("GPUTempHigh", host=host, gpu=gpu, starts_at=start, annotations={"summary": "GPU at 95 °C"})
+            fleet.alert(n % hosts, gpu, rfc3339(start))
+            if enrich
+            else am_alert(
+                "GPUTempHigh", host=host, gpu=str(gpu), starts_at=start, annotations={"summary": "GPU at 95 °C"}
+            )
         )
     return per_host
 
@@ -58,45 +71,36 @@ async def send(url: str, per_host: dict[str, list[dict[str, Any]]], seconds: flo
             await asyncio.sleep(seconds / len(sends))
 
 
-def visible(slack: FakeSlack) -> set[tuple[str, str]]:
-    """(host, gpu) of every alert a person can see: a top-level message or a line in a storm thread."""
-    seen: set[tuple[str, str]] = set()
-    for message in slack.top_level():
-        texts = [message.rendered_text(), *(reply.rendered_text() for reply in slack.replies(message))]
-        for text in texts:
-            seen.update((m.group(1), m.group(2)) for m in _LINE.finditer(text))
-        top = re.search(r"GPUTempHigh on (bench-\d+) GPU (\d+)", message.text)
-        if top:
-            seen.add((top.group(1), top.group(2)))
-    return seen
-
-
-async def run(alerts: int, hosts: int, seconds: float, rate: float) -> None:
-    async with FakeSlack() as slack:
-        slack.enforce_rate(rate)
-        with tempfile.TemporaryDirectory(prefix="bench-storm-") as tmp:
-            bot = BotProcess(bot_config(Path(tmp), slack, rate), listen_port=free_port())
-            try:
-                per_host = groups(alerts, hosts)
-                started = time.monotonic()
-                await send(f"{bot.url}/alertmanager", per_host, seconds)
-                sent_in = time.monotonic() - started
-                async with asyncio.timeout(120 + alerts / rate):
-                    visible_after = await until(lambda: len(visible(slack)) >= alerts) - started
-                    counted_after = await until(lambda: summary_counts(slack, alerts)) - started
-            finally:
-                bot.stop()
-    report(slack, alerts, sent_in, rate)
+async def run(alerts: int, hosts: int, seconds: float, rate: float, enrich: bool) -> None:
+    alertname = "GPUTempCritical" if enrich else "GPUTempHigh"
+    with contextlib.ExitStack() as stack:
+        sources: tuple[Prometheus, FakeLoki] | None = None
+        if enrich:
+            sources = stack.enter_context(fleet.sources(hosts, math.ceil(alerts / hosts), datetime.now(UTC)))
+        async with FakeSlack() as slack:
+            slack.enforce_rate(rate)
+            with tempfile.TemporaryDirectory(prefix="bench-storm-") as tmp:
+                enrichment = fleet.enrichment_settings(*sources) if sources else None
+                bot = BotProcess(bot_config(Path(tmp), slack, rate, enrichment), listen_port=free_port())
+                try:
+                    asked = fleet.queries_received(*sources) if sources else (0, 0)
+                    per_host = groups(alerts, hosts, enrich)
+                    started = time.monotonic()
+                    await send(f"{bot.url}/alertmanager", per_host, seconds)
+                    sent_in = time.monotonic() - started
+                    async with asyncio.timeout(120 + alerts / rate):
+                        visible_after = await until(lambda: len(visible(slack, alertname)) >= alerts) - started
+                        counted_after = await until(lambda: summary_counts(slack, alerts)) - started
+                finally:
+                    bot.stop()
+                if sources:
+                    received = fleet.queries_received(*sources)
+                    print(f"Prometheus queries:         {received[0] - asked[0]}")
+                    print(f"Loki queries:               {received[1] - asked[1]}")
+                    print(f"enrichment sections:        {fleet.section_statuses(Path(tmp) / 'bot.db')}")
+        report(slack, alerts, sent_in, rate)
     print(f"last alert visible after:   {visible_after:.1f} s from the first webhook")
     print(f"summary shows all alerts:   {counted_after:.1f} s from the first webhook")
-
-
-async def until(condition: Callable[[], bool]) -> float:
-    """When (monotonic) the condition first held, polling every 100 ms."""
-    while True:
-        if condition():
-            return time.monotonic()
-        await asyncio.sleep(0.1)
 
 
 def summary_counts(slack: FakeSlack, alerts: int) -> bool:
@@ -123,8 +127,9 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, default=125)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rate", type=float, default=1.0, help="messages per second per channel")
+    parser.add_argument("--enrich", action="store_true", help="enrich against bench.fleet's Prometheus and Loki fake")
     args = parser.parse_args()
-    asyncio.run(run(args.alerts, args.hosts, args.seconds, args.rate))
+    asyncio.run(run(args.alerts, args.hosts, args.seconds, args.rate, args.enrich))
 
 
 if __name__ == "__main__":

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from bot.compose import compose_message
 from bot.dedup import plan_events
@@ -56,11 +57,17 @@ async def decide(event: Event, playbooks: PlaybookSet, router: Router, enrich: E
 
 
 def conclude(
-    event: Event, playbook: Playbook, enrichment: Enrichment, playbooks: PlaybookSet, router: Router
+    event: Event,
+    playbook: Playbook,
+    enrichment: Enrichment,
+    playbooks: PlaybookSet,
+    router: Router,
+    stored: Mapping[str, Any] | None = None,
 ) -> Decision:
-    """Advise, compose and route one event whose evidence is gathered (pure: no I/O)."""
+    """Advise, compose and route one event whose evidence is gathered (pure: no I/O). `stored`: the
+    enrichment's JSON form, when made already."""
     advice = playbooks.advise(playbook, event.alert, enrichment)
-    message = compose_message(event, enrichment, advice)
+    message = compose_message(event, enrichment, advice, stored)
     return Decision(playbook, enrichment, advice, message, router.trace(event.alert.labels))
 
 
@@ -124,13 +131,14 @@ class Pipeline:
         for (event, playbook), found in zip(matched, gathered, strict=True):
             try:
                 enrichment = found if found is not None else Enrichment.model_validate(event.alert.enrichment)
-                decision = conclude(event, playbook, enrichment, self._playbooks, self._router)
+                # Dumped once: kept with the alert, and the message's details are cut from it.
+                stored = found.model_dump(mode="json") if found is not None else None
+                decision = conclude(event, playbook, enrichment, self._playbooks, self._router, stored)
             except Exception as exc:
                 failed.append((event, exc))
                 continue
             told = () if _run_over(event.alert) else decision.receivers
             deliveries = [NewDelivery(receiver=name, message=decision.message) for name in told]
-            stored = found.model_dump(mode="json") if found is not None else None
             routes.append(EventRoute(event.id, stored, deliveries))
             receivers.update(told)
         return routes, receivers, failed

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from datetime import timedelta
 
 from bot.clock import SYSTEM_CLOCK, Clock
@@ -28,9 +29,6 @@ log = logging.getLogger(__name__)
 # Notifications applied per transaction: enough to share an fsync, few enough that a webhook's write never
 # waits long behind one (the store runs one statement at a time).
 _DEDUP_BATCH = 8
-# Transactions of dedup per cycle at most, before the cycle claims what is ready (a notification holds several
-# alerts: 8 rounds of 8 are a batch's worth for most storms).
-_DEDUP_ROUNDS = 8
 _STATS_EVERY = 5.0
 _PRUNE_EVERY = 3600.0
 _MAX_RETRY_DELAY = 300.0
@@ -117,10 +115,12 @@ class Worker:
         return bool(deduped or events)
 
     async def _dedup(self) -> int:
-        """Notifications to events, a few per transaction, until enough events for a batch may be ready: a
-        storm's events are then claimed together rather than a handful at a time."""
+        """Every pending notification to events, a few per transaction, before the cycle claims: a storm already
+        stored is then claimed as one batch (its shared queries sent once), not as one batch per few rounds of
+        dedup. At most `batch_size` notifications a cycle (each holds at least one alert, so a batch's worth):
+        the events already ready wait no longer than that for their claim."""
         taken = 0
-        for _ in range(_DEDUP_ROUNDS):
+        for _ in range(math.ceil(self._config.batch_size / _DEDUP_BATCH)):
             applied = await self._pipeline.dedup(_DEDUP_BATCH)
             taken += applied
             if applied < _DEDUP_BATCH:

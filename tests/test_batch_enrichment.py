@@ -1,6 +1,7 @@
 """A fleet incident enriched as one batch: what the sources receive is bounded by the rules, templates and hosts,
 not by the number of alerts; each alert still reads its own evidence; one slow shared query costs only the
-sections that needed it, within the budget.
+sections that needed it, within the budget. The worker takes a storm already stored as one batch, however many
+notifications it came in.
 
 Prometheus is the real one (its own `prometheus_http_requests_total` counts what it received); Loki is the
 loopback fake (it records every query)."""
@@ -13,13 +14,16 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from bot.config import LokiConfig, PrometheusConfig
+from bot.compose import compose_message
+from bot.config import BotConfig, LokiConfig, PrometheusConfig, load_config
+from bot.enrich import build_enrichers
 from bot.enrich.base import EnrichmentRunner
 from bot.enrich.batch import HOSTS_PER_QUERY, BatchItem, SharedQueries
 from bot.enrich.loki import LokiEnricher
@@ -27,13 +31,19 @@ from bot.enrich.prometheus import PrometheusEnricher
 from bot.enrich.queryapi import Deadline
 from bot.evidence import Enrichment, EnrichmentSection, LokiEvidence, PrometheusEvidence, evidence_of
 from bot.metrics import Metrics
-from bot.playbooks import Playbook
+from bot.models import Event, EventKind, alert_key
+from bot.outbox import Outbox
+from bot.pipeline import Pipeline
+from bot.playbooks import GENERIC, Playbook, PlaybookSet
+from bot.routing import Router
+from bot.worker import Worker
 from tests.fakes.loki import FakeLoki
-from tests.support.bot import eventually
+from tests.support.bot import eventually, write_config
 from tests.support.clock import FakeClock
 from tests.support.exporter import DCGM_GPU_TEMP, DCGM_POWER_USAGE, SyntheticExporter, dcgm_labels, scrape_config
-from tests.support.payloads import alert_state
+from tests.support.payloads import alert_state, am_alert, webhook
 from tests.support.processes import Prometheus
+from tests.support.store import ingest, sqlite_store
 
 HOSTS = [f"rack-{n:02d}" for n in range(60)]  # more than one query's worth of hosts
 GPUS = 4
@@ -163,6 +173,86 @@ async def test_a_fleet_storm_costs_prometheus_queries_per_rule_and_template_not_
         assert data.related["hottest"].current == pytest.approx(hottest)
         assert [g["gpu"] for g in data.gpus] == [str(g) for g in range(GPUS)]
         assert {g["Hostname"] for g in data.gpus} == {host}
+
+
+async def test_the_worker_takes_a_stored_storm_of_many_notifications_as_one_batch_of_queries(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """The storm of the test above as Alertmanager may send it, one notification per GPU (more than a few rounds
+    of dedup): the worker dedups them all before it claims, so the storm costs the sources what one batch does."""
+    async with FakeLoki() as loki:
+        prometheus = {"url": fleet.prometheus.url, "history": "60s"}
+        settings = {"enrichment": {"prometheus": prometheus, "loki": {"url": loki.url}, "budget": "30s"}}
+        await _drain_stored_storm(fleet, load_config(write_config(tmp_path, settings)))
+        assert 1 <= len(loki.range_queries) <= math.ceil(len(HOSTS) / HOSTS_PER_QUERY), len(loki.range_queries)
+
+
+async def _drain_stored_storm(fleet: Fleet, config: BotConfig) -> None:
+    """`_storm()` stored one notification per GPU, then drained by the worker: Prometheus's queries within the
+    bound, and each alert's stored evidence its own."""
+    metrics = Metrics()
+    items = _storm()
+    async with sqlite_store(config.store.path) as store:
+        for n in range(0, len(items), 2):  # a GPU's temperature and power alerts
+            alerts = [_as_sent(item) for item in items[n : n + 2]]
+            await ingest(store, webhook(alerts, group_key=f"{{}}:{{gpu={items[n].alert.key!r}}}"))
+        playbooks = PlaybookSet([PLAYBOOK.model_copy(update={"name": GENERIC})])
+        enrichers = build_enrichers(config.enrichment, store, metrics, playbooks.xid_catalog)
+        outbox = Outbox(store, {}, config.outbox, metrics)
+        pipeline = Pipeline(store, enrichers, playbooks, Router(config.routing), outbox, metrics, late_copy_window=60.0)
+        worker = Worker(pipeline, store, config.worker, config.store, metrics)
+        before = fleet.requests()
+        worker.start()
+        try:
+
+            async def drained() -> bool:
+                stats = await store.stats()
+                return stats.notifications_pending == 0 and stats.events_pending == 0
+
+            await eventually(drained, timeout=60)
+        finally:
+            await worker.stop()
+            await enrichers.close()
+        received = fleet.requests() - before
+        rules, templates = 2, len(PLAYBOOK.queries) + 1
+        assert received <= 2 * rules + templates * math.ceil(len(HOSTS) / HOSTS_PER_QUERY), received
+        for item in items[:: len(items) // 12]:
+            sent = _as_sent(item)
+            alert = await store.get_alert(alert_key(str(sent["fingerprint"]), item.alert.starts_at))
+            assert alert is not None and alert.enrichment is not None
+            data = _prometheus(Enrichment.model_validate(alert.enrichment))
+            assert data.history is not None
+            assert data.history.labels["Hostname"] == item.alert.labels["Hostname"]
+            assert data.history.labels["gpu"] == item.alert.labels["gpu"]
+
+
+async def test_a_message_composed_from_the_stored_evidence_is_the_one_composed_from_the_evidence(fleet: Fleet) -> None:
+    """The pipeline dumps each enrichment once, to store it, and composes the message's details from that dump."""
+    config = PrometheusConfig(url=fleet.prometheus.url, history="60s")
+    runner = EnrichmentRunner([PrometheusEnricher(config, timeout=20.0)], 30.0, Metrics())
+    items = _storm()[:8]
+    try:
+        enrichments = await runner.run_batch(items)
+    finally:
+        await runner.close()
+    playbooks = PlaybookSet([PLAYBOOK.model_copy(update={"name": GENERIC})])
+    for n, (item, enrichment) in enumerate(zip(items, enrichments, strict=True)):
+        event = Event(id=n, kind=EventKind.FIRING, created_at=item.alert.starts_at, alert=item.alert)
+        advice = playbooks.advise(PLAYBOOK, item.alert, enrichment)
+        stored = enrichment.model_dump(mode="json")
+        assert _prometheus(enrichment).history is not None
+        composed = compose_message(event, enrichment, advice, stored)
+        assert composed == compose_message(event, enrichment, advice)
+        assert composed.details["prometheus"]["history"]["labels"]["gpu"] == item.alert.labels["gpu"]
+
+
+def _as_sent(item: BatchItem) -> dict[str, object]:
+    """An alert of `_storm()` as Alertmanager's webhook carries it."""
+    alert = item.alert
+    labels = {k: v for k, v in alert.labels.items() if k != "alertname"}
+    sent = am_alert(alert.alertname, starts_at=alert.starts_at, **labels)
+    sent["generatorURL"] = alert.generator_url
+    return sent
 
 
 def _prometheus(enrichment: Enrichment) -> PrometheusEvidence:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import io
 import json
 from collections.abc import AsyncIterator, Sequence
@@ -21,6 +22,7 @@ from bot.outbox import Outbox
 from bot.pipeline import Pipeline
 from bot.playbooks import PlaybookSet
 from bot.routing import Router
+from bot.service.roles import WORKER_GC_THRESHOLDS, collect_less_often
 from bot.sinks import build_sinks
 from bot.store.sqlite import SqliteStore
 from bot.worker import Worker
@@ -191,3 +193,14 @@ async def test_stop_is_not_lost_when_a_wakeup_comes_at_the_same_moment(tmp_path:
                 await bot.outbox.stop()
             assert not bot.outbox.running
             bot.outbox.start()
+
+
+def test_the_worker_process_runs_the_garbage_collector_less_often_than_cpython_by_default() -> None:
+    """A storm's batch keeps a million small objects alive; the default thresholds walked them again and again."""
+    before = gc.get_threshold()
+    try:
+        collect_less_often()
+        assert gc.get_threshold() == WORKER_GC_THRESHOLDS
+        assert WORKER_GC_THRESHOLDS[0] > before[0]
+    finally:
+        gc.set_threshold(*before)

@@ -17,9 +17,10 @@ TARGET_POINTS = 180
 _M = TypeVar("_M", bound=BaseModel)
 
 
+# Sample values are strings ("91", "1e+00", "NaN", "+Inf"): validated into floats.
 class _MatrixSeries(BaseModel):
     metric: dict[str, str]
-    values: list[tuple[float, str]] = []
+    values: list[tuple[float, float]] = []
 
 
 class _Matrix(BaseModel):
@@ -29,12 +30,22 @@ class _Matrix(BaseModel):
 
 class _VectorSample(BaseModel):
     metric: dict[str, str]
-    value: tuple[float, str]
+    value: tuple[float, float]
 
 
 class _Vector(BaseModel):
     result_type: Literal["vector"] = Field(alias="resultType")
     result: list[_VectorSample]
+
+
+class _MatrixAnswer(BaseModel):
+    status: Literal["success"]
+    data: _Matrix
+
+
+class _VectorAnswer(BaseModel):
+    status: Literal["success"]
+    data: _Vector
 
 
 class _Rule(BaseModel):
@@ -77,16 +88,18 @@ class PrometheusClient:
         self, query: str, start: float, end: float, step: float, deadline: Deadline
     ) -> list[RawSeries]:
         form = {"query": query, "start": _num(start), "end": _num(end), "step": _num(step)}
-        data = await self._call("POST", "/api/v1/query_range", deadline, data=form)
-        matrix = _parse(_Matrix, data, "a range query result")
-        return [RawSeries(s.metric, [(ts, parse_value(v)) for ts, v in s.values]) for s in matrix.result]
+        response = await self._send("POST", "/api/v1/query_range", deadline, data=form)
+        answer = _answer(_MatrixAnswer, response)
+        matrix = answer.data if answer else _parse(_Matrix, _data(response), "a range query result")
+        return [RawSeries(s.metric, s.values) for s in matrix.result]
 
     async def query(self, query: str, at: float | None, deadline: Deadline) -> list[RawSeries]:
         """An instant query at `at`, or at Prometheus's own present when None."""
         form = {"query": query} if at is None else {"query": query, "time": _num(at)}
-        data = await self._call("POST", "/api/v1/query", deadline, data=form)
-        vector = _parse(_Vector, data, "an instant vector")
-        return [RawSeries(s.metric, [(s.value[0], parse_value(s.value[1]))]) for s in vector.result]
+        response = await self._send("POST", "/api/v1/query", deadline, data=form)
+        answer = _answer(_VectorAnswer, response)
+        vector = answer.data if answer else _parse(_Vector, _data(response), "an instant vector")
+        return [RawSeries(s.metric, [s.value]) for s in vector.result]
 
     async def alerting_rules(self, deadline: Deadline) -> list[AlertRule]:
         # 2.42 has no rule_name[] filter (2.45+): take all alerting rules and filter here.
@@ -95,20 +108,36 @@ class PrometheusClient:
         return [AlertRule(r.name, r.query, r.labels) for g in groups.groups for r in g.rules if r.type == "alerting"]
 
     async def _call(self, method: str, path: str, deadline: Deadline, **request: Any) -> Any:
-        response = await send(
+        return _data(await self._send(method, path, deadline, **request))
+
+    async def _send(self, method: str, path: str, deadline: Deadline, **request: Any) -> httpx.Response:
+        return await send(
             self._client, method, path, deadline, service="Prometheus", error_text=api_error_text, **request
         )
-        try:
-            envelope = json.loads(response.content)
-        except ValueError:
-            detail = f"Prometheus answered something that is not JSON: {body_text(response)}"
-            raise QueryError("malformed", detail) from None
-        if not isinstance(envelope, dict) or envelope.get("status") != "success":
-            raise QueryError("api_error", f"Prometheus: {_envelope_error(envelope) or body_text(response)}")
-        return envelope.get("data")
 
     async def close(self) -> None:
         await self._client.aclose()
+
+
+def _answer(model: type[_M], response: httpx.Response) -> _M | None:
+    """A successful answer read straight from its bytes (one pass: a storm's answers are megabytes); None when it
+    is anything else, which `_data` and `_parse` then explain."""
+    try:
+        return model.model_validate_json(response.content)
+    except ValidationError:
+        return None
+
+
+def _data(response: httpx.Response) -> Any:
+    """The `data` of a successful API envelope, or QueryError saying what came instead."""
+    try:
+        envelope = json.loads(response.content)
+    except ValueError:
+        detail = f"Prometheus answered something that is not JSON: {body_text(response)}"
+        raise QueryError("malformed", detail) from None
+    if not isinstance(envelope, dict) or envelope.get("status") != "success":
+        raise QueryError("api_error", f"Prometheus: {_envelope_error(envelope) or body_text(response)}")
+    return envelope.get("data")
 
 
 def api_error_text(response: httpx.Response) -> str:
@@ -136,11 +165,6 @@ def _parse(model: type[_M], data: Any, what: str) -> _M:
 
 def _num(value: float) -> str:
     return f"{value:.3f}".rstrip("0").rstrip(".")
-
-
-def parse_value(text: str) -> float:
-    """A sample value as Prometheus writes it: "91", "1e+00", "NaN", "+Inf", "-Inf"."""
-    return float(text)
 
 
 def choose_step(start: float, end: float) -> float:
