@@ -30,8 +30,6 @@ import json
 import tempfile
 import threading
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -49,6 +47,7 @@ from bench.common import (
     pending_counts,
     post_webhooks,
     serve,
+    wait_scraped,
 )
 from bench.ingest import bare_server, saturate
 from bench.openloop import fixed_rate
@@ -171,7 +170,7 @@ def enrichment_sources(hosts: int, starts_at: datetime) -> Iterator[dict[str, An
                 exporter.set(DCGM_GPU_TEMP, dcgm_labels(gpu, hostname=host), 61)
         prometheus = Prometheus(Path(tmp), scrape_config(exporter.target, interval="2s"))
         try:
-            _wait_scraped(prometheus.url, len(host_names) * ALERTS_PER_WEBHOOK)
+            wait_scraped(prometheus.url, DCGM_XID_ERRORS, len(host_names) * ALERTS_PER_WEBHOOK)
             loki = FakeLoki()
             for host in host_names:
                 for gpu in range(ALERTS_PER_WEBHOOK):
@@ -184,18 +183,6 @@ def enrichment_sources(hosts: int, starts_at: datetime) -> Iterator[dict[str, An
 
 def _xid_line(gpu: int) -> str:
     return f"NVRM: Xid (PCI:0000:{0x18 + gpu:02x}:00): 79, pid=2231, name=python3, GPU has fallen off the bus."
-
-
-def _wait_scraped(url: str, series: int, timeout: float = 60) -> None:
-    query = urllib.parse.urlencode({"query": f"count({DCGM_XID_ERRORS})"})
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with urllib.request.urlopen(f"{url}/api/v1/query?{query}", timeout=5) as response:  # noqa: S310 (loopback)
-            result = json.load(response)["data"]["result"]
-        if result and int(result[0]["value"][1]) >= series:
-            return
-        time.sleep(0.5)
-    raise TimeoutError(f"Prometheus did not scrape {series} series")
 
 
 # --- the run -------------------------------------------------------------------------------------------------

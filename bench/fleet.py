@@ -44,7 +44,16 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.ack import in_thread
-from bench.common import GO_ZERO_TIME, REPO, Checkout, StoreReader, pending_counts, serve, slack_bot_config
+from bench.common import (
+    GO_ZERO_TIME,
+    REPO,
+    Checkout,
+    StoreReader,
+    pending_counts,
+    serve,
+    slack_bot_config,
+    wait_scraped,
+)
 from bench.slackview import until, visible
 from bot.config.duration import parse_duration
 from tests.fakes.loki import FakeLoki
@@ -137,7 +146,7 @@ def sources(hosts: int, gpus: int, starts_at: datetime, history: float = 0.0) ->
         config["scrape_configs"][0]["honor_labels"] = True
         prometheus = Prometheus(Path(tmp), config, [rules])
         try:
-            _wait_scraped(prometheus.url, hosts * gpus)
+            wait_scraped(prometheus.url, DCGM_GPU_TEMP, hosts * gpus)
             loki = FakeLoki()
             for n in range(hosts):
                 for gpu in range(gpus):
@@ -159,18 +168,6 @@ def _backfill(workdir: Path, hosts: int, gpus: int, now: float, history: float) 
     started = time.perf_counter()
     backfill(workdir, series, start=now - history, end=now - 5)
     print(f"backfilled {len(series)} series over {history:g} s in {time.perf_counter() - started:.1f} s", flush=True)
-
-
-def _wait_scraped(url: str, series: int, timeout: float = 60.0) -> None:
-    query = urllib.parse.urlencode({"query": f"count({DCGM_GPU_TEMP})"})
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with urllib.request.urlopen(f"{url}/api/v1/query?{query}", timeout=5) as response:  # noqa: S310 (loopback)
-            result = json.load(response)["data"]["result"]
-        if result and int(result[0]["value"][1]) >= series:
-            return
-        time.sleep(0.5)
-    raise TimeoutError(f"Prometheus did not scrape {series} series")
 
 
 def drain(db: Path, stored: int, limit: float, per_notification: int) -> dict[str, Any]:
