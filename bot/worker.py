@@ -136,8 +136,18 @@ class Worker:
             failed = await self._pipeline.handle_batch(events)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
+        except StoreUnavailable as exc:
             failed = [(event, exc) for event in events]
+        except Exception as exc:
+            if len(events) == 1:
+                failed = [(events[0], exc)]
+            else:
+                # A fault in the batch's shared work may be one event's doing: each is tried alone, so one bad
+                # event cannot fail a whole storm's batch again and again until every event is set aside.
+                log.warning("batch failed: its events are tried one by one", extra={"events": len(events)})
+                for event in events:
+                    await self._handle_batch([event])
+                return
         for event, failure in failed:
             await self._failed(event, failure)
 

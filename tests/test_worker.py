@@ -35,8 +35,12 @@ class FlakyPipeline(Pipeline):
     """The real pipeline, except that events for the named GPUs fail a given number of times first."""
 
     failures: dict[str, int]
+    # A batch holding an event of one of these GPUs raises as a whole (a fault in the batch's shared work).
+    breaks_batches: frozenset[str] = frozenset()
 
     async def handle_batch(self, events: Sequence[Event]) -> list[tuple[Event, Exception]]:
+        if any(event.alert.labels.get("gpu") in self.breaks_batches for event in events):
+            raise RuntimeError("batch bug")
         failed: list[tuple[Event, Exception]] = []
         working: list[Event] = []
         for event in events:
@@ -71,7 +75,10 @@ def _config(tmp_path: Path, **worker: Any) -> BotConfig:
 
 @asynccontextmanager
 async def running_worker(
-    tmp_path: Path, config: BotConfig, failures: dict[str, int] | None = None
+    tmp_path: Path,
+    config: BotConfig,
+    failures: dict[str, int] | None = None,
+    breaks_batches: frozenset[str] = frozenset(),
 ) -> AsyncIterator[Running]:
     metrics, console = Metrics(), io.StringIO()
     async with sqlite_store(config.store.path) as store:
@@ -83,6 +90,7 @@ async def running_worker(
             store, enrichers, playbooks, Router(config.routing), outbox, metrics, late_copy_window=60.0
         )
         pipeline.failures = dict(failures or {})
+        pipeline.breaks_batches = breaks_batches
         worker = Worker(pipeline, store, config.worker, config.store, metrics)
         outbox.start()
         worker.start()
@@ -137,6 +145,24 @@ async def test_a_pipeline_error_is_retried_then_set_aside_after_max_attempts(
         assert bot.worker.running
     finals = [r for r in caplog.records if r.getMessage() == "event processing failed"]
     assert [getattr(r, "final", None) for r in finals].count(True) == 1
+
+
+async def test_a_batch_that_fails_as_a_whole_is_tried_event_by_event_so_one_bad_event_fails_alone(
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path, max_event_attempts=2)
+    async with running_worker(tmp_path, config, breaks_batches=frozenset({"2"})) as bot:
+        await ingest(bot.store, webhook([am_alert(gpu="0"), am_alert(gpu="1"), am_alert(gpu="2")]))
+        bot.worker.notify()
+
+        async def settled() -> bool:
+            states = query(bot.store, "SELECT state, attempts FROM events ORDER BY id")
+            return states == [("routed", 1), ("routed", 1), ("failed", 2)]
+
+        await eventually(settled)
+        await eventually(lambda: sorted(line["gpu"] for line in bot.lines()) == ["0", "1"])
+        [(error,)] = query(bot.store, "SELECT error FROM events WHERE state = 'failed'")
+        assert error == "RuntimeError: batch bug"
 
 
 async def test_the_worker_survives_a_failing_cycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
