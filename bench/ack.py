@@ -47,13 +47,12 @@ from bench.common import (
     pending_counts,
     post_webhooks,
     serve,
-    wait_scraped,
 )
 from bench.ingest import bare_server, saturate
 from bench.openloop import fixed_rate
 from tests.fakes.loki import FakeLoki
 from tests.support.exporter import DCGM_GPU_TEMP, DCGM_XID_ERRORS, SyntheticExporter, dcgm_labels, scrape_config
-from tests.support.processes import Prometheus
+from tests.support.processes import Prometheus, wait_scraped
 
 FIGURES = ("ack", "saturated", "worker", "enriched", "memory")
 ACK_GOALS = {200.0: "p99 < 5 ms", 1000.0: "p99 < 10 ms"}

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -304,16 +303,3 @@ def slack_bot_config(workdir: Path, api_url: str, token: str, log_level: str, **
     path = workdir / "bot.yaml"
     path.write_text(json.dumps(config))
     return path
-
-
-def wait_scraped(url: str, metric: str, series: int, timeout: float = 60.0) -> None:
-    """Wait until the Prometheus at `url` holds at least `series` series of `metric`."""
-    query = urllib.parse.urlencode({"query": f"count({metric})"})
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with urllib.request.urlopen(f"{url}/api/v1/query?{query}", timeout=5) as response:  # noqa: S310 (loopback)
-            result = json.load(response)["data"]["result"]
-        if result and int(result[0]["value"][1]) >= series:
-            return
-        time.sleep(0.5)
-    raise TimeoutError(f"Prometheus did not scrape {series} series of {metric}")

@@ -52,7 +52,6 @@ from bench.common import (
     pending_counts,
     serve,
     slack_bot_config,
-    wait_scraped,
 )
 from bench.slackview import until, visible
 from bot.config.duration import parse_duration
@@ -66,7 +65,7 @@ from tests.support.exporter import (
     dcgm_labels,
     scrape_config,
 )
-from tests.support.processes import Prometheus, backfill
+from tests.support.processes import Prometheus, backfill, wait_scraped
 
 TEMP_URL = "http://prometheus:9090/graph?g0.expr=DCGM_FI_DEV_GPU_TEMP+%3E+87&g0.tab=1"
 RULES = {"groups": [{"name": "gpu", "rules": [{"alert": "GPUTempCritical", "expr": "DCGM_FI_DEV_GPU_TEMP > 87"}]}]}

@@ -64,7 +64,7 @@ class ClusterView:
         peers = frozenset(
             other
             for other, other_status in statuses.items()
-            if other != replica and _together(replica, status, other, other_status, self._names)
+            if other != replica and _together(status, other, other_status, self._names)
         )
         if peers:
             self._clustered_with[replica] = peers
@@ -100,7 +100,7 @@ class ClusterView:
             await client.close()
 
 
-def _together(replica: str, status: AmStatus, other: str, other_status: AmStatus | str, names: dict[str, str]) -> bool:
+def _together(status: AmStatus, other: str, other_status: AmStatus | str, names: dict[str, str]) -> bool:
     """Whether either of the two sees the other among its peers now."""
     if status.cluster.status == DISABLED:
         return False

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -42,7 +41,7 @@ from tests.support.bot import eventually, write_config
 from tests.support.clock import FakeClock
 from tests.support.exporter import DCGM_GPU_TEMP, DCGM_POWER_USAGE, SyntheticExporter, dcgm_labels, scrape_config
 from tests.support.payloads import alert_state, am_alert, webhook
-from tests.support.processes import Prometheus
+from tests.support.processes import Prometheus, wait_scraped
 from tests.support.store import ingest, sqlite_store
 
 HOSTS = [f"rack-{n:02d}" for n in range(60)]  # more than one query's worth of hosts
@@ -104,21 +103,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         prometheus = Prometheus(tmp, scrape_config(exporter.target), [rules])
         try:
             fleet = Fleet(prometheus)
-            _wait_scraped(prometheus.url, len(HOSTS) * GPUS)
+            wait_scraped(prometheus.url, DCGM_GPU_TEMP, len(HOSTS) * GPUS, timeout=30.0)
             yield fleet
         finally:
             prometheus.stop()
-
-
-def _wait_scraped(url: str, series: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = httpx.get(f"{url}/api/v1/query", params={"query": f"count({DCGM_GPU_TEMP})"}, timeout=5).json()
-        result = found["data"]["result"]
-        if result and int(result[0]["value"][1]) >= series:
-            return
-        time.sleep(0.3)
-    raise AssertionError("Prometheus did not scrape the fleet")
 
 
 def _storm() -> list[BatchItem]:

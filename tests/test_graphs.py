@@ -25,6 +25,7 @@ from bot.render.graph import (
 )
 from bot.render.graph_worker import GraphLimits, GraphRenderer
 from bot.render.storm_graph import render_storm_heat, storm_heat
+from tests.support.bot import eventually
 from tests.support.clock import FakeClock
 from tests.support.graphs import THRESHOLD, gpu_message, temperature_evidence
 from tests.support.payloads import STARTED
@@ -129,8 +130,7 @@ async def test_a_drawing_past_the_time_bound_is_abandoned_and_its_process_killed
     renderer = GraphRenderer(metrics, GraphLimits(timeout=5.0), clock=clock)
     try:
         pending = asyncio.create_task(renderer.render(_sleep_then_draw, 3600.0))
-        while clock.sleeping == 0:
-            await asyncio.sleep(0.01)
+        await eventually(lambda: clock.sleeping > 0, timeout=30)  # the drawing's wait, on the clock
         await clock.advance(5.0)
         assert await pending is None
         assert metrics.graphs.labels("timeout")._value.get() == 1

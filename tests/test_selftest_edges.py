@@ -60,9 +60,7 @@ async def test_a_run_that_times_out_resolves_the_alert_it_fired(tmp_path: Path) 
             am.stop()
 
 
-async def test_ctrl_c_while_waiting_resolves_the_alert_it_fired(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+async def test_ctrl_c_while_waiting_resolves_the_alert_it_fired(tmp_path: Path) -> None:
     async with running_bot(tmp_path, CONSOLE) as bot:
         am = nowhere(tmp_path)
         out = io.StringIO()

@@ -47,10 +47,13 @@ class FlakyPipeline(Pipeline):
             gpu = event.alert.labels.get("gpu", "")
             if self.failures.get(gpu, 0) > 0:
                 self.failures[gpu] -= 1
-                failed.append((event, RuntimeError(f"enrichment bug for gpu {gpu}")))
+                failed.append((event, await self._failure(gpu)))
             else:
                 working.append(event)
         return failed + await super().handle_batch(working)
+
+    async def _failure(self, gpu: str) -> Exception:
+        return RuntimeError(f"enrichment bug for gpu {gpu}")
 
 
 @dataclass

@@ -3,12 +3,10 @@ when it can write again."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-from bot.models import Event
 from bot.store.base import StoreUnavailable
 from tests.support.bot import eventually
 from tests.support.payloads import am_alert, webhook
@@ -22,19 +20,10 @@ class StoreFailsFor(FlakyPipeline):
 
     then_refuse_writes = False
 
-    async def handle_batch(self, events: Sequence[Event]) -> list[tuple[Event, Exception]]:
-        failed: list[tuple[Event, Exception]] = []
-        working: list[Event] = []
-        for event in events:
-            gpu = event.alert.labels.get("gpu", "")
-            if self.failures.get(gpu, 0) > 0:
-                self.failures[gpu] -= 1
-                if self.then_refuse_writes:
-                    await self._store.pragma("query_only = 1")  # type: ignore[attr-defined]
-                failed.append((event, StoreUnavailable("OperationalError: database or disk is full")))
-            else:
-                working.append(event)
-        return failed + await super(FlakyPipeline, self).handle_batch(working)
+    async def _failure(self, gpu: str) -> Exception:
+        if self.then_refuse_writes:
+            await self._store.pragma("query_only = 1")  # type: ignore[attr-defined]
+        return StoreUnavailable("OperationalError: database or disk is full")
 
 
 async def test_an_event_failing_for_want_of_the_store_is_never_set_aside(

@@ -240,6 +240,18 @@ class Prometheus(ManagedProcess):
         wait_http(f"{self.url}/-/ready", timeout=30, process=self.process)
 
 
+def wait_scraped(url: str, metric: str, series: int, timeout: float = 60.0) -> None:
+    """Wait until the Prometheus at `url` holds at least `series` series of `metric`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = httpx.get(f"{url}/api/v1/query", params={"query": f"count({metric})"}, timeout=5).json()
+        result = found["data"]["result"]
+        if result and int(result[0]["value"][1]) >= series:
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"Prometheus did not scrape {series} series of {metric}")
+
+
 def backfill(workdir: Path, series: dict[str, float], start: float, end: float, interval: float = 15.0) -> None:
     """Write gauge samples every `interval` seconds over [start, end] into the TSDB a Prometheus(workdir) will
     open, with `promtool tsdb create-blocks-from openmetrics`: history without waiting for it. `series` maps an

@@ -58,7 +58,7 @@ def within(series: RawSeries, window: Window) -> RawSeries:
 
 @dataclass
 class _Group:
-    """One shared range query: the alerts reading it and the query."""
+    """One shared query and its window: a range query, or an instant one at `end` (the GPU inventory)."""
 
     query: str
     start: float
