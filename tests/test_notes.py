@@ -24,7 +24,7 @@ from bot.store.base import UnknownAlert
 from tests.fakes.slack import FakeSlack
 from tests.support.bot import eventually, running_bot
 from tests.support.payloads import am_alert, gpu_alerts, webhook
-from tests.support.store import Opener, ingest_and_dedup, message, query, sqlite_store
+from tests.support.store import Opener, ingest_and_dedup, message, query, route_event, sqlite_store
 from tests.test_slack_e2e import bot_config
 
 KEY = "ea7d2357f640d0c0@2026-11-29T13:31:59+00:00"
@@ -72,7 +72,7 @@ async def test_a_note_is_an_event_of_the_alert_carrying_its_text(opened: Opener)
     async with opened() as store:
         await ingest_and_dedup(store, webhook(gpu_alerts(1)))
         [firing] = await store.claim_events(10, 60)
-        await store.route_event(firing.id, None, [])
+        await route_event(store, firing.id, None, [])
         event_id = await store.add_note(firing.alert.key, "acknowledged by <!channel> alice")
         [noted] = await store.claim_events(10, 60)
         assert (noted.id, noted.kind, noted.note) == (event_id, EventKind.NOTE, "acknowledged by <!channel> alice")
@@ -87,7 +87,7 @@ async def test_pruning_an_alert_removes_its_notes_and_short_id(tmp_path: Path) -
         [alert] = await store.list_alerts()
         await store.add_note(alert.key, "done")
         while events := await store.claim_events(10, 60):  # the note waits behind the resolve
-            await store.route_event(events[0].id, None, [])
+            await route_event(store, events[0].id, None, [])
         await store.prune(datetime.now(UTC) + timedelta(days=1))
         assert query(store, "SELECT COUNT(*) FROM event_notes") == [(0,)]
         assert query(store, "SELECT COUNT(*) FROM alert_short_ids") == [(0,)]

@@ -16,7 +16,7 @@ from bot.playbooks import Playbook, PlaybookMatch, PlaybookSet, RelatedAlert
 from bot.store.sqlite import SqliteStore
 from tests.support.payloads import am_alert, webhook
 from tests.support.processes import REPO
-from tests.support.store import ingest_and_dedup, sqlite_store
+from tests.support.store import ingest_and_dedup, route_event, sqlite_store
 
 T0 = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)
 PLAYBOOKS = PlaybookSet.load(REPO / "playbooks")
@@ -83,7 +83,7 @@ async def test_the_root_of_a_threaded_alert_is_inherited(tmp_path: Path) -> None
         loop = await store_alert(store, "ContainerRestartLoop", T0 + timedelta(minutes=2), instance="k-ai-01.lan:8080")
         events = {e.alert.key: e for e in await store.claim_events(10, 60)}
         stored = Enrichment(sections=[await enrich(store, loop)]).model_dump(mode="json")
-        await store.route_event(events[loop.key].id, stored, [])
+        await route_event(store, events[loop.key].id, stored, [])
         hang = await store_alert(store, "GPUIdleDuringWork", T0 + timedelta(minutes=9), Hostname="k-ai-01", gpu="0")
         only_loop = Playbook(
             name="t",

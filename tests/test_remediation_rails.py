@@ -22,7 +22,7 @@ from bot.store.base import Store
 from bot.verdict import STALE_XID_GAUGE
 from tests.support.clock import FakeClock
 from tests.support.remediation import RecordingExecutor, Thread, engine, firing_alert, remediation_config
-from tests.support.store import sqlite_store
+from tests.support.store import route_event, sqlite_store
 
 RESTART = "restart-dcgm-exporter"
 STEPS = "gpu_alert_bot_remediation_steps_total"
@@ -358,7 +358,7 @@ async def test_the_automatic_policy_asks_once_per_alert_and_only_when_enabled(tm
 
 async def _enrich_firing_events(store: Store, enrichment: Enrichment) -> None:
     for event in await store.claim_events(100, 60):
-        await store.route_event(event.id, enrichment.model_dump(mode="json"), [])
+        await route_event(store, event.id, enrichment.model_dump(mode="json"), [])
 
 
 async def test_the_policy_restarts_the_exporter_for_an_xid_alert_judged_a_stale_gauge(tmp_path: Path) -> None:

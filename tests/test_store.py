@@ -37,6 +37,7 @@ from tests.support.store import (
     message,
     refuse_writes,
     route_all,
+    route_event,
     sqlite_store,
 )
 
@@ -114,8 +115,8 @@ async def test_routing_is_done_once_even_if_attempted_twice(opened: Opener) -> N
         await ingest_and_dedup(store, webhook(gpu_alerts(1)))
         [event] = await store.claim_events(10, 60)
         deliveries = [NewDelivery(receiver="console", message=message(event.alert.key))]
-        await store.route_event(event.id, {"sections": []}, deliveries)
-        await store.route_event(event.id, {"sections": [{"x": 1}]}, deliveries)
+        await route_event(store, event.id, {"sections": []}, deliveries)
+        await route_event(store, event.id, {"sections": [{"x": 1}]}, deliveries)
         assert (await store.stats()).deliveries_pending == 1
         assert (await store.alert_events(event.alert.key))[0].state == "routed"
         alert = await store.get_alert(event.alert.key)
@@ -183,12 +184,12 @@ async def test_an_event_waits_while_an_earlier_event_of_the_same_alert_is_pendin
         await ingest_and_dedup(store, webhook([am_alert(gpu="0", status="resolved"), am_alert(gpu="1")]))
         firing_gpu0, firing_gpu1 = await store.claim_events(10, 60)
         await store.fail_event(firing_gpu0.id, "database is locked", retry_in=30)
-        await store.route_event(firing_gpu1.id, None, [])
+        await route_event(store, firing_gpu1.id, None, [])
         assert await store.claim_events(10, 60) == []  # the resolve of gpu 0 waits for its firing
         await clock.advance(30)
         [retried] = await store.claim_events(10, 60)
         assert retried.id == firing_gpu0.id
-        await store.route_event(retried.id, None, [])
+        await route_event(store, retried.id, None, [])
         [resolve] = await store.claim_events(10, 60)
         assert resolve.kind == EventKind.RESOLVED and resolve.alert.key == firing_gpu0.alert.key
 
@@ -403,13 +404,13 @@ async def test_alerts_are_found_by_short_id_and_notes_are_events_of_their_alert(
         found = await store.alert_by_short_id(f" {short_id(firing.alert.key).upper()} ")
         assert found is not None and found.key == firing.alert.key
         assert await store.alert_by_short_id("zzzzzzz") is None
-        await store.route_event(firing.id, None, [])
+        await route_event(store, firing.id, None, [])
         note_id = await store.add_note(firing.alert.key, "restarted dcgm-exporter")
         [noted] = await store.claim_events(10, 60)
         assert (noted.id, noted.kind, noted.note) == (note_id, EventKind.NOTE, "restarted dcgm-exporter")
         with pytest.raises(UnknownAlert):
             await store.add_note("nope@2026-11-29T13:31:59+00:00", "x")
-        await store.route_event(noted.id, None, [])
+        await route_event(store, noted.id, None, [])
         await store.prune(datetime.now(UTC) + timedelta(days=1))
         assert await store.alert_by_short_id(short_id(firing.alert.key)) is None
 

@@ -22,7 +22,6 @@ from bot.models import (
     EventRoute,
     GpuEvent,
     GpuHistoryRequest,
-    NewDelivery,
     WebhookPayload,
 )
 
@@ -121,14 +120,9 @@ class Store(abc.ABC):
         """Lease pending events whose previous lease (if any) has expired, oldest first."""
 
     @abc.abstractmethod
-    async def route_event(
-        self, event_id: int, enrichment: dict[str, Any] | None, deliveries: Sequence[NewDelivery]
-    ) -> None:
-        """In one transaction: keep the enrichment with the alert, queue the deliveries, mark the event done."""
-
-    @abc.abstractmethod
     async def route_events(self, routes: Sequence[EventRoute]) -> None:
-        """`route_event` for each of a batch's events, all in one transaction."""
+        """In one transaction, for each of a batch's events: keep its enrichment with the alert, queue its
+        deliveries, mark it done."""
 
     @abc.abstractmethod
     async def fail_event(self, event_id: int, error: str, retry_in: float | None) -> None:

@@ -10,7 +10,7 @@ from bot.message import Message
 from bot.models import Delivery, NewDelivery
 from bot.store.base import Store
 from tests.support.payloads import STARTED, am_alert, webhook
-from tests.support.store import ingest_and_dedup
+from tests.support.store import ingest_and_dedup, route_event
 
 STEP = 15.0
 WINDOW = 2400.0
@@ -92,5 +92,5 @@ async def stored_alert_delivery(store: Store, receiver: str, *, gpu: str = "3", 
     [event] = await store.claim_events(10, 60)
     message = gpu_message(event.alert.key, gpu=gpu, host=host)
     stored = enrichment(temperature_evidence(gpu=gpu)).model_dump(mode="json")
-    await store.route_event(event.id, stored, [NewDelivery(receiver=receiver, message=message)])
+    await route_event(store, event.id, stored, [NewDelivery(receiver=receiver, message=message)])
     return next(d for d in await store.due_deliveries(receiver, 100) if d.alert_key == event.alert.key)

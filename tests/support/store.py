@@ -7,7 +7,7 @@ import asyncio
 import functools
 import inspect
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, closing, contextmanager
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,7 @@ import pytest
 
 from bot.dedup import plan_events
 from bot.message import Message
-from bot.models import NewDelivery, WebhookPayload
+from bot.models import EventRoute, NewDelivery, WebhookPayload
 from bot.store.base import IncomingNotification, IngestResult, Store
 from bot.store.postgresql import PostgresStore
 from bot.store.sqlite import SqliteStore
@@ -138,9 +138,16 @@ def message(alert_key: str, event: str = "firing") -> Message:
     )
 
 
+async def route_event(
+    store: Store, event_id: int, enrichment: dict[str, Any] | None, deliveries: Sequence[NewDelivery]
+) -> None:
+    """One event routed on its own, as a batch of one."""
+    await store.route_events([EventRoute(event_id, enrichment, deliveries)])
+
+
 async def route_all(store: Store, receivers: list[str]) -> list[int]:
     events = await store.claim_events(1000, 60)
     for event in events:
         deliveries = [NewDelivery(receiver=r, message=message(event.alert.key, event.kind.value)) for r in receivers]
-        await store.route_event(event.id, None, deliveries)
+        await route_event(store, event.id, None, deliveries)
     return [e.id for e in events]

@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 
 from bot.message import Message
-from bot.models import Delivery, Event, EventKind, EventRoute, NewDelivery, short_id
+from bot.models import Delivery, Event, EventKind, EventRoute, short_id
 from bot.store import core
 from bot.store.base import IncomingNotification, IngestResult, Planner
 from bot.store.postgresql.connection import (
@@ -194,11 +194,6 @@ class PostgresAlertPath(PostgresConnection):
             )
             for row in joined
         ]
-
-    async def route_event(
-        self, event_id: int, enrichment: dict[str, Any] | None, deliveries: Sequence[NewDelivery]
-    ) -> None:
-        await self.route_events([EventRoute(event_id, enrichment, deliveries)])
 
     async def route_events(self, routes: Sequence[EventRoute]) -> None:
         if not routes:

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from bot.message import Message
-from bot.models import AlertState, Delivery, Event, EventKind, EventRoute, NewDelivery, short_id
+from bot.models import AlertState, Delivery, Event, EventKind, EventRoute, short_id
 from bot.store.base import IncomingNotification, IngestResult, Planner
 from bot.store.core import (
     ALERT_INSERT_COLUMNS,
@@ -245,11 +245,6 @@ class SqliteAlertPath(SqliteConnection):
             ]
 
         return self._transaction(claim)
-
-    async def route_event(
-        self, event_id: int, enrichment: dict[str, Any] | None, deliveries: Sequence[NewDelivery]
-    ) -> None:
-        await self.route_events([EventRoute(event_id, enrichment, deliveries)])
 
     async def route_events(self, routes: Sequence[EventRoute]) -> None:
         if routes:
