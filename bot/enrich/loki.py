@@ -227,7 +227,7 @@ class LokiEnricher:
                 wanted.setdefault(host, []).append((alert.key, start_ns, end_ns))
         for group in self._host_groups(sorted(wanted)):
             windows = [w for host in group for w in wanted[host]]
-            fetch = self._fetch(group, min(w[1] for w in windows), max(w[2] for w in windows))
+            fetch = self._fetch(group, min(w[1] for w in windows), max(w[2] for w in windows), batch.now)
             fetches.update({key: fetch for key, _, _ in windows})
         return fetches
 
@@ -239,11 +239,11 @@ class LokiEnricher:
             shareable = False
         return chunks(hosts) if shareable else [[host] for host in hosts]
 
-    def _fetch(self, hosts: list[str], start_ns: int, end_ns: int) -> _Fetch:
+    def _fetch(self, hosts: list[str], start_ns: int, end_ns: int, sent_at: datetime) -> _Fetch:
         wide_start = (start_ns - _SHARE_MARGIN_NS) // _SHARE_MARGIN_NS * _SHARE_MARGIN_NS
         wide_end = -(-(end_ns + _SHARE_MARGIN_NS) // _SHARE_MARGIN_NS) * _SHARE_MARGIN_NS
         task = asyncio.create_task(self._query(hosts, wide_start, wide_end), name=f"loki-{hosts[0]}")
-        fetch = _Fetch(wide_start, wide_end, datetime.now(UTC), task)
+        fetch = _Fetch(wide_start, wide_end, sent_at, task)
         task.add_done_callback(lambda done: self._answered(hosts, fetch, done))
         for host in hosts:
             self._fetches.setdefault(host, []).append(fetch)
