@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
+from bot.store.sqlite import SqliteStore
 from tests.fakes.slack import FakeSlack
 from tests.support.cluster import StartPair, start_clustered_pair
 from tests.support.postgres import PostgresServer
@@ -112,6 +113,13 @@ async def slack() -> AsyncIterator[FakeSlack]:
     """The loopback Slack fake (Web API, response_url, Socket Mode)."""
     async with FakeSlack() as fake:
         yield fake
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    """A real SQLite store in the test's temporary directory (a module may define its own `store` instead)."""
+    async with sqlite_store(tmp_path) as opened:
+        yield opened
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from email.message import EmailMessage
 from pathlib import Path
 
@@ -19,12 +18,6 @@ from tests.support.store import sqlite_store
 from tests.test_email import receiver, smtp_server
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
-    async with sqlite_store(tmp_path) as opened:
-        yield opened
 
 
 async def mailed(store: SqliteStore, graphs: bool | None) -> EmailMessage:

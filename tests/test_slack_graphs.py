@@ -24,7 +24,6 @@ from tests.support.bot import eventually
 from tests.support.clock import FakeClock, running
 from tests.support.graphs import stored_alert_delivery
 from tests.support.slack_receiver import slack_receiver
-from tests.support.store import sqlite_store
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -35,12 +34,6 @@ SinkFactory = Callable[..., SlackSink]
 def fake(slack: FakeSlack) -> FakeSlack:
     """The Slack fake of tests/conftest.py, by the name these tests give it."""
     return slack
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
-    async with sqlite_store(tmp_path) as opened:
-        yield opened
 
 
 @pytest.fixture

@@ -29,7 +29,6 @@ from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack, SlackMessage
 from tests.support.bot import eventually
 from tests.support.clock import FakeClock, running
 from tests.support.slack_receiver import slack_receiver
-from tests.support.store import sqlite_store
 from tests.test_secret_files import rotate
 
 STARTED = datetime(2026, 11, 29, 13, 30, tzinfo=UTC)
@@ -88,12 +87,6 @@ def in_a_thread(fake: FakeSlack, text: str) -> bool:
 def fake(slack: FakeSlack) -> FakeSlack:
     """The Slack fake of tests/conftest.py, by the name these tests give it."""
     return slack
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
-    async with sqlite_store(tmp_path) as opened:
-        yield opened
 
 
 @pytest.fixture
