@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import io
 import time
@@ -54,6 +55,13 @@ def test_the_graph_shows_the_series_its_threshold_start_now_and_the_gpus_other_p
     assert [(p.title, p.unit) for p in graph.panels] == [("Power", "W"), ("Utilisation", "%")]
     assert graph_filename(gpu_message("k", gpu="3")) == "GPUTempCritical-k-ai-01-gpu3.png"
     assert "fires when > 87 °C" in graph_description(graph)
+
+
+def test_the_words_of_a_stopped_series_carry_no_unit_after_them() -> None:
+    stopped = dataclasses.replace(_graph(), current=None, current_text="no data since 14:52 UTC")
+    said = graph_description(stopped)
+    assert ", now no data since 14:52 UTC;" in said
+    assert ", now 92 °C;" in graph_description(_graph())
 
 
 def test_no_graph_without_a_history_and_no_gpu_panels_for_an_alert_of_no_gpu() -> None:

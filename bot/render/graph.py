@@ -349,7 +349,8 @@ def graph_description(graph: AlertGraph) -> str:
     unit = f" {graph.unit}" if graph.unit and graph.unit != "ratio" else ""
     said = f"Graph of {graph.subtitle} over the last {format_duration(graph.window[1] - graph.window[0])}"
     if graph.current_text:
-        said += f", now {graph.current_text}{unit}"
+        # A stopped or non-finite series says so in words ("no data since 14:52 UTC"), with no unit after it.
+        said += f", now {graph.current_text}{unit if graph.current is not None else ''}"
     if graph.comparison:
         said += f"; the alert fires when {graph.comparison}{unit}"
     return _clip(said, 900)
