@@ -9,9 +9,9 @@ from bot.deadman import ALERTNAME, MEMBER_ALERTNAME
 from bot.message import Message
 from tests.fakes.slack import FakeSlack
 from tests.support.bot import eventually
-from tests.test_slack_sink import SinkFactory, alert, delivery, fake, make_sink, store, storm_summary
+from tests.test_slack_sink import SinkFactory, alert, delivery, fake, make_sink, storm_summary
 
-__all__ = ["fake", "make_sink", "store"]  # the sink fixtures, used by name
+__all__ = ["fake", "make_sink"]  # the sink fixtures, used by name (`store` is conftest.py's)
 
 
 def own(name: str, **changes: Any) -> Message:
