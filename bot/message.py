@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from bot.incident.model import IncidentView
+
 SectionKind = Literal["text", "steps", "code", "judgement", "warning"]
 Safety = Literal["safe", "guarded", "dangerous"]
 
@@ -85,6 +87,8 @@ class Message(BaseModel):
     silence_id: str | None = None
     silenced_by: str | None = None
     silenced_until: datetime | None = None
+    # An incident's message (`event == "incident"`): the whole incident as it stands (bot/incident/model.py).
+    incident: IncidentView | None = None
 
     @property
     def duration_text(self) -> str:

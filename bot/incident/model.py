@@ -1,0 +1,120 @@
+"""What the bot knows of one incident at one moment: the neutral form every sink renders its own way.
+
+An incident's message (`Message.event == "incident"`, `Message.incident` set) is delivered to a receiver whenever
+the incident changes: opened, alerts joined or resolved, evidence or cause found, all resolved. Each delivery
+carries the whole view at that moment, so a sink renders the latest view and a later one supersedes an earlier.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class Scope(_Frozen):
+    """How far the incident reaches, and its share of what Prometheus knows (None: not known)."""
+
+    alerts: int
+    firing: int
+    gpus: int
+    hosts: int
+    fleet_hosts: int | None = None
+    fleet_gpus: int | None = None
+    since: datetime
+    value_min: float | None = None
+    value_max: float | None = None
+    unit: str = ""
+
+
+class Trait(_Frozen):
+    """A label value over-represented among the affected hosts compared with the fleet."""
+
+    label: str
+    value: str
+    affected: int  # affected hosts with label=value
+    affected_total: int  # affected hosts with a known value of the label
+    fleet: int  # hosts of the fleet with label=value
+    fleet_total: int  # hosts of the fleet with a known value of the label
+    p_value: float  # hypergeometric upper tail: chance of at least `affected` by picking hosts at random
+
+
+class Signal(_Frozen):
+    """A related signal compared on the affected hosts and on the rest of the fleet over the same window."""
+
+    name: str  # the playbook's query name, e.g. "inlet"
+    title: str  # words for people, e.g. "inlet temperature"
+    unit: str = ""
+    window_seconds: float
+    moved: int  # affected hosts on which it moved by at least the playbook's threshold
+    affected_total: int  # affected hosts with data
+    affected_change: float  # median change on the affected hosts
+    rest_change: float | None = None  # median change on the rest of the fleet (None: no data)
+
+
+class Companion(_Frozen):
+    """Another alert firing on the incident's hosts at the same time: evidence, not more lines."""
+
+    alertname: str
+    hosts: int
+
+
+class Cause(_Frozen):
+    """The likely cause and the first action, chosen by the playbook's incident section from the data."""
+
+    key: str
+    title: str
+    reason: str  # the data that made it likely, in words
+    steps: list[str] = Field(default_factory=list)
+    actions: list[str] = Field(default_factory=list)  # fleet actions offered behind the rails
+    runbook_url: str = ""
+
+
+class AlertLine(_Frozen):
+    """One alert of the incident, for the attached list and `/gpu` commands."""
+
+    alert_key: str
+    short_id: str
+    alertname: str
+    host: str
+    gpu: str = ""
+    value: float | None = None
+    status: Literal["firing", "resolved"] = "firing"
+
+
+class HostLine(_Frozen):
+    """One host of the incident, its GPUs collapsed: one thread line."""
+
+    host: str
+    gpus: list[str] = Field(default_factory=list)
+    value_min: float | None = None
+    value_max: float | None = None
+    short_ids: list[str] = Field(default_factory=list)
+    firing: int = 0
+    resolved: int = 0
+
+
+class IncidentView(_Frozen):
+    id: str
+    version: int  # grows with every change: a sink keeps the highest it has shown
+    title: str  # e.g. "GPUTempCritical on 150 hosts"
+    alertnames: list[str]
+    severity: str
+    status: Literal["open", "resolved"] = "open"
+    opened_at: datetime
+    resolved_at: datetime | None = None
+    peak: float | None = None
+    scope: Scope
+    traits: list[Trait] = Field(default_factory=list)
+    signals: list[Signal] = Field(default_factory=list)
+    companions: list[Companion] = Field(default_factory=list)
+    cause: Cause | None = None
+    # False while the incident-level evidence (traits, signals, cause) is still being gathered.
+    analysed: bool = False
+    hosts: list[HostLine] = Field(default_factory=list)  # worst first
+    alerts: list[AlertLine] = Field(default_factory=list)
