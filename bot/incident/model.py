@@ -12,6 +12,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+INCIDENT_KEY_PREFIX = "incident:"
+
+
+def incident_key(incident_id: str) -> str:
+    """The `alert_key` of an incident's messages: sinks keep their per-conversation state under it."""
+    return INCIDENT_KEY_PREFIX + incident_id
+
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True)

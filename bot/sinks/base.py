@@ -27,6 +27,8 @@ class DeliveryResult:
     delay: float | None = None
     reason: str = ""
     detail: str = ""
+    # Not a failure: the sink chose to send this later (an email digest's interval). Counts as no attempt.
+    held: bool = False
 
     @classmethod
     def ok(cls) -> DeliveryResult:
@@ -35,6 +37,11 @@ class DeliveryResult:
     @classmethod
     def retry_later(cls, reason: str, detail: str = "", delay: float | None = None) -> DeliveryResult:
         return cls(delivered=False, retry=True, delay=delay, reason=reason, detail=detail)
+
+    @classmethod
+    def hold(cls, delay: float, reason: str = "held") -> DeliveryResult:
+        """Send this delivery again in `delay` seconds (or a newer version of it, for an incident's message)."""
+        return cls(delivered=False, retry=True, delay=delay, reason=reason, held=True)
 
     @classmethod
     def failed(cls, reason: str, detail: str = "") -> DeliveryResult:
