@@ -1,5 +1,6 @@
 """Slack roles, checked evenly: a role that is not configured grants nothing, whichever it is (viewer, responder,
-admin), and `check-config` and `serve` say what that locks; a role that `permissions` names must be configured.
+admin), and `check-config` and `serve` say what that locks; a role that `permissions` names must be configured,
+and so must each permission name it uses.
 Real config files, the CLI, a real `serve` process, and signed commands into the running bot."""
 
 from __future__ import annotations
@@ -57,6 +58,20 @@ def test_a_role_the_permissions_name_must_be_configured_whichever_it_is(
         path = write_config(tmp_path, without_role(config, "viewer"))
         assert main(["check-config", str(path)]) == 2
         assert f"permissions.status: '{role}' is not a configured role (roles: responder)" in capsys.readouterr().err
+
+
+def test_an_unknown_permission_name_is_refused_naming_the_valid_ones(
+    tmp_path: Path, slack: FakeSlack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `silense: admin` would leave `silence` to its default role (responder) while the file looks tightened.
+    config = interactive_config(tmp_path, slack, ["http://127.0.0.1:9"], permissions={"silense": "responder"})
+    path = write_config(tmp_path, config)
+    assert main(["check-config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "permissions.silense: not a permission (did you mean 'silence'? permissions: ack, approve, " in err
+    assert "run-dangerous, silence, silences, status, unack, unsilence)" in err
+    config = interactive_config(tmp_path, slack, ["http://127.0.0.1:9"], permissions={"silence": "responder"})
+    assert main(["check-config", str(write_config(tmp_path, config))]) == 0
 
 
 async def test_serve_runs_without_a_viewer_role_and_a_refusal_says_why(tmp_path: Path, slack: FakeSlack) -> None:

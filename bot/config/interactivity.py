@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Mapping
 from typing import Annotated, Any
@@ -83,8 +84,13 @@ class InteractivityConfig(StrictModel):
             problems.append("roles: a role name is used twice")
         # A role `permissions` names is surely meant to exist (a typo locks people out): refused. A default's role
         # that is not configured grants nothing, whichever role it is (`unconfigured_roles` says what that locks).
+        known = sorted({*DEFAULT_PERMISSIONS, *REMEDIATION_PERMISSIONS})
         for command, role in self.permissions.items():
-            if role not in names:
+            if command not in known:
+                close = difflib.get_close_matches(command, known, n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                problems.append(f"permissions.{command}: not a permission ({hint}permissions: {', '.join(known)})")
+            elif role not in names:
                 problems.append(f"permissions.{command}: {role!r} is not a configured role (roles: {', '.join(names)})")
         if problems:
             raise ValueError("; ".join(problems))
