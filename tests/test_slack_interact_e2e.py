@@ -103,6 +103,54 @@ async def test_silence_and_unsilence_from_the_slash_command(
         assert [(e.action, e.outcome) for e in entries] == [("silence", "done"), ("unsilence", "done")]
 
 
+async def test_after_unsilence_a_silence_made_by_someone_else_that_still_mutes_the_alert_is_shown(
+    tmp_path: Path, slack: FakeSlack, alertmanager_factory: Any
+) -> None:
+    port = free_port()
+    am = alertmanager_factory(f"http://127.0.0.1:{port}", group_interval="1s")
+    async with running_bot(tmp_path, interactive_config(tmp_path, slack, [am.url]), port=port) as bot:
+        fire(am)
+        alert, root = await posted_alert(bot, slack)
+        sid = short_id(alert.key)
+        own = (await post_command(bot.url, f"silence {sid} 1h")).rsplit("`", 2)[-2]
+        # Someone silences the whole host for maintenance, with amtool.
+        client = AlertmanagerClient([am.url])
+        until = datetime.now(UTC).replace(microsecond=0) + timedelta(hours=2)
+        host = await client.create_silence(
+            [SilenceMatcher(name="host", value="k-ai-01")],
+            starts_at=datetime.now(UTC),
+            ends_at=until,
+            created_by="bob",
+            comment="maintenance",
+        )
+        await client.close()
+        assert await eventually(lambda: muted_by(am, host), timeout=15)
+
+        await post_click(bot.url, click_payload("unsilence", alert.key, root.ts, response_url=slack.response_url()))
+        [reply] = await eventually(lambda: slack.responses, timeout=15)
+        shown = f'silence `{host}` (host="k-ai-01", by bob, until {until:%Y-%m-%d %H:%M} UTC)'
+        assert reply["text"] == (
+            f"Expired silence `{own}`. `{sid}` is still muted by {shown}: `unsilence {host}` expires it."
+        )
+        assert own not in active_silences(am) and host in active_silences(am)
+        stored = await bot.runtime.store.get_alert(alert.key)
+        assert stored is not None and (stored.silence_id, stored.silenced_by) == (host, "bob")
+        assert stored.silenced_until == until
+        # The message shows the alert muted, by the silence that mutes it.
+        await eventually(lambda: "silenced by *bob*" in root.rendered_text(), timeout=10)
+
+        # Its Unsilence button expires no silence the bot did not make for the alert; the command does.
+        await post_click(bot.url, click_payload("unsilence", alert.key, root.ts, response_url=slack.response_url()))
+        await eventually(lambda: len(slack.responses) == 2, timeout=15)
+        expected = f"`{sid}` is muted by {shown}, not made for it: `unsilence {host}` expires it."
+        assert slack.responses[1]["text"] == expected
+        assert host in active_silences(am)
+        assert await post_command(bot.url, f"unsilence {host}") == f"Expired silence `{host}`."
+        stored = await bot.runtime.store.get_alert(alert.key)
+        assert stored is not None and stored.silence_id is None
+        await eventually(lambda: "silenced by" not in root.rendered_text(), timeout=10)
+
+
 async def test_the_silence_button_uses_the_second_alertmanager_when_the_first_is_down(
     tmp_path: Path, slack: FakeSlack, alertmanager_factory: Any
 ) -> None:

@@ -4,7 +4,8 @@ Before a silence is made, Alertmanager says which firing alerts it would mute (b
 one that would mute more than its alert is not made until confirmed (`--confirm`, or the answer's button).
 One alert, one silence at a time: a request takes the alert's silence slot in the store (atomically, across
 replicas) before it asks Alertmanager, so a double click or a second replica answers "already silenced by ...".
-Unsilence expires every silence the bot made for the alert, found in Alertmanager by its comment.
+Unsilence expires every silence the bot made for the alert, found in Alertmanager by its comment; a silence made
+by someone else that still mutes the alert is then remembered and shown instead.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import contextlib
 import shlex
 from datetime import timedelta
 
-from bot.alertmanager import AlertmanagerClient, SilenceNotFound, SilenceState
+from bot.alertmanager import AlertmanagerClient, Silence, SilenceNotFound, SilenceState
 from bot.clock import Clock
 from bot.config import InteractivityConfig
 from bot.interact.dispatch import ButtonSpec, CommandSpec, Dispatcher, Invocation, OfferedButton, Outcome, UsageError
@@ -25,6 +26,7 @@ from bot.interact.silence_scope import (
     Scope,
     alert_scope,
     describe,
+    identifying_matchers,
     would_mute,
 )
 from bot.interact.silences import (
@@ -242,26 +244,62 @@ class SilenceCommands:
             return Outcome(ALREADY_RESOLVED, "nothing", detail="resolved or unknown")
         if not alert.silence_id:
             return Outcome(f"`{short_id(alert.key)}` is not silenced.", "nothing", short_id(alert.key))
-        return await self._expire_alert_silences(invocation, alert, alert.silence_id)
+        return await self._expire_alert_silences(invocation, alert, None)
 
-    async def _expire_alert_silences(self, invocation: Invocation, alert: AlertState, remembered: str) -> Outcome:
-        """Expire the alert's remembered silence and every other live one the bot made for it (a double click
-        under an earlier version, or a crash between making a silence and remembering it)."""
+    async def _expire_alert_silences(self, invocation: Invocation, alert: AlertState, typed: str | None) -> Outcome:
+        """Expire the silence typed (`unsilence ID`) and every live one the bot made for the alert (a double click
+        under an earlier version, or a crash between making a silence and remembering it), then ask Alertmanager
+        what still mutes the alert: a silence made by someone else (typed host matchers, amtool) is remembered
+        instead, so the message never shows the alert unsilenced while it is muted. A button expires no silence
+        the bot did not make for the alert: its answer names it and how to expire it."""
         sid = short_id(alert.key)
-        made = [s.id for s in await self._am.silences() if s.state in _LIVE and made_for(s.comment, sid)]
+        live = [s for s in await self._am.silences() if s.state in _LIVE]
+        made = [s.id for s in live if made_for(s.comment, sid)]
+        foreign = next((s for s in live if s.id == alert.silence_id and s.id not in made), None)
+        targets = [typed] if typed else [alert.silence_id] if alert.silence_id and foreign is None else []
+        wanted = list(dict.fromkeys([*targets, *made]))
+        if not wanted and foreign is not None:
+            text = f"`{sid}` is muted by {_described(foreign)}, not made for it: `unsilence {foreign.id}` expires it."
+            return Outcome(text, "nothing", sid, f"muted by {foreign.id}")
         expired = []
-        for silence_id in dict.fromkeys([remembered, *made]):
+        for silence_id in wanted:
             with contextlib.suppress(SilenceNotFound):  # gone already: nothing left to expire
                 await self._am.expire_silence(silence_id)
                 expired.append(silence_id)
         ids = ", ".join(expired) or "none left"
-        await self._store.set_silence(alert.key, None, None, None, f"silence {ids} removed by {invocation.actor.name}")
+        note = f"silence {ids} removed by {invocation.actor.name}"
+        still = await self._still_muting(alert, expired)
+        if still is None:
+            await self._store.set_silence(alert.key, None, None, None, note)
+        else:
+            note += f"; still muted by {_described(still, escaped=False)}"
+            await self._store.set_silence(alert.key, still.id, still.created_by, still.ends_at, note)
         if not expired:
-            return Outcome(f"The silence of `{sid}` was gone already from Alertmanager.", "done", sid, ids)
-        if len(expired) == 1:
-            return Outcome(f"Expired silence `{expired[0]}`.", "done", sid, ids)
-        shown = ", ".join(f"`{silence_id}`" for silence_id in expired)
-        return Outcome(f"Expired silences {shown}: every one the bot made for `{sid}`.", "done", sid, ids)
+            text = f"The silence of `{sid}` was gone already from Alertmanager."
+        elif len(expired) == 1:
+            text = f"Expired silence `{expired[0]}`."
+        else:
+            shown = ", ".join(f"`{silence_id}`" for silence_id in expired)
+            text = f"Expired silences {shown}: every one the bot made for `{sid}`."
+        if still is not None:
+            text += f" `{sid}` is still muted by {_described(still)}: `unsilence {still.id}` expires it."
+        return Outcome(text, "done", sid, ids)
+
+    async def _still_muting(self, alert: AlertState, expired: list[str]) -> Silence | None:
+        """The active silence that mutes the alert now, by Alertmanager's own reckoning (the one ending last)."""
+        shown = await would_mute(self._am, identifying_matchers(alert))
+        mine = [a for a in shown if a.fingerprint == alert.fingerprint or a.labels == alert.labels]
+        ids = {silence_id for a in mine for silence_id in a.status.silenced_by} - set(expired)
+        if not ids:
+            return None
+        active = [s for s in await self._am.silences() if s.id in ids and s.state is SilenceState.ACTIVE]
+        return max(active, key=lambda s: s.ends_at, default=None)
+
+
+def _described(silence: Silence, escaped: bool = True) -> str:
+    matchers = ", ".join(str(m) for m in silence.matchers)
+    text = f"{matchers}, by {silence.created_by}, until {silence.ends_at:%Y-%m-%d %H:%M} UTC"
+    return f"silence `{silence.id}` ({escape(text) if escaped else text})"
 
 
 def _muting(scope: Scope, alert: AlertState | None) -> str:
