@@ -4,268 +4,251 @@ An alert's history query used to be its rule's expression as it is: every GPU of
 the alert's identity labels (host, GPU) added to each selector, Prometheus returns that alert's series, or the
 series of the alerts of one batch when a label is given several values (`Hostname=~"a|b"`).
 
-Adding `gpu="2"` to a selector is safe only when the expression's result keeps the `gpu` label of the series it
-reads: plain selectors, functions applied series by series (`rate`, `*_over_time`, `abs`...), arithmetic and
-comparisons between such vectors, and aggregations `by (...)` a list that names the label. Anything else (an
-aggregation `without`, `on`/`ignoring` matching, `label_replace`, `absent`, `vector`...) keeps its expression
-unscoped: the caller reads the alert's series out of the whole answer, as before.
+The expression is read by promql-parser (a binding of a maintained Rust PromQL parser: keywords in any case,
+every aggregation). Adding `gpu="2"` to every selector is safe when each series of the result that has
+`gpu="2"` is computed from input series that have it too, and keeps it: plain selectors, functions applied
+series by series (`rate`, `*_over_time`, `abs`...), aggregations `by (...)` a list that names the label or
+`without (...)` one that does not, and operations between vectors that match on the label (no `on`/`ignoring`,
+`on (...)` naming it, `ignoring (...)` not naming it). Anything else (`absent`, `label_replace`, `vector`,
+`scalar`, an aggregation over the whole fleet...) keeps its expression unscoped: the caller reads the alert's
+series out of the whole answer, as before. An expression the parser refuses is left as it is.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterator, Mapping, Sequence
+import contextlib
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from bot.querytemplate import quote_string_body, regex_literal
+import promql_parser as pp
+
+from bot.enrich.prometheus.unparse import Rewrite, unparse
+from bot.querytemplate import regex_literal
 
 # Functions whose result keeps each input series' labels (histogram_quantile drops only `le`).
 _LABEL_KEEPING = frozenset(
     {
         "abs", "ceil", "floor", "round", "exp", "ln", "log2", "log10", "sqrt", "sgn", "clamp", "clamp_min",
         "clamp_max", "rate", "irate", "increase", "delta", "idelta", "deriv", "changes", "resets",
-        "predict_linear", "holt_winters", "timestamp", "histogram_quantile", "time", "start", "end",
+        "predict_linear", "holt_winters", "double_exponential_smoothing", "timestamp", "sort", "sort_desc",
+        "histogram_quantile", "histogram_count", "histogram_sum", "histogram_fraction", "histogram_avg",
+        "histogram_stddev", "histogram_stdvar", "acos", "acosh", "asin", "asinh", "atan", "atanh", "cos", "cosh",
+        "sin", "sinh", "tan", "tanh", "deg", "rad", "day_of_month", "day_of_week", "day_of_year", "days_in_month",
+        "hour", "minute", "month", "year",
     }
 )  # fmt: skip
-_AGGREGATIONS = frozenset(
-    {"sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "quantile", "topk", "bottomk"}
-)
-_UNSAFE_WORDS = frozenset({"without", "on", "ignoring", "group_left", "group_right"})
-_NUMBER_WORDS = frozenset({"nan", "inf"})
-_IDENT = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
-_LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_NUMBER = re.compile(r"[0-9][0-9A-Za-z_.]*")
+_VECTOR, _MATRIX, _SCALAR = pp.ValueType.Vector, pp.ValueType.Matrix, pp.ValueType.Scalar
+
+
+def _register_removed_functions() -> None:
+    """Prometheus 2 has `holt_winters` (Prometheus 3 renamed it double_exponential_smoothing): rules use it."""
+    with contextlib.suppress(ValueError):  # known already
+        pp.register_extra_functions([pp.Function("holt_winters", [_MATRIX, _SCALAR, _SCALAR], _VECTOR)])
+
+
+_register_removed_functions()
 
 
 @dataclass(frozen=True)
-class _Token:
-    kind: str  # "ident", "braces", "range", "string", "number", "other"
-    text: str
-    start: int
-    end: int
+class _Labels:
+    """The labels an expression's result is partitioned by and keeps: `names`, or every label but `names`."""
+
+    names: frozenset[str]
+    all_but: bool
+
+    def __contains__(self, name: object) -> bool:
+        return (name in self.names) != self.all_but
+
+    def __and__(self, other: _Labels) -> _Labels:
+        if self.all_but and other.all_but:
+            return _Labels(self.names | other.names, True)
+        if self.all_but:
+            return _Labels(other.names - self.names, False)
+        if other.all_but:
+            return _Labels(self.names - other.names, False)
+        return _Labels(self.names & other.names, False)
 
 
-def _closing(expr: str, start: int, opening: str, closing: str) -> int | None:
-    """The index just past the bracket closing the one at `start`, skipping strings; None when unbalanced."""
-    depth = 0
-    i = start
-    while i < len(expr):
-        char = expr[i]
-        if char in "\"'`":
-            end = _string_end(expr, i)
-            if end is None:
-                return None
-            i = end
-            continue
-        if char == opening:
-            depth += 1
-        elif char == closing:
-            depth -= 1
-            if depth == 0:
-                return i + 1
-        i += 1
-    return None
+_EVERY = _Labels(frozenset(), True)
+_NONE = _Labels(frozenset(), False)
 
 
-def _string_end(expr: str, start: int) -> int | None:
-    quote = expr[start]
-    i = start + 1
-    while i < len(expr):
-        if expr[i] == "\\" and quote != "`":
-            i += 2
-            continue
-        if expr[i] == quote:
-            return i + 1
-        i += 1
-    return None
+class _Unsafe(Exception):
+    """A part of the expression whose result no added matcher may narrow."""
 
 
-def _tokens(expr: str) -> Iterator[_Token] | None:
-    found: list[_Token] = []
-    i = 0
-    while i < len(expr):
-        char = expr[i]
-        end: int | None
-        if char.isspace():
-            i += 1
-            continue
-        if char in "\"'`":
-            kind, end = "string", _string_end(expr, i)
-        elif char == "{":
-            kind, end = "braces", _closing(expr, i, "{", "}")
-        elif char == "[":
-            kind, end = "range", _closing(expr, i, "[", "]")
-        elif char.isdigit() or (char == "." and expr[i + 1 : i + 2].isdigit()):
-            match = _NUMBER.match(expr, i) if char.isdigit() else re.compile(r"\.[0-9]+").match(expr, i)
-            kind, end = "number", match.end() if match else i + 1
-        elif (ident := _IDENT.match(expr, i)) is not None:
-            kind, end = "ident", ident.end()
-        else:
-            kind, end = "other", i + 1
-        if end is None:
-            return None
-        found.append(_Token(kind, expr[i:end], i, end))
-        i = end
-    return iter(found)
+def _only(names: Iterable[str]) -> _Labels:
+    return _Labels(frozenset(names), False)
 
 
-def _next_char(expr: str, position: int) -> str:
-    rest = expr[position:].lstrip()
-    return rest[:1]
+def _all_but(names: Iterable[str]) -> _Labels:
+    return _Labels(frozenset(names), True)
 
 
-def _by_labels(expr: str, position: int) -> frozenset[str] | None:
-    """The labels of the `(a, b)` list after `by` at `position`; None when it is not one."""
-    rest = expr[position:]
-    stripped = rest.lstrip()
-    if not stripped.startswith("("):
+def _kept(node: pp.Expr) -> _Labels:
+    """Which labels may narrow `node`'s selectors without changing its result for the series that have them."""
+    if isinstance(node, pp.VectorSelector | pp.MatrixSelector | pp.NumberLiteral | pp.StringLiteral):
+        return _EVERY
+    if isinstance(node, pp.ParenExpr | pp.UnaryExpr | pp.SubqueryExpr):
+        return _kept(node.expr)
+    if isinstance(node, pp.Call):
+        return _call(node)
+    if isinstance(node, pp.AggregateExpr):
+        return _aggregation(node)
+    if isinstance(node, pp.BinaryExpr):
+        return _binary(node)
+    raise _Unsafe(type(node).__name__)
+
+
+def _call(node: pp.Call) -> _Labels:
+    name = node.func.name
+    if not node.args:  # time(), pi(): a number; day_of_week(): one series without labels
+        return _EVERY if node.func.return_type == _SCALAR else _NONE
+    keeps = name in _LABEL_KEEPING or (name.endswith("_over_time") and name != "absent_over_time")
+    if not keeps:
+        raise _Unsafe(name)
+    kept = _EVERY
+    for arg in node.args:
+        kept &= _kept(arg)
+    return kept & _all_but(["le"]) if name == "histogram_quantile" else kept
+
+
+def _aggregation(node: pp.AggregateExpr) -> _Labels:
+    kept = _kept(node.expr)
+    if node.param is not None:
+        _kept(node.param)  # a parameter read from series (`topk(scalar(x), ...)`) is unsafe
+        if isinstance(node.param, pp.StringLiteral):  # count_values' label: its value replaces the series'
+            kept &= _all_but([node.param.val])
+    modifier = node.modifier
+    if modifier is None:
+        return _NONE
+    if modifier.type == pp.AggModifierType.By:
+        return kept & _only(modifier.labels)
+    return kept & _all_but(modifier.labels)
+
+
+def _binary(node: pp.BinaryExpr) -> _Labels:
+    kept = _kept(node.lhs) & _kept(node.rhs)
+    matching = node.modifier.matching if node.modifier is not None else None
+    if matching is None:
+        return kept
+    if matching.type == pp.LabelModifierType.Include:
+        return kept & _only(matching.labels)
+    return kept & _all_but(matching.labels)
+
+
+def _has_selector(node: pp.Expr) -> bool:
+    found = False
+
+    def visit(part: pp.Expr) -> bool:
+        nonlocal found
+        found = found or isinstance(part, pp.VectorSelector | pp.MatrixSelector)
+        return not found
+
+    pp.walk(node, visit)
+    return found
+
+
+def _parsed(expr: str) -> pp.Expr | None:
+    try:
+        return pp.parse(expr)
+    except ValueError:
         return None
-    begin = position + len(rest) - len(stripped)
-    end = _closing(expr, begin, "(", ")")
-    if end is None:
-        return None
-    names = [name.strip() for name in expr[begin + 1 : end - 1].split(",") if name.strip()]
-    if not all(_LABEL_NAME.fullmatch(name) for name in names):
-        return None
-    return frozenset(names)
 
 
-@dataclass(frozen=True)
-class _Reading:
-    """Where the expression's selectors are, and which labels its result keeps (None: all of them)."""
-
-    selectors: list[tuple[int, int, bool]]  # (start, end, has braces) of each selector, in order
-    kept: frozenset[str] | None
-
-
-def _read(expr: str, regroup: bool = False) -> _Reading | None:
-    """None when the expression cannot be narrowed safely (or cannot be read). `regroup`: aggregations without
-    `by` are fine too, the caller groups them by its labels (see `grouped`)."""
-    tokens = _tokens(expr)
-    if tokens is None:
-        return None
-    selectors: list[tuple[int, int, bool]] = []
-    kept: frozenset[str] | None = None
-    skip_until = -1
-    for token in tokens:
-        if token.start < skip_until:
-            continue
-        if token.kind == "braces":
-            selectors.append((token.start, token.end, True))
-        elif token.kind == "ident":
-            word = token.text
-            lower = word.lower()
-            following = _next_char(expr, token.end)
-            if lower in _UNSAFE_WORDS:
-                return None
-            if lower == "by":
-                labels = _by_labels(expr, token.end)
-                if labels is None:
-                    return None
-                kept = labels if kept is None else kept & labels
-                skip_until = _closing(expr, expr.index("(", token.end), "(", ")") or len(expr)
-            elif lower in _AGGREGATIONS and following in ("(", "b"):
-                # `sum(x)` keeps nothing, `sum by (a) (x)` keeps a: the `by` that follows says which.
-                if following == "(":
-                    after = _closing(expr, expr.index("(", token.end), "(", ")") or len(expr)
-                    trailing = expr[after:].lstrip()
-                    if not trailing.startswith("by") and not regroup:
-                        return None
-            elif lower in ("bool", "offset", "and", "or", "unless", "atan2") or lower in _NUMBER_WORDS:
-                continue
-            elif following == "(":
-                if (lower not in _LABEL_KEEPING and not lower.endswith("_over_time")) or lower == "absent_over_time":
-                    return None
-            else:
-                braces = following == "{"
-                end = _closing(expr, expr.index("{", token.end), "{", "}") if braces else token.end
-                if end is None:
-                    return None
-                selectors.append((token.start, end, braces))
-                skip_until = end
-    return _Reading(selectors, kept)
+def _allowed(node: pp.Expr | None, wanted: Sequence[str]) -> list[str]:
+    if node is None or not _has_selector(node):
+        return []
+    try:
+        kept = _kept(node)
+    except _Unsafe:
+        return []
+    return [name for name in wanted if name in kept]
 
 
 def scope_labels(expr: str, wanted: Sequence[str]) -> list[str]:
     """Which of the `wanted` labels can be added to the expression's selectors: [] when none can."""
-    reading = _read(expr)
-    if reading is None or not reading.selectors:
-        return []
-    return [name for name in wanted if reading.kept is None or name in reading.kept]
+    return _allowed(_parsed(expr), wanted)
 
 
 def scoped(expr: str, matchers: Mapping[str, Sequence[str]]) -> str:
     """The expression with `label="value"` (one value) or `label=~"v1|v2"` (several) added to every selector, for
     the labels `scope_labels` allows; the expression unchanged when none."""
-    allowed = scope_labels(expr, sorted(matchers))
-    rendered = [_matcher(name, matchers[name]) for name in allowed if matchers[name]]
-    reading = _read(expr)
-    if not rendered or reading is None:
+    node = _parsed(expr)
+    allowed = [name for name in _allowed(node, sorted(matchers)) if matchers[name]]
+    if node is None or not allowed:
         return expr
-    extra = ", ".join(rendered)
-    out: list[str] = []
-    position = 0
-    for start, end, braces in reading.selectors:
-        out.append(expr[position:start])
-        selector = expr[start:end]
-        if braces:
-            inner = selector[selector.index("{") + 1 : -1].strip().rstrip(",").strip()
-            head = selector[: selector.index("{")]
-            out.append(f"{head}{{{inner + ', ' if inner else ''}{extra}}}")
-        else:
-            out.append(f"{selector}{{{extra}}}")
-        position = end
-    out.append(expr[position:])
-    return "".join(out)
+    try:
+        return unparse(node, Rewrite(matchers=[_matcher(name, matchers[name]) for name in allowed]))
+    except ValueError:
+        return expr
 
 
 def grouped(expr: str, labels: Sequence[str]) -> str | None:
     """The expression with every aggregation also grouped `by` the labels: `max(x{host=~"a|b"})` becomes
     `max by (host) (x{host=~"a|b"})`, whose series for host a is what `max(x{host="a"})` answers. None when the
     expression cannot be regrouped safely (`without`, `on`, `label_replace`...)."""
-    if _read(expr, regroup=True) is None:
+    node = _parsed(expr)
+    if node is None or _matches_on_labels(node):
         return None
-    tokens = _tokens(expr)
-    if tokens is None:
+    try:
+        _shape(node)
+    except _Unsafe:
         return None
-    edits: list[tuple[int, str]] = []
-    for token in tokens:
-        if token.kind != "ident" or token.text.lower() not in _AGGREGATIONS:
-            continue
-        rest = expr[token.end :].lstrip()
-        if rest.startswith("("):
-            after = _closing(expr, expr.index("(", token.end), "(", ")")
-            if after is None:
-                return None
-            trailing = expr[after:].lstrip()
-            if trailing.startswith("by"):
-                edits.extend(_extended(expr, after + len(expr[after:]) - len(trailing) + 2, labels))
-            else:
-                edits.append((token.end, f" by ({', '.join(labels)})"))
-        elif rest.startswith("by"):
-            edits.extend(_extended(expr, token.end + len(expr[token.end :]) - len(rest) + 2, labels))
-    out = expr
-    for position, text in sorted(edits, reverse=True):
-        out = out[:position] + text + out[position:]
-    return out
+    try:
+        regrouped = unparse(node, Rewrite(by=labels))
+    except ValueError:
+        return None
+    if regrouped == unparse(node):
+        return expr if _allowed(node, labels) == list(labels) else None
+    return regrouped if _allowed(_parsed(regrouped), labels) == list(labels) else None
 
 
-def _extended(expr: str, after_by: int, labels: Sequence[str]) -> list[tuple[int, str]]:
-    """The insertion that adds the missing `labels` to the `(a, b)` list after a `by` ending at `after_by`."""
-    present = _by_labels(expr, after_by) or frozenset()
-    missing = [name for name in labels if name not in present]
-    if not missing:
-        return []
-    begin = expr.index("(", after_by)
-    end = _closing(expr, begin, "(", ")")
-    if end is None:
-        return []
-    inner = expr[begin + 1 : end - 1].strip()
-    return [(end - 1, (", " if inner else "") + ", ".join(missing))]
+def _matches_on_labels(node: pp.Expr) -> bool:
+    """Whether the expression names labels that regrouping would have to reckon with (`without`, `on`...)."""
+    found = False
+
+    def visit(part: pp.Expr) -> bool:
+        nonlocal found
+        if isinstance(part, pp.AggregateExpr) and part.modifier is not None:
+            found = found or part.modifier.type == pp.AggModifierType.Without
+        if isinstance(part, pp.BinaryExpr) and part.modifier is not None:
+            found = found or part.modifier.matching is not None or any(part.modifier.card == c for c in _GROUPED_CARDS)
+        return not found
+
+    pp.walk(node, visit)
+    return found
 
 
-def _matcher(name: str, values: Sequence[str]) -> str:
+def _shape(node: pp.Expr) -> str:
+    """ "number", "grouped" (an aggregation's result: regrouping adds the labels to it) or "series" (left as they
+    are). An operation between "grouped" and "series" would match otherwise once regrouped than the expression
+    filled for one alert does (`x / sum(x)`): _Unsafe."""
+    if isinstance(node, pp.NumberLiteral | pp.StringLiteral):
+        return "number"
+    if isinstance(node, pp.ParenExpr | pp.UnaryExpr | pp.SubqueryExpr):
+        return _shape(node.expr)
+    if isinstance(node, pp.AggregateExpr):
+        _shape(node.expr)
+        return "grouped"
+    if isinstance(node, pp.BinaryExpr | pp.Call):
+        parts = [node.lhs, node.rhs] if isinstance(node, pp.BinaryExpr) else node.args
+        shapes = {_shape(part) for part in parts} - {"number"}
+        if len(shapes) > 1:
+            raise _Unsafe("an operation between an aggregation and series")
+        if shapes:
+            return shapes.pop()
+        if isinstance(node, pp.Call) and node.func.return_type != _SCALAR:
+            raise _Unsafe("a series without labels")  # day_of_week(): no labels, none added
+        return "number"
+    return "series"
+
+
+_GROUPED_CARDS = (pp.VectorMatchCardinality.ManyToOne, pp.VectorMatchCardinality.OneToMany)
+
+
+def _matcher(name: str, values: Sequence[str]) -> tuple[str, str, str]:
     distinct = sorted(set(values))
     if len(distinct) == 1:
-        return f'{name}="{quote_string_body(distinct[0])}"'
-    return f'{name}=~"{quote_string_body("|".join(regex_literal(v) for v in distinct))}"'
+        return (name, "=", distinct[0])
+    return (name, "=~", "|".join(regex_literal(v) for v in distinct))
