@@ -5,11 +5,13 @@ tests/test_promql_corpus.py."""
 
 from __future__ import annotations
 
+import re
 import promql_parser as pp
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bot.enrich.prometheus.plan import inventory_host, inventory_query
 from bot.enrich.prometheus.scope import grouped, scope_labels, scoped
 from bot.enrich.prometheus.unparse import unparse
 
@@ -42,6 +44,23 @@ def test_count_values_is_an_aggregation() -> None:
     assert scoped('count_values("version", node_uname_info)', HOST) == 'count_values("version", node_uname_info)'
     # The value label replaces the series' own: never narrowed by it.
     assert scope_labels('count_values by (gpu) ("gpu", x)', ["gpu"]) == []
+
+
+def test_an_ipv6_instance_finds_its_hosts_gpus_in_the_inventory() -> None:
+    query = pp.parse(inventory_query(["fd00::7", "k-ai-01"], 3600))
+    found: list[str] = []
+
+    def instance_matchers(node: pp.Expr) -> None:
+        if isinstance(node, pp.VectorSelector):
+            found.extend(m.value for m in node.matchers.matchers if m.name == "instance")
+
+    pp.walk(query, instance_matchers)
+    [pattern] = found  # RE2 as Prometheus anchors it; the same in Python's re for these patterns
+    for instance in ("[fd00::7]:9400", "fd00::7", "k-ai-01:9400", "k-ai-01"):
+        assert re.fullmatch(pattern, instance), instance
+    for other in ("[fd00::70]:9400", "fd00::7:9400x", "k-ai-010:9400"):
+        assert not re.fullmatch(pattern, other), other
+    assert inventory_host({"instance": "[fd00::7]:9400"}) == ("fd00::7",)
 
 
 def test_what_cannot_be_narrowed_stays_as_it_is() -> None:

@@ -232,7 +232,7 @@ def inventory_query(hosts: Sequence[str], history: float) -> str:
     selectors = [
         f"{{Hostname{names}}}",
         f"{{hostname{names}}}",
-        f"{{instance=~{quoted(_regex_of(hosts) + '(:[0-9]+)?')}}}",
+        f"{{instance=~{quoted(_instance_regex(hosts))}}}",
     ]
     return (
         f"count by ({_INVENTORY_LABELS}) ("
@@ -243,6 +243,13 @@ def inventory_query(hosts: Sequence[str], history: float) -> str:
 
 def _one_of(hosts: Sequence[str]) -> str:
     return f"={quoted(hosts[0])}" if len(hosts) == 1 else f"=~{quoted(_regex_of(hosts))}"
+
+
+def _instance_regex(hosts: Sequence[str]) -> str:
+    """An `instance` of one of the hosts, with or without a port: an IPv6 address is bracketed before its port
+    (`[fd00::7]:9400`), as Prometheus writes a target."""
+    names = [regex_literal(h) for h in hosts] + [rf"\[{regex_literal(h)}\]" for h in hosts if ":" in h]
+    return (names[0] if len(names) == 1 else "(?:" + "|".join(names) + ")") + "(:[0-9]+)?"
 
 
 def _regex_of(hosts: Sequence[str]) -> str:
