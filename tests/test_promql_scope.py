@@ -6,14 +6,22 @@ tests/test_promql_corpus.py."""
 from __future__ import annotations
 
 import re
+import urllib.parse
+from datetime import UTC, datetime, timedelta
+
+import httpx
 import promql_parser as pp
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bot.config import PrometheusConfig
+from bot.enrich.base import EnrichmentRequest
+from bot.enrich.prometheus import PrometheusClient, PrometheusEnricher
 from bot.enrich.prometheus.plan import inventory_host, inventory_query
 from bot.enrich.prometheus.scope import grouped, scope_labels, scoped
 from bot.enrich.prometheus.unparse import unparse
+from tests.support.payloads import alert_state
 
 HOST = {"instance": ["k-ai-01:9400"]}
 
@@ -167,3 +175,37 @@ def _selectors(tree: pp.Expr) -> list[pp.VectorSelector]:
 def test_any_text_is_narrowed_or_left_as_it_is_never_an_error(text: str) -> None:
     assert isinstance(scoped(text, HOST), str)
     grouped(text, ["instance"])
+
+
+# --- a narrowed query Prometheus refuses --------------------------------------------------------------
+async def test_a_refused_narrowed_history_query_is_read_unnarrowed() -> None:
+    sent: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        form = dict(urllib.parse.parse_qsl(request.content.decode()))
+        if request.url.path == "/api/v1/query":
+            return httpx.Response(200, json={"status": "success", "data": {"resultType": "vector", "result": []}})
+        sent.append(form["query"])
+        if "k-ai-01" in form["query"]:  # whatever the rewrite, say Prometheus cannot read it
+            return httpx.Response(400, json={"status": "error", "errorType": "bad_data", "error": "parse error"})
+        end = float(form["end"])
+        series = [
+            {"metric": {"instance": host, "job": "dcgm"}, "values": [[end - 60, "40"], [end, str(value)]]}
+            for host, value in (("k-ai-01:9400", 91), ("k-ai-02:9400", 50))
+        ]
+        return httpx.Response(200, json={"status": "success", "data": {"resultType": "matrix", "result": series}})
+
+    labels = {"alertname": "GPUHot", "instance": "k-ai-01:9400", "job": "dcgm", "severity": "critical"}
+    url = "http://prometheus:9090/graph?g0.expr=" + urllib.parse.quote_plus("DCGM_FI_DEV_GPU_TEMP > 87")
+    alert = alert_state(labels, starts_at=datetime.now(UTC) - timedelta(minutes=1), key="k", generator_url=url)
+    config = PrometheusConfig(url="http://prometheus.test:9090")
+    client = PrometheusClient(config, transport=httpx.MockTransport(answer))
+    enricher = PrometheusEnricher(config, 2.0, client)
+    try:
+        section = await enricher.enrich(EnrichmentRequest(alert, None, {}))
+    finally:
+        await enricher.close()
+    assert sent == ['DCGM_FI_DEV_GPU_TEMP{instance="k-ai-01:9400"}', "DCGM_FI_DEV_GPU_TEMP"]
+    assert section.status == "ok", section
+    assert section.data.history is not None and section.data.history.current == 91.0
+    assert section.data.history.labels["instance"] == "k-ai-01:9400"

@@ -39,6 +39,8 @@ _IGNORED_ALERT_LABELS = frozenset({"alertname", "severity"})
 # Labels that differ between exporters on one host; a related query's series may carry other values.
 _EXPORTER_LABELS = frozenset({"__name__", "instance", "job"})
 _RULES_TTL = 30.0
+# Prometheus refusing a query (bad_data, or an execution error such as a matching it does not allow).
+_REFUSED = frozenset({"http_400", "http_422"})
 
 
 def match_score(series: Mapping[str, str], alert: Mapping[str, str], ignore: frozenset[str]) -> int | None:
@@ -174,12 +176,21 @@ class PrometheusEnricher:
         window, group = queries.windows[alert.key], queries.history[alert.key]
         graphed = found.graphed
         ignore = _IGNORED_ALERT_LABELS | frozenset(found.rule_labels) | {"__name__"}
+        narrowed = group.query != graphed.query
         try:
-            answer = await shared(queries.range(group))
+            try:
+                answer = await shared(queries.range(group))
+            except QueryError as exc:
+                if not narrowed or exc.reason not in _REFUSED:
+                    raise
+                # Prometheus refused the narrowed query (a rewrite it does not read as it was meant): read the
+                # whole expression, as when the narrowed one has no series of the alert.
+                log.info("the narrowed history query was refused", extra={"query": group.query, "reason": exc.detail})
+                answer = []
             index = queries.split(group, answer, lambda s: [tuple(s.labels.get(k, "") for k in group.keys)])
             own = index.get(tuple(alert.labels.get(k, "") for k in group.keys), [])
             chosen = _choose(own, alert.labels, ignore) if own else None
-            if chosen is None and group.query != graphed.query:
+            if chosen is None and narrowed:
                 # A label of the alert is not on its series: read the whole expression, as an unnarrowed query would.
                 own = await shared(queries.range(unscoped(group, graphed.query)))
                 chosen = _choose(own, alert.labels, ignore)
