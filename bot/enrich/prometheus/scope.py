@@ -212,8 +212,8 @@ def _matches_on_labels(node: pp.Expr) -> bool:
         nonlocal found
         if isinstance(part, pp.AggregateExpr) and part.modifier is not None:
             found = found or part.modifier.type == pp.AggModifierType.Without
-        if isinstance(part, pp.BinaryExpr) and part.modifier is not None:
-            found = found or part.modifier.matching is not None or any(part.modifier.card == c for c in _GROUPED_CARDS)
+        if isinstance(part, pp.BinaryExpr) and part.modifier is not None:  # group_left comes with on/ignoring
+            found = found or part.modifier.matching is not None
         return not found
 
     pp.walk(node, visit)
@@ -221,9 +221,9 @@ def _matches_on_labels(node: pp.Expr) -> bool:
 
 
 def _shape(node: pp.Expr) -> str:
-    """ "number", "grouped" (an aggregation's result: regrouping adds the labels to it) or "series" (left as they
-    are). An operation between "grouped" and "series" would match otherwise once regrouped than the expression
-    filled for one alert does (`x / sum(x)`): _Unsafe."""
+    """What regrouping does to the result: nothing to a "number", it adds the labels to a "grouped" one (an
+    aggregation's), and leaves "series" as they are. An operation between "grouped" and "series" would then match
+    otherwise than the expression filled for one alert does (`x / sum(x)`): _Unsafe."""
     if isinstance(node, pp.NumberLiteral | pp.StringLiteral):
         return "number"
     if isinstance(node, pp.ParenExpr | pp.UnaryExpr | pp.SubqueryExpr):
@@ -242,9 +242,6 @@ def _shape(node: pp.Expr) -> str:
             raise _Unsafe("a series without labels")  # day_of_week(): no labels, none added
         return "number"
     return "series"
-
-
-_GROUPED_CARDS = (pp.VectorMatchCardinality.ManyToOne, pp.VectorMatchCardinality.OneToMany)
 
 
 def _matcher(name: str, values: Sequence[str]) -> tuple[str, str, str]:

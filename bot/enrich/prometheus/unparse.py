@@ -44,7 +44,7 @@ class _Printer:
         if isinstance(node, pp.MatrixSelector):
             return self._selector(node.vector_selector, node.range)
         if isinstance(node, pp.NumberLiteral):
-            return number(node.val)
+            return _number(node.val)
         if isinstance(node, pp.StringLiteral):
             return quoted(node.val)
         if isinstance(node, pp.ParenExpr):
@@ -61,8 +61,8 @@ class _Printer:
         if isinstance(node, pp.SubqueryExpr):
             if node.range is None:
                 raise ValueError("a subquery without its range")
-            step = duration(node.step) if node.step is not None else ""
-            return f"{self.expr(node.expr)}[{duration(node.range)}:{step}]{_modifiers(node.at, node.offset)}"
+            step = pp.display_duration(node.step) if node.step is not None else ""
+            return f"{self.expr(node.expr)}[{pp.display_duration(node.range)}:{step}]{_modifiers(node.at, node.offset)}"
         raise ValueError(f"no PromQL for {type(node).__name__}")
 
     def _selector(self, node: pp.VectorSelector, window: timedelta | None) -> str:
@@ -72,7 +72,7 @@ class _Printer:
         matchers += [f"{name}{op}{quoted(value)}" for name, op, value in self._rewrite.matchers]
         text = f"{node.name or ''}{{{', '.join(matchers)}}}" if matchers or not node.name else node.name
         if window is not None:
-            text += f"[{duration(window)}]"
+            text += f"[{pp.display_duration(window)}]"
         return text + _modifiers(node.at, node.offset)
 
     def _aggregation(self, node: pp.AggregateExpr) -> str:
@@ -122,15 +122,12 @@ def _modifiers(at: pp.AtModifier | None, offset: timedelta | None) -> str:
         elif at.at is not None:
             text += f" @ {at.at.timestamp():.3f}"
     if offset is not None and offset:
-        text += f" offset -{duration(-offset)}" if offset < timedelta(0) else f" offset {duration(offset)}"
+        sign = "-" if offset < timedelta(0) else ""
+        text += f" offset {sign}{pp.display_duration(abs(offset))}"
     return text
 
 
-def duration(value: timedelta) -> str:
-    return pp.display_duration(value)
-
-
-def number(value: float) -> str:
+def _number(value: float) -> str:
     if math.isnan(value):
         return "NaN"
     if math.isinf(value):
