@@ -16,11 +16,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.support.processes import ManagedProcess, free_port
+from tests.support.processes import REPO, ManagedProcess, free_port
+from tests.support.sshd import Sshd
 
 SLURMCTLD = "/usr/sbin/slurmctld"
 SLURM_INSTALLED = all(shutil.which(tool) for tool in (SLURMCTLD, "/usr/sbin/slurmd", "scontrol", "/usr/sbin/munged"))
 NODE = "n1"
+SLURM_NODE_ACTIONS = REPO / "scripts" / "slurm-node-actions.sh"
 
 
 def _until(done: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
@@ -154,3 +156,12 @@ PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         for process in reversed(self._processes):
             process.stop(timeout=20)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def slurm_sshd(workdir: Path, cluster: SlurmCluster, settings: str = "") -> Sshd:
+    """A real sshd whose key forces the shipped scripts/slurm-node-actions.sh with a config file as
+    docs/remediation.md writes it (SLURM_CONF, NODES, VERBS...); the script logs each request it got."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    config = workdir / "slurm-node-actions.conf"
+    config.write_text(f"SLURM_CONF={cluster.conf}\nLOG_FILE={workdir / 'verbs.log'}\n{settings}")
+    return Sshd(workdir, command=f"{SLURM_NODE_ACTIONS} {config}")
