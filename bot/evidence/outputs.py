@@ -105,8 +105,16 @@ class PrometheusEvidence(SectionEvidence):
     unavailable: dict[str, str] = Field(default_factory=dict)
     # The host's GPUs from dcgm-exporter's labels (gpu, UUID, pci_bus_id, modelName, Hostname).
     gpus: list[dict[str, str]] = Field(default_factory=list)
-    # The work dcgm-exporter attributes to the host's GPUs now (gpu, UUID, pod, namespace, container, hpc_job).
+    # The work dcgm-exporter attributes to the host's GPUs now (gpu, UUID, pod, namespace, container, hpc_job);
+    # left out of the JSON when there is none, as it was before it existed.
     workloads: list[dict[str, str]] = Field(default_factory=list)
+
+    @model_serializer(mode="wrap")
+    def _workloads_when_found(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        dumped: dict[str, Any] = handler(self)
+        if not dumped.get("workloads"):
+            dumped.pop("workloads", None)
+        return dumped
 
 
 class RelatedAlertFound(EvidenceModel):

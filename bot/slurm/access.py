@@ -7,8 +7,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-import asyncssh
-
 from bot.config import SshExecutorConfig
 from bot.config.slurm import SLURM_NODE
 
@@ -59,6 +57,9 @@ class SlurmAccess:
             words.append(node)
         if reason:
             words.append(reason_text(reason))
+        # Imported here: a bot whose enrichment or remediation never asks Slurm does not pay for loading it.
+        import asyncssh
+
         config = self.config
         try:
             async with asyncssh.connect(
