@@ -147,3 +147,19 @@ async def test_an_error_of_the_scheduler_is_said_in_the_thread_and_audited(
         [entry] = [e for e in audit if e.action == f"run {RESUME}" and e.outcome == "failed"]
         assert "Invalid node state specified" in entry.detail
         assert cluster.state(NODE) == "idle"
+
+
+async def test_a_hostile_alertname_never_reaches_the_reason_and_another_node_is_never_touched(
+    tmp_path: Path, slack: FakeSlack, cluster: SlurmCluster, controller: Sshd
+) -> None:
+    hostile = 'X" State=DOWN NodeName=n2 $(scancel -u root)'
+    async with running_bot(tmp_path, slurm_config(tmp_path, slack, controller)) as bot:
+        alert, root = await post_alert(bot, slack, hostile, host="k-ai-01", gpu="0", node="n2")
+        answer = await post_command(bot.url, f"run cordon-node {alert.fingerprint}", user=RESPONDER)
+        assert answer.startswith("Started cordon-node on k-ai-01")
+        replies = lambda: [reply.text for reply in slack.replies(root)]  # noqa: E731
+        await eventually(lambda: any("cordon-node on k-ai-01 done" in text for text in replies()), timeout=30)
+        [run] = await bot.runtime.store.action_runs(alert.starts_at)
+    assert cluster.reason(NODE) == f"gpu-alert-bot alert alert {short_id(alert.key)} run {run.id}"
+    assert cluster.state(NODE) == "drained"
+    assert cluster.state("n2") != "drained" and cluster.reason("n2") == "none"
