@@ -43,8 +43,11 @@ def build_enrichers(
     return EnrichmentRunner([e for e in enrichers if e is not None], config.budget, metrics)
 
 
-def _workload(config: EnrichmentConfig, host_labels: Sequence[str]) -> WorkloadEnricher:
+def _workload(config: EnrichmentConfig, host_labels: Sequence[str]) -> WorkloadEnricher | None:
+    """From dcgm-exporter's labels in Prometheus, or the Slurm scheduler: neither configured, nothing to read."""
     slurm = config.slurm
+    if config.prometheus is None and slurm is None:
+        return None
     return WorkloadEnricher(slurm, source_timeout(slurm.timeout if slurm else 0.0, config.budget), host_labels)
 
 
