@@ -144,4 +144,4 @@ def test_only_configured_sources_are_enriched() -> None:
     assert asyncio.run(names({})) == always
     assert asyncio.run(names({"loki": {"url": "http://loki:3100"}})) == [*always, "loki"]
     both = {"loki": {"url": "http://loki:3100"}, "prometheus": {"url": "http://prometheus:9090"}}
-    assert asyncio.run(names(both)) == ["gpu", "xid", "recurrence", "prometheus", "related", "loki"]
+    assert asyncio.run(names(both)) == ["gpu", "workload", "xid", "recurrence", "prometheus", "related", "loki"]

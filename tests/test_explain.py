@@ -176,7 +176,7 @@ def test_enrich_runs_the_configured_enrichers_within_the_budget_and_stores_nothi
     assert enrichment["ran"] is True
     sections = {s["name"]: s["status"] for s in enrichment["sections"]}
     assert sections["prometheus"] == "unavailable"
-    assert set(sections) == {"gpu", "xid", "recurrence", "prometheus", "related"}
+    assert set(sections) == {"gpu", "workload", "xid", "recurrence", "prometheus", "related"}
     assert not (tmp_path / "store").exists()
 
 

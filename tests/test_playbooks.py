@@ -436,6 +436,25 @@ def test_a_psu_voltage_drop_before_an_xid_79_points_at_power(shipped: PlaybookSe
     assert any("lack of power" in j for j in shipped.advise(shipped.match(bare), bare, gauge).judgements)
 
 
+@pytest.mark.parametrize(
+    ("code", "drain"),
+    [("79", True), ("48", True), ("94", False), ("95", True), ("119", True), ("120", True), ("154", True)],
+)
+def test_each_xid_that_takes_the_node_out_of_service_says_drain_and_resume(
+    shipped: PlaybookSet, code: str, drain: bool
+) -> None:
+    xid = alert("GPUXIDError", **DCGM, err_code=code)
+    advice = shipped.advise(shipped.match(xid), xid, Enrichment())
+    [said] = [j for j in advice.judgements if j.startswith(f"Xid {code}") or j.startswith("Xid 119/120")]
+    assert ("(on Slurm: DRAIN with this alert's id" in said) is drain
+    assert ("Resume node" in said) is drain
+    assert {"drain-node", "resume-node"} <= {action.name for action in advice.actions}
+    # From the gauge alone (no err_code label) too.
+    bare = alert("GPUXIDError", **DCGM)
+    gauge = Enrichment(sections=[prometheus(xid_gauge=float(code))])
+    assert said in shipped.advise(shipped.match(bare), bare, gauge).judgements
+
+
 def test_related_conditions_respect_their_window(tmp_path: Path) -> None:
     (tmp_path / "X.yaml").write_text(
         "match: {alertname: X}\ntitle: X\nrelated_alerts: [{alert: Y, within: 1h}]\n"

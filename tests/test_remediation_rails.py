@@ -14,6 +14,7 @@ from bot.actions.kubernetes import NODE_ACTIONS
 from bot.actions.policy import AutomaticPolicy
 from bot.actions.registry import ACTIONS
 from bot.actions.runs import ActionRefused
+from bot.actions.slurm import SLURM_ACTIONS
 from bot.actions.ssh import SSH_VERBS
 from bot.config import DOCKER_ACTIONS
 from bot.evidence import Enrichment, EnrichmentSection, Verdict, XidEvidence
@@ -312,7 +313,7 @@ async def test_after_a_restart_an_approved_run_runs_and_an_interrupted_one_is_re
 
 def test_every_remediation_action_in_the_registry_has_an_executor() -> None:
     conversation = {"ack", "silence-1h", "silence-4h", "silence-24h"}
-    implemented = set(SSH_VERBS) | NODE_ACTIONS | DOCKER_ACTIONS
+    implemented = set(SSH_VERBS) | NODE_ACTIONS | DOCKER_ACTIONS | set(SLURM_ACTIONS)
     assert set(ACTIONS) - conversation <= implemented
 
 

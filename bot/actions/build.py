@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 
 from bot.actions.authorization import ConfigAuthorizer
 from bot.actions.engine import AlertFinder, Authorizer, Remediation, Verification
@@ -23,7 +24,7 @@ log = logging.getLogger(__name__)
 
 def build_executors(config: RemediationConfig) -> dict[str, dict[str, Executor]]:
     """Per configured host, per action, the executor that runs it there: the first configured of Docker
-    (the most direct), Kubernetes, then SSH.
+    (the most direct), Kubernetes, Slurm (the scheduler's node actions), then SSH.
 
     Each executor's client library is imported only when some host uses it: together they take seconds to
     load, which every command and every start of the bot would pay otherwise."""
@@ -38,6 +39,10 @@ def build_executors(config: RemediationConfig) -> dict[str, dict[str, Executor]]
             from bot.actions.kubernetes import KubernetesExecutor
 
             candidates.append(KubernetesExecutor(host, target.kubernetes_node, config.kubernetes))
+        if config.slurm is not None and target.slurm_node is not None:
+            from bot.actions.slurm import SlurmExecutor
+
+            candidates.append(SlurmExecutor(host, target.slurm_node, config.slurm))
         if target.ssh is not None:
             from bot.actions.ssh import SshExecutor
 
@@ -88,6 +93,8 @@ class RemediationService:
     policy: AutomaticPolicy
     clock: Clock
     poll_interval: float
+    # Lines for `/gpu status`: the state of the nodes a scheduler executor serves.
+    status: Callable[[], Awaitable[list[str]]]
     _task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -130,10 +137,11 @@ def build_remediation(
         from bot.actions.verify import ExporterRestartCheck
 
         verifiers["restart-dcgm-exporter"] = ExporterRestartCheck(prometheus, clock, remediation.poll_interval)
+    executors = build_executors(remediation)
     engine = Remediation(
         store,
         remediation,
-        build_executors(remediation),
+        executors,
         NoteAnnouncer(store, notify),
         authorizer(ConfigAuthorizer(remediation)) if authorizer else ConfigAuthorizer(remediation),
         alert_finder(store),
@@ -143,4 +151,13 @@ def build_remediation(
         lambda alert: " ".join(playbooks.match(alert).escalate.split()),
     )
     policy = AutomaticPolicy(engine, store, clock)
-    return RemediationService(engine, policy, clock, remediation.poll_interval)
+    return RemediationService(engine, policy, clock, remediation.poll_interval, partial(node_status, executors))
+
+
+async def node_status(executors: dict[str, dict[str, Executor]]) -> list[str]:
+    """The scheduler's word on the configured Slurm nodes; nothing when no host has a Slurm executor."""
+    if not any(executor.kind == "slurm" for per_host in executors.values() for executor in per_host.values()):
+        return []
+    from bot.actions.slurm import scheduler_status
+
+    return await scheduler_status(executors)

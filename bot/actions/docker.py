@@ -10,7 +10,7 @@ import ssl
 import aiodocker
 import aiohttp
 
-from bot.actions.executor import ExecResult, ExecutorError
+from bot.actions.executor import ExecResult, ExecutorError, RunContext
 from bot.config import DOCKER_ACTIONS, DockerExecutorConfig
 
 # The status aiodocker gives a DockerError when it got no answer at all (connection refused, TLS refused).
@@ -31,7 +31,7 @@ class DockerExecutor:
         config = self._config
         return f"docker restart -t {config.stop_timeout} {config.containers[action]} via {config.url} ({self._host})"
 
-    async def run(self, action: str, gpu: str | None) -> ExecResult:
+    async def run(self, action: str, gpu: str | None, context: RunContext | None = None) -> ExecResult:
         config = self._config
         name = config.containers[action]
         timeout = aiohttp.ClientTimeout(total=config.timeout)

@@ -16,7 +16,7 @@ from typing import Any, NoReturn, Protocol
 
 from bot.actions.breaker import CircuitBreaker
 from bot.actions.conversation import Announcer, ApprovalWatcher, RunConversation
-from bot.actions.executor import ExecResult, Executor, ExecutorError
+from bot.actions.executor import ExecResult, Executor, ExecutorError, RunContext
 from bot.actions.rails import ExecutionRails
 from bot.actions.registry import ACTIONS
 from bot.actions.runs import (
@@ -42,7 +42,7 @@ from bot.audit import AuditLog
 from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import ActionPolicyConfig, RemediationConfig
 from bot.metrics import Metrics
-from bot.models import AlertState
+from bot.models import AlertState, short_id
 from bot.store.base import ActionRun, BreakerState, Store
 
 log = logging.getLogger(__name__)
@@ -364,8 +364,10 @@ class Remediation:
         executor = self._executors.get(run.target, {}).get(run.action)
         if executor is None:
             return ExecResult(False, f"no executor for {run.action} on {run.target} any more")
+        alert = await self._store.get_alert(run.alert_key)
+        context = RunContext(run.id, short_id(run.alert_key), alert.alertname if alert is not None else "")
         try:
-            return await executor.run(run.action, run.gpu)
+            return await executor.run(run.action, run.gpu, context)
         except ExecutorError as exc:
             return ExecResult(False, str(exc))
 

@@ -24,6 +24,16 @@ class ExecResult:
         return text if len(text) <= OUTPUT_LIMIT else text[: OUTPUT_LIMIT - 20] + "\n... (output cut)"
 
 
+@dataclass(frozen=True)
+class RunContext:
+    """What a run is for, for an executor that records why it acts (a Slurm drain's reason): the run's number,
+    the alert's short id as messages show it, and its alertname (a label value: data, never trusted)."""
+
+    run_id: int
+    alert_id: str
+    alertname: str
+
+
 class Executor(Protocol):
     kind: str
 
@@ -35,4 +45,4 @@ class Executor(Protocol):
         """What running the action would do, in words: the dry-run answer."""
         ...
 
-    async def run(self, action: str, gpu: str | None) -> ExecResult: ...
+    async def run(self, action: str, gpu: str | None, context: RunContext | None = None) -> ExecResult: ...

@@ -28,7 +28,7 @@ from kubernetes_asyncio.config.incluster_config import (
     InClusterConfigLoader,
 )
 
-from bot.actions.executor import ExecResult, ExecutorError
+from bot.actions.executor import ExecResult, ExecutorError, RunContext
 from bot.config import KubernetesExecutorConfig
 
 NODE_ACTIONS = frozenset({"cordon-node", "uncordon-node", "drain-node"})
@@ -55,7 +55,7 @@ class KubernetesExecutor:
         selector = self._config.pods[action]
         return f"delete the pod {selector} on node {self._node} in namespace {self._config.namespace} ({self._host})"
 
-    async def run(self, action: str, gpu: str | None) -> ExecResult:
+    async def run(self, action: str, gpu: str | None, context: RunContext | None = None) -> ExecResult:
         try:
             async with client.ApiClient(await self._configuration()) as api:
                 core = client.CoreV1Api(api)

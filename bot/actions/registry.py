@@ -63,7 +63,19 @@ ACTIONS: Mapping[str, ActionSpec] = {
             "cordon-node", "Cordon node", "guarded", "No new work is scheduled on the host; running work continues."
         ),
         ActionSpec("uncordon-node", "Uncordon node", "guarded", "New work may be scheduled on the host again."),
-        ActionSpec("drain-node", "Drain node", "dangerous", "Stops or moves every workload off the host."),
+        ActionSpec(
+            "drain-node",
+            "Drain node",
+            "dangerous",
+            "Kubernetes: evicts every pod from the host. Slurm: DRAIN with the alert's id as the reason; running "
+            "jobs finish, no new one starts.",
+        ),
+        ActionSpec(
+            "resume-node",
+            "Resume node",
+            "guarded",
+            "Slurm: RESUME, the node takes jobs again (undoes a drain). Only for a node fixed or judged healthy.",
+        ),
         ActionSpec(
             "reset-gpu",
             "Reset GPU",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncssh
 
-from bot.actions.executor import ExecResult, ExecutorError
+from bot.actions.executor import ExecResult, ExecutorError, RunContext
 from bot.config import SshExecutorConfig
 
 # The verbs scripts/gpu-node-actions.sh knows, and whether each takes the GPU index.
@@ -45,7 +45,7 @@ class SshExecutor:
         verb = self.command(action, gpu)
         return f"ssh {config.user}@{config.address}:{config.port} ({self._host}) with verb {verb!r}"
 
-    async def run(self, action: str, gpu: str | None) -> ExecResult:
+    async def run(self, action: str, gpu: str | None, context: RunContext | None = None) -> ExecResult:
         command = self.command(action, gpu)
         config = self._config
         try:

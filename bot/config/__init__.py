@@ -39,12 +39,13 @@ from bot.config.remediation import (
     KubernetesExecutorConfig,
     RemediationConfig,
     RemediationHost,
-    SshExecutorConfig,
 )
 from bot.config.root import BotConfig, cross_section_problems, role_warnings, secret_file_warnings
 from bot.config.routing import Matcher, RouteRule, RoutingConfig
 from bot.config.secrets import Secret, SecretFile
 from bot.config.server import BasicAuthConfig, ServerConfig, WebhookAuthConfig
+from bot.config.slurm import SlurmConfig, SlurmEnrichmentConfig
+from bot.config.ssh import SshExecutorConfig
 from bot.config.store import LoggingConfig, OutboxConfig, StoreConfig, WorkerConfig
 
 __all__ = [
@@ -86,6 +87,8 @@ __all__ = [
     "ServerConfig",
     "SlackReceiver",
     "SlackRole",
+    "SlurmConfig",
+    "SlurmEnrichmentConfig",
     "SshExecutorConfig",
     "StoreConfig",
     "StrictModel",

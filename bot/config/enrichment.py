@@ -9,6 +9,7 @@ from pydantic import Field, field_validator
 from bot.config.base import ConfigPath, HttpUrlText, StrictModel
 from bot.config.duration import Duration
 from bot.config.secrets import SecretFile
+from bot.config.slurm import SlurmEnrichmentConfig
 from bot.datafile import bundled_playbooks
 from bot.models import DEFAULT_HOST_LABELS
 
@@ -66,6 +67,8 @@ class EnrichmentConfig(StrictModel):
     recurrence_window: Duration = 30 * 86400.0
     loki: LokiConfig | None = None
     prometheus: PrometheusConfig | None = None
+    # The Slurm jobs on an alert's GPU (the workload section); dcgm-exporter's pod and job labels need no setting.
+    slurm: SlurmEnrichmentConfig | None = None
 
 
 class PlaybooksConfig(StrictModel):

@@ -11,26 +11,9 @@ from bot.config.base import ConfigPath, StrictModel
 from bot.config.duration import Duration
 from bot.config.enrichment import PrometheusConfig
 from bot.config.secrets import SecretFile
+from bot.config.slurm import SLURM_NODE, SlurmConfig
+from bot.config.ssh import SshExecutorConfig
 from bot.models import DEFAULT_HOST_LABELS
-
-
-class SshExecutorConfig(StrictModel):
-    """SSH to a forced command (scripts/gpu-node-actions.sh): the bot sends only a fixed verb."""
-
-    address: str = Field(min_length=1)
-    port: int = Field(default=22, ge=1, le=65535)
-    user: str = Field(min_length=1)
-    key_file: ConfigPath
-    known_hosts: ConfigPath
-    timeout: Duration = 120.0
-
-    @field_validator("key_file", "known_hosts")
-    @classmethod
-    def _file_exists(cls, value: Path) -> Path:
-        if not value.is_file():
-            raise ValueError(f"no such file: {value}")
-        return value
-
 
 # What the Docker and Kubernetes executors can do: restart a named container or delete a node's pod.
 DOCKER_ACTIONS = frozenset({"restart-dcgm-exporter", "restart-inference-server"})
@@ -69,6 +52,8 @@ class RemediationHost(StrictModel):
     docker: DockerExecutorConfig | None = None
     # The host's node name in Kubernetes, when remediation.kubernetes is set.
     kubernetes_node: str | None = None
+    # The host's node name in Slurm (one name, no host list), when remediation.slurm is set.
+    slurm_node: str | None = Field(default=None, pattern=SLURM_NODE)
 
 
 # Where the kubelet mounts a pod's service account token, its cluster CA and namespace.
@@ -118,6 +103,7 @@ class RemediationConfig(StrictModel):
     host_labels: list[str] = Field(default_factory=lambda: list(DEFAULT_HOST_LABELS))
     hosts: dict[str, RemediationHost] = Field(default_factory=dict)
     kubernetes: KubernetesExecutorConfig | None = None
+    slurm: SlurmConfig | None = None
     actions: dict[str, ActionPolicyConfig] = Field(default_factory=dict)
     circuit_breaker: CircuitBreakerConfig = CircuitBreakerConfig()
     prometheus: PrometheusConfig | None = None  # for verification; default: enrichment.prometheus
@@ -132,3 +118,12 @@ class RemediationConfig(StrictModel):
         if unknown:
             raise ValueError(f"unknown actions {', '.join(unknown)} (known: {', '.join(ACTIONS)})")
         return value
+
+    @model_validator(mode="after")
+    def _slurm_nodes_have_a_scheduler(self) -> RemediationConfig:
+        named = sorted(host for host, target in self.hosts.items() if target.slurm_node is not None)
+        if named and self.slurm is None:
+            raise ValueError(
+                f"hosts {', '.join(named)} name a slurm_node: set remediation.slurm (the scheduler's access)"
+            )
+        return self

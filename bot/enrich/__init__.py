@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from bot.config import EnrichmentConfig
 from bot.enrich.base import Enricher, EnrichmentRequest, EnrichmentRunner
 from bot.enrich.gpu import GpuEnricher
@@ -9,6 +11,7 @@ from bot.enrich.loki import LokiEnricher
 from bot.enrich.prometheus import PrometheusEnricher
 from bot.enrich.recurrence import RecurrenceEnricher
 from bot.enrich.related import RelatedAlertsEnricher
+from bot.enrich.workload import WorkloadEnricher
 from bot.enrich.xid import XidEnricher
 from bot.gpu.xid_catalog import XidCatalog
 from bot.metrics import Metrics
@@ -30,6 +33,7 @@ def build_enrichers(
     host_labels = config.loki.host_labels if config.loki is not None else DEFAULT_HOST_LABELS
     enrichers: list[Enricher | None] = [
         GpuEnricher(host_labels),
+        _workload(config, host_labels),
         XidEnricher(xid_catalog),
         RecurrenceEnricher(store, xid_catalog, config.recurrence_window),
         _prometheus(config),
@@ -37,6 +41,14 @@ def build_enrichers(
         _loki(config),
     ]
     return EnrichmentRunner([e for e in enrichers if e is not None], config.budget, metrics)
+
+
+def _workload(config: EnrichmentConfig, host_labels: Sequence[str]) -> WorkloadEnricher | None:
+    """From dcgm-exporter's labels in Prometheus, or the Slurm scheduler: neither configured, nothing to read."""
+    slurm = config.slurm
+    if config.prometheus is None and slurm is None:
+        return None
+    return WorkloadEnricher(slurm, source_timeout(slurm.timeout if slurm else 0.0, config.budget), host_labels)
 
 
 def _loki(config: EnrichmentConfig) -> LokiEnricher | None:

@@ -105,6 +105,16 @@ class PrometheusEvidence(SectionEvidence):
     unavailable: dict[str, str] = Field(default_factory=dict)
     # The host's GPUs from dcgm-exporter's labels (gpu, UUID, pci_bus_id, modelName, Hostname).
     gpus: list[dict[str, str]] = Field(default_factory=list)
+    # The work dcgm-exporter attributes to the host's GPUs now (gpu, UUID, pod, namespace, container, hpc_job);
+    # left out of the JSON when there is none, as it was before it existed.
+    workloads: list[dict[str, str]] = Field(default_factory=list)
+
+    @model_serializer(mode="wrap")
+    def _workloads_when_found(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        dumped: dict[str, Any] = handler(self)
+        if not dumped.get("workloads"):
+            dumped.pop("workloads", None)
+        return dumped
 
 
 class RelatedAlertFound(EvidenceModel):
@@ -220,8 +230,57 @@ class RecurrenceEvidence(SectionEvidence):
     recorded: int = 0
 
 
-SectionData = GpuEvidence | LokiEvidence | PrometheusEvidence | RelatedEvidence | XidEvidence | RecurrenceEvidence
+class SlurmJobFound(EvidenceModel):
+    """A Slurm job on the alert's GPU: its id, owner, name, the GPUs it holds on the node and since when (ISO)."""
+
+    id: str
+    user: str = ""
+    name: str = ""
+    node: str = ""
+    gpus: list[int] = Field(default_factory=list)
+    since: str | None = None
+    # False: a job dcgm-exporter's label names that the scheduler no longer runs.
+    running: bool = True
+
+
+class PodFound(EvidenceModel):
+    namespace: str = ""
+    pod: str
+    container: str = ""
+
+
+class WorkloadEvidence(SectionEvidence):
+    """Whose work is on the alert's GPU (bot/enrich/workload.py), and whether the fault likely cost it."""
+
+    section: ClassVar[str] = "workload"
+
+    pods: list[PodFound] = Field(default_factory=list)
+    jobs: list[SlurmJobFound] = Field(default_factory=list)
+    # Where it was read: "dcgm-exporter pod labels", "dcgm-exporter hpc_job label", "Slurm scheduler".
+    sources: list[str] = Field(default_factory=list)
+    # For Xid and ECC alerts: whether the work on the GPU is likely lost; None when the alert does not say.
+    likely_lost: bool | None = None
+    lost_reason: str = ""
+
+
+SectionData = (
+    GpuEvidence
+    | LokiEvidence
+    | PrometheusEvidence
+    | RelatedEvidence
+    | XidEvidence
+    | RecurrenceEvidence
+    | WorkloadEvidence
+)
 SECTION_MODELS: dict[str, type[SectionData]] = {
     model.section: model
-    for model in (GpuEvidence, LokiEvidence, PrometheusEvidence, RelatedEvidence, XidEvidence, RecurrenceEvidence)
+    for model in (
+        GpuEvidence,
+        LokiEvidence,
+        PrometheusEvidence,
+        RelatedEvidence,
+        XidEvidence,
+        RecurrenceEvidence,
+        WorkloadEvidence,
+    )
 }

@@ -7,6 +7,7 @@ id, and reaches Alertmanager only as matcher values. Answers are mrkdwn.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 
 from bot import deadman
@@ -23,6 +24,8 @@ from bot.routing import LabelMatcher, parse_matcher
 from bot.store.base import Store, StoreUnavailable
 
 _LIST_LIMIT = 30
+# Lines a part of the bot adds to `status`.
+StatusSource = Callable[[], Awaitable[list[str]]]
 
 
 class AlertCommands:
@@ -44,7 +47,12 @@ class AlertCommands:
         self._clock = clock
         self._watchdog = watchdog
         self._dispatcher: Dispatcher | None = None
+        self._status_sources: list[StatusSource] = []
         self._silences = SilenceCommands(store, alertmanager, config, clock)
+
+    def add_status(self, source: StatusSource) -> None:
+        """More lines for `status` (the scheduler's nodes, from remediation), asked each time it is typed."""
+        self._status_sources.append(source)
 
     def register(self, dispatcher: Dispatcher) -> None:
         self._dispatcher = dispatcher
@@ -154,6 +162,8 @@ class AlertCommands:
         lines.append(await self._watchdog_line())
         with contextlib.suppress(StoreUnavailable):  # the store's own line says it is unavailable
             lines.append(deadman.status_line(await self._store.watchdog_records()))
+        for source in self._status_sources:
+            lines.extend(escape(line) for line in await source())
         return Outcome("\n".join(lines), "done")
 
     async def _watchdog_line(self) -> str:

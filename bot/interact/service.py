@@ -65,7 +65,8 @@ class Interactivity:
         self.alertmanager = AlertmanagerClient.from_config(config.alertmanager)
         self.access = Access(section, self._group_members, clock)
         self.dispatcher = Dispatcher(self.access, AuditLog(store, clock))
-        AlertCommands(store, self.alertmanager, section, clock, config.deadman.alertname).register(self.dispatcher)
+        self.commands = AlertCommands(store, self.alertmanager, section, clock, config.deadman.alertname)
+        self.commands.register(self.dispatcher)
         self.interactions = Interactions(self.dispatcher, clock, section.response_url_prefix, section.timeout)
         self.watcher = SilenceWatcher(store, self.alertmanager, clock, section.silence_check_interval)
         self.endpoints: SlackHttpEndpoints | None = None

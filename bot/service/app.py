@@ -193,6 +193,7 @@ def _remediation_service(
         authorizer=lambda configured: SlackAuthorizer(access, configured),
     )
     RemediationCommands(remediation.engine, access).register(interactivity.dispatcher)
+    interactivity.commands.add_status(remediation.status)
     remediation.engine.watch_approvals(approval_messages(config, interactivity, store))
     return remediation
 

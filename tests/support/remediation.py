@@ -10,7 +10,7 @@ from typing import Any
 from bot.actions.authorization import ConfigAuthorizer
 from bot.actions.build import alert_finder
 from bot.actions.engine import Remediation
-from bot.actions.executor import ExecResult, Executor
+from bot.actions.executor import ExecResult, Executor, RunContext
 from bot.config import RemediationConfig
 from bot.metrics import Metrics
 from bot.models import AlertState
@@ -38,7 +38,7 @@ class RecordingExecutor:
     def describe(self, action: str, gpu: str | None) -> str:
         return f"{action} on {self.host}"
 
-    async def run(self, action: str, gpu: str | None) -> ExecResult:
+    async def run(self, action: str, gpu: str | None, context: RunContext | None = None) -> ExecResult:
         self.ran.append((action, gpu))
         self.started.set()
         if self.hold is not None:

@@ -1,6 +1,7 @@
 """A real OpenSSH server (Debian's openssh-server) on a loopback port, with throwaway host and user keys and an
 `authorized_keys` entry whose forced command is the shipped scripts/gpu-node-actions.sh. The script's `docker`
-is a stub that records its arguments, and the script's own log records each verb it got."""
+is a stub that records its arguments, and the script's own log records each verb it got. `command` gives
+another forced command instead (scripts/slurm-node-actions.sh with its config file)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def _keygen(path: Path) -> str:
 
 
 class Sshd(ManagedProcess):
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, command: str | None = None) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         self.workdir = workdir
         self.port = free_port()
@@ -44,7 +45,8 @@ class Sshd(ManagedProcess):
         node_config = workdir / "gpu-node-actions.conf"
         node_config.write_text(f"DOCKER={docker}\nLOG_FILE={self.verbs_log}\nDCGM_EXPORTER_CONTAINER=dcgm-exporter\n")
         authorized = workdir / "authorized_keys"
-        authorized.write_text(f'restrict,command="{NODE_ACTIONS} {node_config}" {user_public}\n')
+        forced = command or f"{NODE_ACTIONS} {node_config}"
+        authorized.write_text(f'restrict,command="{forced}" {user_public}\n')
         config = workdir / "sshd_config"
         config.write_text(
             "\n".join(

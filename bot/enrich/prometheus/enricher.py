@@ -15,6 +15,7 @@ from bot.enrich.batch import Batch, SharedQueries, shared
 from bot.enrich.prometheus.client import AlertRule, PrometheusClient, RawSeries
 from bot.enrich.prometheus.formatting import describe, series_summary
 from bot.enrich.prometheus.plan import (
+    CURRENT,
     INVENTORY_METRIC,
     BatchQueries,
     Window,
@@ -254,7 +255,7 @@ class PrometheusEnricher:
         except QueryError as exc:
             return _Part(failure=exc)
         rows = plan.queries.split(group, found, lambda s: inventory_host(s.labels))
-        return _Part(value=gpu_inventory(rows.get(host, [])))
+        return _Part(value=rows.get(host, []))
 
     def _section(
         self,
@@ -276,7 +277,8 @@ class PrometheusEnricher:
             value_meaning=value_meaning(found.graphed.query) if found else "",
             related={name: part.value for name, part in related.items() if part.value is not None},
             unavailable={name: _problem(part) for name, part in related.items() if part.value is None},
-            gpus=gpus.value or [],
+            gpus=gpu_inventory(gpus.value or []),
+            workloads=gpu_workloads(gpus.value or []),
         )
         if series is not None:
             summary = describe(series, window.span)
@@ -296,9 +298,9 @@ class PrometheusEnricher:
         ]
         if gpus.failure is not None:
             lines.append(f"GPU inventory unavailable: {gpus.failure.detail}")
-        elif gpus.value:
-            models = sorted({g["modelName"] for g in gpus.value if g["modelName"]})
-            lines.append(f"{len(gpus.value)} GPUs on {host}" + (f" ({', '.join(models)})" if models else ""))
+        elif data.gpus:
+            models = sorted({g["modelName"] for g in data.gpus if g["modelName"]})
+            lines.append(f"{len(data.gpus)} GPUs on {host}" + (f" ({', '.join(models)})" if models else ""))
         return EnrichmentSection(name=self.name, title=self.title, status="ok", summary=summary, lines=lines, data=data)
 
     async def close(self) -> None:
@@ -323,6 +325,27 @@ def _failed(task: asyncio.Task[Any]) -> bool:
 
 def _problem(part: _Part) -> str:
     return part.failure.detail if part.failure is not None else part.problem
+
+
+def gpu_workloads(found: Sequence[RawSeries]) -> list[dict[str, str]]:
+    """The work dcgm-exporter attributes to each GPU now: one entry per GPU and pod or job, with the GPU's `gpu`
+    and `UUID` and whichever of pod, namespace, container and hpc_job it has (older label names read too)."""
+    workloads: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
+    for series in found:
+        labels = series.labels
+        if labels.get(CURRENT) != "1":
+            continue
+        work = {
+            "pod": labels.get("pod") or labels.get("pod_name", ""),
+            "namespace": labels.get("namespace") or labels.get("pod_namespace", ""),
+            "container": labels.get("container") or labels.get("container_name", ""),
+            "hpc_job": labels.get("hpc_job", ""),
+        }
+        if not work["pod"] and not work["hpc_job"]:
+            continue
+        entry = {"gpu": labels.get("gpu", ""), "UUID": labels.get("UUID") or labels.get("uuid", ""), **work}
+        workloads.setdefault(tuple(sorted(entry.items())), {k: v for k, v in entry.items() if v})
+    return list(workloads.values())
 
 
 def gpu_inventory(found: Sequence[RawSeries]) -> list[dict[str, str]]:

@@ -29,7 +29,13 @@ from bot.querytemplate import SharedQuery, TemplateError, fill_query, fill_share
 INVENTORY_METRIC = "DCGM_FI_DEV_GPU_TEMP"
 # Labels that name an alert's series (its host, its GPU): never a rule's own label, so safe to select by.
 SCOPE_LABELS = (*DEFAULT_HOST_LABELS, "gpu", "UUID", "uuid", "pci_bus_id")
-_INVENTORY_LABELS = "gpu, UUID, uuid, pci_bus_id, modelName, Hostname, hostname, instance"
+# dcgm-exporter's workload labels: Kubernetes pod attribution (the older names too) and the HPC job mapping.
+WORKLOAD_LABELS = ("pod", "namespace", "container", "pod_name", "pod_namespace", "container_name", "hpc_job")
+# Marks the inventory rows of series present now (the others were seen within the history window only).
+CURRENT = "bot_current"
+_INVENTORY_LABELS = ", ".join(
+    ("gpu", "UUID", "uuid", "pci_bus_id", "modelName", "Hostname", "hostname", "instance", *WORKLOAD_LABELS, CURRENT)
+)
 
 
 @dataclass(frozen=True)
@@ -234,11 +240,10 @@ def inventory_query(hosts: Sequence[str], history: float) -> str:
         f"{{hostname{names}}}",
         f"{{instance=~{quoted(_instance_regex(hosts))}}}",
     ]
-    return (
-        f"count by ({_INVENTORY_LABELS}) ("
-        + " or ".join(f"last_over_time({INVENTORY_METRIC}{s}{lookback})" for s in selectors)
-        + ")"
-    )
+    # The series present now first, marked; then every series of the window (never equal to a marked one).
+    now = [f'label_replace({INVENTORY_METRIC}{s}, "{CURRENT}", "1", "", "")' for s in selectors]
+    window = [f"last_over_time({INVENTORY_METRIC}{s}{lookback})" for s in selectors]
+    return f"count by ({_INVENTORY_LABELS}) (" + " or ".join(now + window) + ")"
 
 
 def _one_of(hosts: Sequence[str]) -> str:

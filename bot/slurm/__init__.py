@@ -1,0 +1,1 @@
+"""Slurm: the scheduler's answers (jobs, node states) and the SSH access to scripts/slurm-node-actions.sh."""
