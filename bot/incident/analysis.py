@@ -1,0 +1,161 @@
+"""What an incident's card says beyond counts: the traits its hosts share, the signals that moved with them, the
+other alerts firing on them, the likely cause and the first action; and the fleet's size for its scope.
+
+    analysis = await analyse_incident(
+        AnalysisRequest(
+            alertname="GPUTempCritical",
+            section=playbook.incident,                   # the matched playbook's incident section (or None)
+            alerts=[AffectedAlert(host="gpu-node-007", instance="gpu-node-007:9400", gpu="3", value=93.0), ...],
+            start=incident.opened_at,                     # the first alert's start (aware datetime)
+            firing=[("InletTemperatureHigh", "gpu-node-007"), ...],   # other alerts firing now, (alertname, host)
+            api=prometheus_client,                        # bot.enrich.prometheus.PrometheusClient, or alike
+            budget=5.0,                                   # seconds for all of its queries together
+        )
+    )
+
+It costs 3 + S Prometheus queries whatever the number of hosts (S: the section's signals, 5 for GPUTempCritical),
+sent together and bounded together by `budget`: the fleet's GPU series, `up`, `node_uname_info`, and one
+two-point range query per signal. A query that fails or runs out of budget leaves its part out (no traits when
+the fleet cannot be read, no signal for a failed one) and says why in `problems`; nothing is guessed. It reads
+neither the store nor the pipeline: the caller decides when to (re)analyse, and keeps the result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from bot.enrich.prometheus.client import RawSeries
+from bot.enrich.queryapi import Deadline, QueryError
+from bot.incident.causes import Data, likely_cause
+from bot.incident.companions import companions
+from bot.incident.fleet import GPUS, KERNELS, TARGETS, Fleet, build_fleet
+from bot.incident.model import Cause, Companion, Signal, Trait
+from bot.incident.signals import compare, host_changes
+from bot.incident.traits import shared_traits
+from bot.playbooks.incident import DEFAULT_WINDOW, IncidentSection
+
+log = logging.getLogger(__name__)
+DEFAULT_BUDGET = 5.0
+
+
+class QueryAPI(Protocol):
+    """What the analysis asks of Prometheus: bot.enrich.prometheus.PrometheusClient has both."""
+
+    async def query(self, query: str, at: float | None, deadline: Deadline) -> list[RawSeries]: ...
+
+    async def query_range(
+        self, query: str, start: float, end: float, step: float, deadline: Deadline
+    ) -> list[RawSeries]: ...
+
+
+@dataclass(frozen=True)
+class AffectedAlert:
+    """One alert of the incident: the host it names (bot.models.host_from_labels of its labels), its instance,
+    its GPU and its value."""
+
+    host: str
+    instance: str = ""
+    gpu: str = ""
+    value: float | None = None
+
+
+@dataclass(frozen=True)
+class AnalysisRequest:
+    alertname: str
+    section: IncidentSection | None
+    alerts: Sequence[AffectedAlert]
+    start: datetime
+    api: QueryAPI
+    firing: Sequence[tuple[str, str]] = ()
+    budget: float = DEFAULT_BUDGET
+    # Configured variables (playbooks.vars) for a cause's runbook link, e.g. runbook_base_url.
+    variables: Mapping[str, str] = field(default_factory=dict)
+
+
+class IncidentAnalysis(BaseModel):
+    """The analysis's findings, in the shared model's types. `fleet_hosts`/`fleet_gpus`: None when not known.
+    `hosts`: the affected hosts the analysis counted, by their fleet names. `problems`: what could not be read."""
+
+    model_config = ConfigDict(frozen=True)
+
+    traits: list[Trait] = Field(default_factory=list)
+    signals: list[Signal] = Field(default_factory=list)
+    companions: list[Companion] = Field(default_factory=list)
+    cause: Cause | None = None
+    fleet_hosts: int | None = None
+    fleet_gpus: int | None = None
+    hosts: list[str] = Field(default_factory=list)
+    problems: list[str] = Field(default_factory=list)
+
+
+async def _ask(label: str, call: asyncio.Future[list[RawSeries]], problems: list[str]) -> list[RawSeries] | None:
+    try:
+        return await call
+    except QueryError as exc:
+        problems.append(f"{label}: {exc.detail}")
+        log.info("incident analysis: %s unavailable: %s", label, exc.detail)
+        return None
+
+
+async def analyse_incident(request: AnalysisRequest) -> IncidentAnalysis:
+    """Traits, signals, companions, the likely cause and the fleet's size for one incident (see the module)."""
+    deadline = Deadline(request.budget)
+    # Whole seconds: the two points of a signal's range query fall on the window's ends exactly.
+    api, at = request.api, float(int(request.start.timestamp()))
+    section = request.section
+    window = section.window if section is not None else DEFAULT_WINDOW
+    signals = section.signals if section is not None else {}
+    calls: dict[str, asyncio.Future[list[RawSeries]]] = {
+        "fleet GPUs": asyncio.ensure_future(api.query(GPUS, at, deadline)),
+        "fleet targets": asyncio.ensure_future(api.query(TARGETS, at, deadline)),
+        "fleet kernels": asyncio.ensure_future(api.query(KERNELS, at, deadline)),
+    }
+    for name, spec in signals.items():
+        calls[f"signal {name}"] = asyncio.ensure_future(api.query_range(spec.query, at - window, at, window, deadline))
+    problems: list[str] = []
+    answers = dict(zip(calls, await asyncio.gather(*(_ask(k, c, problems) for k, c in calls.items())), strict=True))
+
+    gpus = answers["fleet GPUs"]
+    fleet = build_fleet(gpus or [], answers["fleet targets"] or [], answers["fleet kernels"] or [])
+    known = gpus is not None and bool(fleet.hosts)
+    if gpus is not None and not fleet.hosts:
+        problems.append("fleet GPUs: Prometheus holds no DCGM_FI_DEV_GPU_TEMP series")
+    hosts = sorted({fleet.resolve_name(a.host or a.instance) for a in request.alerts if a.host or a.instance})
+    names = {request.alertname}
+    found_signals = [
+        signal
+        for name, spec in signals.items()
+        if (rows := answers[f"signal {name}"]) is not None
+        and (signal := compare(name, spec, host_changes(rows, fleet), hosts, fleet, window))
+    ]
+    analysis = IncidentAnalysis(
+        traits=shared_traits(hosts, fleet.hosts) if known else [],
+        signals=found_signals,
+        companions=companions(names, hosts, ((n, fleet.resolve_name(h)) for n, h in request.firing)),
+        fleet_hosts=len(fleet.hosts) if known else None,
+        fleet_gpus=fleet.gpus if known else None,
+        hosts=hosts,
+        problems=problems,
+    )
+    if section is None:
+        return analysis
+    data = Data(
+        request.alertname,
+        len(hosts),
+        analysis.fleet_hosts,
+        window,
+        analysis.traits,
+        analysis.signals,
+        analysis.companions,
+    )
+    return analysis.model_copy(update={"cause": likely_cause(section, data, request.variables)})
+
+
+__all__ = ["AffectedAlert", "AnalysisRequest", "Fleet", "IncidentAnalysis", "QueryAPI", "analyse_incident"]
