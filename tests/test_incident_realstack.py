@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from bot.config import PrometheusConfig
-from bot.enrich.prometheus import PrometheusClient
+from bot.enrich.prometheus import PrometheusClient, RawSeries
+from bot.enrich.queryapi import Deadline
 from bot.incident.analysis import AffectedAlert, AnalysisRequest, IncidentAnalysis, analyse_incident
 from bot.playbooks import PlaybookSet
 from tests.support.exporter import (
@@ -136,6 +137,22 @@ def _wait_until_scraped(url: str, hosts: int, timeout: float = 25.0) -> None:
     raise TimeoutError(f"Prometheus did not scrape the {hosts} hosts")
 
 
+class CountingClient(PrometheusClient):
+    """The real client, counting the queries it sends."""
+
+    sent = 0
+
+    async def query(self, query: str, at: float | None, deadline: Deadline) -> list[RawSeries]:
+        self.sent += 1
+        return await super().query(query, at, deadline)
+
+    async def query_range(
+        self, query: str, start: float, end: float, step: float, deadline: Deadline
+    ) -> list[RawSeries]:
+        self.sent += 1
+        return await super().query_range(query, start, end, step, deadline)
+
+
 async def _analyse(stack: Stack, hosts: list[Host], firing: list[tuple[str, str]] | None = None) -> IncidentAnalysis:
     playbook = PlaybookSet.load(REPO / "playbooks").get("GPUTempCritical")
     assert playbook is not None
@@ -144,9 +161,9 @@ async def _analyse(stack: Stack, hosts: list[Host], firing: list[tuple[str, str]
         for h in hosts
         for gpu in range(GPUS)
     ]
-    client = PrometheusClient(PrometheusConfig(url=stack.prometheus.url))
+    client = CountingClient(PrometheusConfig(url=stack.prometheus.url))
     try:
-        return await analyse_incident(
+        analysis = await analyse_incident(
             AnalysisRequest(
                 alertname="GPUTempCritical",
                 section=playbook.incident,
@@ -158,6 +175,9 @@ async def _analyse(stack: Stack, hosts: list[Host], firing: list[tuple[str, str]
                 variables={"runbook_base_url": "https://runbooks.example"},
             )
         )
+        # The fleet's GPUs, its targets, its kernels, and every signal at once: whatever the number of hosts.
+        assert client.sent == 4
+        return analysis
     finally:
         await client.close()
 

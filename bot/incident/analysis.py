@@ -13,10 +13,11 @@ other alerts firing on them, the likely cause and the first action; and the flee
         )
     )
 
-It costs 3 + S Prometheus queries whatever the number of hosts (S: the section's signals, 5 for GPUTempCritical),
-sent together and bounded together by `budget`: the fleet's GPU series, `up`, `node_uname_info`, and one
-two-point range query per signal. A query that fails or runs out of budget leaves its part out (no traits when
-the fleet cannot be read, no signal for a failed one) and says why in `problems`; nothing is guessed. It reads
+It costs 4 Prometheus queries whatever the number of hosts and signals, sent together and bounded together by
+`budget`: the fleet's GPU series, `up`, `node_uname_info` (instant queries at the incident's start), and one
+two-point range query for all of the section's signals (none without a section or signals: 3). A query that fails
+or runs out of budget leaves its part out (no traits when the fleet cannot be read, no signals when theirs
+fails) and says why in `problems`; nothing is guessed. It reads
 neither the store nor the pipeline: the caller decides when to (re)analyse, and keeps the result.
 """
 
@@ -37,7 +38,7 @@ from bot.incident.causes import Data, likely_cause
 from bot.incident.companions import companions
 from bot.incident.fleet import GPUS, KERNELS, TARGETS, Fleet, build_fleet
 from bot.incident.model import Cause, Companion, Signal, Trait
-from bot.incident.signals import compare, host_changes
+from bot.incident.signals import by_signal, compare, host_changes, signals_query
 from bot.incident.traits import shared_traits
 from bot.playbooks.incident import DEFAULT_WINDOW, IncidentSection
 
@@ -117,8 +118,9 @@ async def analyse_incident(request: AnalysisRequest) -> IncidentAnalysis:
         "fleet targets": asyncio.ensure_future(api.query(TARGETS, at, deadline)),
         "fleet kernels": asyncio.ensure_future(api.query(KERNELS, at, deadline)),
     }
-    for name, spec in signals.items():
-        calls[f"signal {name}"] = asyncio.ensure_future(api.query_range(spec.query, at - window, at, window, deadline))
+    if signals:
+        query = signals_query(signals)
+        calls["signals"] = asyncio.ensure_future(api.query_range(query, at - window, at, window, deadline))
     problems: list[str] = []
     answers = dict(zip(calls, await asyncio.gather(*(_ask(k, c, problems) for k, c in calls.items())), strict=True))
 
@@ -127,13 +129,13 @@ async def analyse_incident(request: AnalysisRequest) -> IncidentAnalysis:
     known = gpus is not None and bool(fleet.hosts)
     if gpus is not None and not fleet.hosts:
         problems.append("fleet GPUs: Prometheus holds no DCGM_FI_DEV_GPU_TEMP series")
-    hosts = sorted({fleet.resolve_name(a.host or a.instance) for a in request.alerts if a.host or a.instance})
+    hosts = sorted({host for a in request.alerts if (host := fleet.learn(a.host, a.instance))})
     names = {request.alertname}
+    answered = by_signal(answers.get("signals") or [])
     found_signals = [
         signal
         for name, spec in signals.items()
-        if (rows := answers[f"signal {name}"]) is not None
-        and (signal := compare(name, spec, host_changes(rows, fleet), hosts, fleet, window))
+        if (signal := compare(name, spec, host_changes(answered.get(name, []), fleet), hosts, fleet, window))
     ]
     analysis = IncidentAnalysis(
         traits=shared_traits(hosts, fleet.hosts) if known else [],

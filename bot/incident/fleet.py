@@ -62,6 +62,15 @@ class Fleet:
     def resolve_name(self, name: str) -> str:
         return self.aliases.get(name, name)
 
+    def learn(self, host: str, instance: str) -> str:
+        """An alert's host, by its fleet name; its instance (without the port) becomes a name of that host when
+        the fleet has none for it, so that other exporters' series of the host find it."""
+        known = self.resolve_name(host) if host else self.resolve_name(host_from_labels({"instance": instance}))
+        name = host_from_labels({"instance": instance}) if instance else ""
+        if name and known:
+            self.aliases.setdefault(name, known)
+        return known
+
 
 class _Builder:
     def __init__(self) -> None:

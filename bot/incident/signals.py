@@ -1,7 +1,8 @@
 """Correlated signals: how a playbook's fleet-wide signal changed over the window before the incident started,
 on the affected hosts and on the rest of the fleet.
 
-One range query per signal for the whole fleet, two points: the window's start and the incident's start. A host's
+One range query for all of a playbook's signals and the whole fleet (each signal's series told apart by the label
+`incident_signal`, which label_replace adds), two points: the window's start and the incident's start. A host's
 change is the difference (the median when its query gives it several series); the signal moved on a host when
 that change reaches the playbook's `rise` (or `drop`). Medians, not means: one broken sensor moves neither side.
 """
@@ -10,12 +11,30 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from bot.enrich.prometheus.client import RawSeries
 from bot.incident.fleet import Fleet
 from bot.incident.model import Signal
 from bot.playbooks.incident import SignalSpec
+
+SIGNAL_LABEL = "incident_signal"
+
+
+def signals_query(signals: Mapping[str, SignalSpec]) -> str:
+    """One PromQL expression answering every signal, each series labelled with its signal's name."""
+    return " or ".join(
+        f'label_replace(({spec.query}), "{SIGNAL_LABEL}", "{name}", "", "")' for name, spec in signals.items()
+    )
+
+
+def by_signal(rows: Sequence[RawSeries]) -> dict[str, list[RawSeries]]:
+    split: dict[str, list[RawSeries]] = {}
+    for row in rows:
+        labels = dict(row.labels)
+        name = labels.pop(SIGNAL_LABEL, "")
+        split.setdefault(name, []).append(RawSeries(labels, row.samples))
+    return split
 
 
 def host_changes(rows: Sequence[RawSeries], fleet: Fleet) -> dict[str, float]:
