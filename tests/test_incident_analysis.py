@@ -3,7 +3,9 @@ exporter's instance, node_exporter's nodename), and what is left out, and said, 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from bot.enrich.prometheus.client import RawSeries
@@ -156,3 +158,19 @@ async def test_without_a_section_there_are_no_signals_and_no_cause() -> None:
     analysis = await analyse_incident(AnalysisRequest("GPUMissing", None, [AffectedAlert(host="k-ai-01")], START, api))
     assert analysis.cause is None and analysis.signals == [] and analysis.fleet_hosts == 40
     assert "signals" not in api.asked
+
+
+class Silent(Answers):
+    """A query API that never answers and ignores the deadline it is given."""
+
+    async def query(self, query: str, at: float | None, deadline: Deadline) -> list[RawSeries]:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_a_query_api_that_never_answers_is_bounded_by_the_budget() -> None:
+    api = Silent({"signals": inlet_rows(set())})
+    analysis = await analyse_incident(replace(request(api, ODD_DRIVER), budget=0.1))
+    assert analysis.traits == [] and analysis.fleet_hosts is None
+    assert [p.split(":")[0] for p in analysis.problems] == ["fleet GPUs", "fleet targets", "fleet kernels"]
+    assert "no answer within the analysis's 0.1 s" in analysis.problems[0]

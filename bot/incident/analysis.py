@@ -44,6 +44,7 @@ from bot.playbooks.incident import DEFAULT_WINDOW, IncidentSection
 
 log = logging.getLogger(__name__)
 DEFAULT_BUDGET = 5.0
+_GRACE = 0.5
 
 
 class QueryAPI(Protocol):
@@ -74,6 +75,7 @@ class AnalysisRequest:
     alerts: Sequence[AffectedAlert]
     start: datetime
     api: QueryAPI
+    # Other alerts firing now on the bot's side, (alertname, host): the incident's own alert name is left out.
     firing: Sequence[tuple[str, str]] = ()
     budget: float = DEFAULT_BUDGET
     # Configured variables (playbooks.vars) for a cause's runbook link, e.g. runbook_base_url.
@@ -96,13 +98,16 @@ class IncidentAnalysis(BaseModel):
     problems: list[str] = Field(default_factory=list)
 
 
-async def _ask(label: str, call: asyncio.Future[list[RawSeries]], problems: list[str]) -> list[RawSeries] | None:
+async def _ask(label: str, call: asyncio.Future[list[RawSeries]], deadline: Deadline) -> list[RawSeries] | str:
+    """The answer, or what went wrong. The client keeps to the deadline; this bounds one that does not."""
     try:
-        return await call
+        return await asyncio.wait_for(call, deadline.remaining() + _GRACE)
+    except TimeoutError:
+        detail = f"no answer within the analysis's {deadline.seconds:g} s"
     except QueryError as exc:
-        problems.append(f"{label}: {exc.detail}")
-        log.info("incident analysis: %s unavailable: %s", label, exc.detail)
-        return None
+        detail = exc.detail
+    log.info("incident analysis: %s unavailable: %s", label, detail)
+    return f"{label}: {detail}"
 
 
 async def analyse_incident(request: AnalysisRequest) -> IncidentAnalysis:
@@ -121,17 +126,18 @@ async def analyse_incident(request: AnalysisRequest) -> IncidentAnalysis:
     if signals:
         query = signals_query(signals)
         calls["signals"] = asyncio.ensure_future(api.query_range(query, at - window, at, window, deadline))
-    problems: list[str] = []
-    answers = dict(zip(calls, await asyncio.gather(*(_ask(k, c, problems) for k, c in calls.items())), strict=True))
+    asked = await asyncio.gather(*(_ask(label, call, deadline) for label, call in calls.items()))
+    problems = [found for found in asked if isinstance(found, str)]
+    answers = {label: found for label, found in zip(calls, asked, strict=True) if not isinstance(found, str)}
 
-    gpus = answers["fleet GPUs"]
-    fleet = build_fleet(gpus or [], answers["fleet targets"] or [], answers["fleet kernels"] or [])
+    gpus = answers.get("fleet GPUs")
+    fleet = build_fleet(gpus or [], answers.get("fleet targets", []), answers.get("fleet kernels", []))
     known = gpus is not None and bool(fleet.hosts)
     if gpus is not None and not fleet.hosts:
         problems.append("fleet GPUs: Prometheus holds no DCGM_FI_DEV_GPU_TEMP series")
     hosts = sorted({host for a in request.alerts if (host := fleet.learn(a.host, a.instance))})
     names = {request.alertname}
-    answered = by_signal(answers.get("signals") or [])
+    answered = by_signal(answers.get("signals", []))
     found_signals = [
         signal
         for name, spec in signals.items()
