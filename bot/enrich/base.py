@@ -44,6 +44,10 @@ class EnrichmentRequest:
         # The alerts enriched together with this one (this one alone when none is given).
         self.batch = batch if batch is not None else Batch([BatchItem(alert, hints)], SYSTEM_CLOCK.now())
 
+    def within(self, batch: Batch) -> EnrichmentRequest:
+        """This request, its alert enriched with another batch (its site's part of this one)."""
+        return EnrichmentRequest(self.alert, self.hints, self._results, batch)
+
     async def section(self, name: str) -> EnrichmentSection | None:
         """Wait for another enricher's section; None when that enricher is not configured."""
         future = self._results.get(name)
