@@ -60,20 +60,55 @@ class RateLimitedLog:
 
     def log(self, level: int, key: str, msg: str, *args: object, **fields: object) -> bool:
         """Log `msg` unless `key` was logged within the interval; whether it was logged."""
+        suppressed = self.due(key)
+        if suppressed is None:
+            return False
+        self._logger.log(level, msg, *args, extra={**fields, "suppressed": suppressed})
+        return True
+
+    def due(self, key: str) -> int | None:
+        """None if `key` was logged within the interval (counted as suppressed); else how many were suppressed since
+        its last line, for a caller that logs the line itself."""
+        now = self._clock()
+        previous = self._last.get(key)
+        if previous is not None and now - previous[0] < self._interval:
+            self._last[key] = (previous[0], previous[1] + 1)
+            return None
+        self._last[key] = (now, 0)
+        return previous[1] if previous is not None else 0
+
+
+class RepeatFilter(logging.Filter):
+    """For a library's logger that says the same thing at every retry (psycopg's pool, once per reconnect attempt
+    while PostgreSQL is away): one line per message template every `interval` seconds, the lines left out counted
+    as `suppressed` on the next. The template, not the text: the text names a port or an object address."""
+
+    def __init__(self, interval: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self._interval = interval
+        self._clock = clock
+        self._last: dict[tuple[str, int, str], tuple[float, int]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, record.levelno, str(record.msg))
         now = self._clock()
         previous = self._last.get(key)
         if previous is not None and now - previous[0] < self._interval:
             self._last[key] = (previous[0], previous[1] + 1)
             return False
         self._last[key] = (now, 0)
-        suppressed = previous[1] if previous is not None else 0
-        self._logger.log(level, msg, *args, extra={**fields, "suppressed": suppressed})
+        record.suppressed = previous[1] if previous is not None else 0
         return True
+
+
+# Loggers of libraries that repeat one failure many times a second during an outage of what they reach.
+_REPEATING_LOGGERS = ("psycopg.pool", "psycopg")
 
 
 def configure_logging(level: str, secrets: Callable[[], Iterable[str]] = tuple) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(secrets))
+    _quiet_repeating_libraries()
     root = logging.getLogger()
     for existing in list(root.handlers):
         root.removeHandler(existing)
@@ -83,6 +118,14 @@ def configure_logging(level: str, secrets: Callable[[], Iterable[str]] = tuple) 
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     # httpx logs every request at INFO: Loki and Prometheus queries would drown the bot's own lines.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def _quiet_repeating_libraries() -> None:
+    for name in _REPEATING_LOGGERS:
+        library = logging.getLogger(name)
+        for old in [f for f in library.filters if isinstance(f, RepeatFilter)]:
+            library.removeFilter(old)
+        library.addFilter(RepeatFilter())
 
 
 class _Fields(logging.Filter):

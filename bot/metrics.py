@@ -147,6 +147,19 @@ class Metrics:
             ["enricher", "status"],
             registry=r,
         )
+        self.source_requests = Counter(
+            f"{_PREFIX}_source_requests",
+            "Queries sent to each replica of an enrichment source (Prometheus per site), by result: ok, failed, or "
+            "cancelled (another replica answered first).",
+            ["source", "replica", "result"],
+            registry=r,
+        )
+        self.source_replica_skipped = Gauge(
+            f"{_PREFIX}_source_replica_skipped",
+            "1 while a replica of an enrichment source is asked last after failing again and again.",
+            ["source", "replica"],
+            registry=r,
+        )
         self.watchdog_age = Gauge(
             f"{_PREFIX}_watchdog_age_seconds",
             "Seconds since the Watchdog last arrived, by Alertmanager replica (externalURL; `any`: from any).",

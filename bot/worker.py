@@ -19,6 +19,7 @@ from datetime import timedelta
 
 from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import StoreConfig, WorkerConfig
+from bot.logs import RateLimitedLog
 from bot.metrics import Metrics
 from bot.models import Event
 from bot.pipeline import Pipeline
@@ -56,6 +57,8 @@ class Worker:
         # Events that failed for want of the store and whose lease the store could not release either: released
         # as soon as it can write, rather than left for the whole lease once space is back.
         self._leased_by_store_failure: set[int] = set()
+        # During a store outage every event of every batch waits: one line a minute says so, with a count.
+        self._store_waits = RateLimitedLog(log, clock=clock.monotonic)
         self._task: asyncio.Task[None] | None = None
         self._next_stats = 0.0
         self._next_prune = 0.0
@@ -155,7 +158,7 @@ class Worker:
         if isinstance(failure, StoreUnavailable):
             # The disk, not the event: it waits for the store like all other work, and is never set aside for it.
             self._metrics.error("store_unavailable")
-            log.warning("event waits for the store", extra={"event_id": event.id, "reason": str(failure)})
+            self._store_waits.log(logging.WARNING, "store", "events wait for the store", reason=str(failure))
             try:
                 await self._store.fail_event(event.id, f"StoreUnavailable: {failure}", self._config.retry_backoff)
             except StoreUnavailable:

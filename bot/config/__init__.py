@@ -19,7 +19,16 @@ from bot.config.base import (
     split_listen,
 )
 from bot.config.duration import Duration, parse_duration
-from bot.config.enrichment import BUNDLED_PLAYBOOKS, EnrichmentConfig, LokiConfig, PlaybooksConfig, PrometheusConfig
+from bot.config.enrichment import (
+    BUNDLED_PLAYBOOKS,
+    EnrichmentConfig,
+    LokiConfig,
+    LokiSource,
+    PlaybooksConfig,
+    PrometheusConfig,
+    PrometheusSource,
+    SiteMatch,
+)
 from bot.config.interactivity import DEFAULT_PERMISSIONS, InteractivityConfig, SlackRole
 from bot.config.loading import ConfigError, load_config
 from bot.config.receivers import (
@@ -71,12 +80,14 @@ __all__ = [
     "KubernetesExecutorConfig",
     "LoggingConfig",
     "LokiConfig",
+    "LokiSource",
     "Matcher",
     "OutboxConfig",
     "PagerDutyReceiver",
     "PagerDutySeverity",
     "PlaybooksConfig",
     "PrometheusConfig",
+    "PrometheusSource",
     "Receiver",
     "RemediationConfig",
     "RemediationHost",
@@ -85,6 +96,7 @@ __all__ = [
     "Secret",
     "SecretFile",
     "ServerConfig",
+    "SiteMatch",
     "SlackReceiver",
     "SlackRole",
     "SlurmConfig",

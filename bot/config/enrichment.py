@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
+from typing import TypeVar
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from bot.config.base import ConfigPath, HttpUrlText, StrictModel
 from bot.config.duration import Duration
@@ -17,8 +18,24 @@ BUNDLED_PLAYBOOKS = bundled_playbooks()
 _DOUBLE_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
 
 
-class LokiConfig(StrictModel):
+class SiteMatch(StrictModel):
+    """Which alerts a site's source serves: every label given here equal on the alert (Alertmanager passes on
+    Prometheus' external labels, such as `site` or `cluster`), or the alert's generatorURL on one of these hosts
+    (`prom-b.example:9090`, or the host alone for any port)."""
+
+    labels: dict[str, str] = Field(default_factory=dict)
+    generator_hosts: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _something(self) -> SiteMatch:
+        if not self.labels and not self.generator_hosts:
+            raise ValueError("give labels or generator_hosts: a site that matches no alert is never asked")
+        return self
+
+
+class LokiSource(StrictModel):
     url: HttpUrlText
+    # Sent as X-Scope-OrgID (Loki's and Mimir's tenant header).
     tenant_id: str | None = None
     bearer_token_file: SecretFile | None = None
     # LogQL stream selector; {host} is replaced by the alert's host, escaped for a LogQL string.
@@ -51,15 +68,80 @@ class LokiConfig(StrictModel):
         return value
 
 
-class PrometheusConfig(StrictModel):
+class LokiSite(LokiSource):
+    name: str = Field(min_length=1)
+    match: SiteMatch
+
+
+class LokiConfig(LokiSource):
+    """The default Loki, and a Loki per site for the alerts a site's `match` picks (the first that matches)."""
+
+    sites: list[LokiSite] = Field(default_factory=list)
+
+    @field_validator("sites")
+    @classmethod
+    def _unique(cls, sites: list[LokiSite]) -> list[LokiSite]:
+        return unique_sites(sites)
+
+
+class PrometheusSource(StrictModel):
+    """A Prometheus-compatible query API: Prometheus, Thanos Query, Mimir, VictoriaMetrics."""
+
     url: HttpUrlText
+    # Other replicas of an HA pair scraping the same targets: a query goes to one, and to another when the first
+    # fails or is slower than `hedge_after` (by default from the source's recent latencies).
+    replicas: list[HttpUrlText] = Field(default_factory=list)
+    hedge_after: Duration | None = None
+    # A replica that failed this many times in a row is asked last for `replica_cooldown`.
+    replica_failures: int = Field(default=3, ge=1)
+    replica_cooldown: Duration = 30.0
     bearer_token_file: SecretFile | None = None
+    # Sent as X-Scope-OrgID (Mimir, Cortex).
+    tenant_id: str | None = None
+    # Added to every query, for example Thanos' {dedup: "true", partial_response: "false"}.
+    params: dict[str, str] = Field(default_factory=dict)
     history: Duration = 1800.0
     timeout: Duration = 2.0
     # Queries at Prometheus at once, whatever the number of alerts: a storm adds no stampede to an incident.
     max_concurrent_queries: int = Field(default=8, ge=1, le=256)
     # Identical queries asked again within this long share the answer (alerts of one incident, `explain`).
     cache_ttl: Duration = 5.0
+
+    @field_validator("params")
+    @classmethod
+    def _not_the_query(cls, params: dict[str, str]) -> dict[str, str]:
+        reserved = sorted(set(params) & {"query", "time", "start", "end", "step"})
+        if reserved:
+            raise ValueError(f"{', '.join(reserved)}: set by the bot for each query, not here")
+        return params
+
+
+class PrometheusSite(PrometheusSource):
+    name: str = Field(min_length=1)
+    match: SiteMatch
+
+
+class PrometheusConfig(PrometheusSource):
+    """The default Prometheus, and a Prometheus per site for the alerts a site's `match` picks (the first that
+    matches)."""
+
+    sites: list[PrometheusSite] = Field(default_factory=list)
+
+    @field_validator("sites")
+    @classmethod
+    def _unique(cls, sites: list[PrometheusSite]) -> list[PrometheusSite]:
+        return unique_sites(sites)
+
+
+_Site = TypeVar("_Site", PrometheusSite, LokiSite)
+
+
+def unique_sites(sites: list[_Site]) -> list[_Site]:
+    names = [site.name for site in sites]
+    doubled = sorted({name for name in names if names.count(name) > 1})
+    if doubled:
+        raise ValueError(f"site names must differ: {', '.join(doubled)} given twice")
+    return sites
 
 
 class EnrichmentConfig(StrictModel):

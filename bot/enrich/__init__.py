@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from bot.config import EnrichmentConfig
+from bot.config import EnrichmentConfig, PrometheusSource
 from bot.enrich.base import Enricher, EnrichmentRequest, EnrichmentRunner
 from bot.enrich.gpu import GpuEnricher
 from bot.enrich.loki import LokiEnricher
-from bot.enrich.prometheus import PrometheusEnricher
+from bot.enrich.prometheus import PrometheusClient, PrometheusEnricher
 from bot.enrich.recurrence import RecurrenceEnricher
 from bot.enrich.related import RelatedAlertsEnricher
+from bot.enrich.sites import Site, Sited
 from bot.enrich.workload import WorkloadEnricher
 from bot.enrich.xid import XidEnricher
 from bot.gpu.xid_catalog import XidCatalog
@@ -36,7 +37,7 @@ def build_enrichers(
         _workload(config, host_labels),
         XidEnricher(xid_catalog),
         RecurrenceEnricher(store, xid_catalog, config.recurrence_window),
-        _prometheus(config),
+        _prometheus(config, metrics),
         RelatedAlertsEnricher(store),
         _loki(config),
     ]
@@ -51,16 +52,30 @@ def _workload(config: EnrichmentConfig, host_labels: Sequence[str]) -> WorkloadE
     return WorkloadEnricher(slurm, source_timeout(slurm.timeout if slurm else 0.0, config.budget), host_labels)
 
 
-def _loki(config: EnrichmentConfig) -> LokiEnricher | None:
-    if config.loki is None:
+def _loki(config: EnrichmentConfig) -> Enricher | None:
+    loki = config.loki
+    if loki is None:
         return None
-    return LokiEnricher(config.loki, source_timeout(config.loki.timeout, config.budget))
+    default = LokiEnricher(loki, source_timeout(loki.timeout, config.budget))
+    if not loki.sites:
+        return default
+    sites = [Site(s.name, s.match, LokiEnricher(s, source_timeout(s.timeout, config.budget))) for s in loki.sites]
+    return Sited(default, sites)
 
 
-def _prometheus(config: EnrichmentConfig) -> PrometheusEnricher | None:
-    if config.prometheus is None:
+def _prometheus(config: EnrichmentConfig, metrics: Metrics) -> Enricher | None:
+    prometheus = config.prometheus
+    if prometheus is None:
         return None
-    return PrometheusEnricher(config.prometheus, source_timeout(config.prometheus.timeout, config.budget))
+
+    def enricher(source: PrometheusSource, name: str) -> PrometheusEnricher:
+        client = PrometheusClient(source, metrics=metrics, name=name)
+        return PrometheusEnricher(source, source_timeout(source.timeout, config.budget), client)
+
+    default = enricher(prometheus, "default")
+    if not prometheus.sites:
+        return default
+    return Sited(default, [Site(s.name, s.match, enricher(s, s.name)) for s in prometheus.sites])
 
 
 def source_timeout(timeout: float, budget: float) -> float:

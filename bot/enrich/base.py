@@ -20,8 +20,10 @@ from typing import Protocol
 from bot.clock import SYSTEM_CLOCK, Clock
 from bot.enrich.batch import Batch, BatchItem, shared
 from bot.evidence import Enrichment, EnrichmentHints, EnrichmentSection
+from bot.logs import RateLimitedLog
 from bot.metrics import Metrics
 from bot.models import AlertState
+from bot.store.base import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,10 @@ class EnrichmentRequest:
         self._results = results
         # The alerts enriched together with this one (this one alone when none is given).
         self.batch = batch if batch is not None else Batch([BatchItem(alert, hints)], SYSTEM_CLOCK.now())
+
+    def within(self, batch: Batch) -> EnrichmentRequest:
+        """This request, its alert enriched with another batch (its site's part of this one)."""
+        return EnrichmentRequest(self.alert, self.hints, self._results, batch)
 
     async def section(self, name: str) -> EnrichmentSection | None:
         """Wait for another enricher's section; None when that enricher is not configured."""
@@ -87,6 +93,8 @@ class EnrichmentRunner:
         self._budget = budget
         self._metrics = metrics
         self._clock = clock
+        # One line per enricher and kind of failure a minute: an outage fails every alert of every batch.
+        self._failures = RateLimitedLog(log, clock=clock.monotonic)
 
     async def run(self, alert: AlertState, hints: EnrichmentHints | None) -> Enrichment:
         [enrichment] = await self.run_batch([BatchItem(alert, hints)])
@@ -140,11 +148,19 @@ class EnrichmentRunner:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.warning(
-                "enricher failed",
-                exc_info=True,
-                extra={"enricher": enricher.name, "alert_key": request.alert.key},
-            )
+            suppressed = self._failures.due(f"{enricher.name}:{type(exc).__name__}")
+            if suppressed is not None:
+                log.warning(
+                    "enricher failed",
+                    # A store outage is no bug: its traceback would say nothing the reason does not.
+                    exc_info=None if isinstance(exc, StoreUnavailable) else exc,
+                    extra={
+                        "enricher": enricher.name,
+                        "alert_key": request.alert.key,
+                        "reason": f"{type(exc).__name__}: {exc}",
+                        "suppressed": suppressed,
+                    },
+                )
             section = EnrichmentSection.unavailable(enricher.name, enricher.title, f"{type(exc).__name__}: {exc}")
         finally:
             self._metrics.enrichment_duration.labels(enricher.name).observe(time.perf_counter() - started)

@@ -41,6 +41,7 @@ class Batch:
         self.items = list(items)
         self.now = now
         self._plans: dict[str, asyncio.Task[Any]] = {}
+        self._parts: dict[str, Batch] = {}
 
     async def plan(self, owner: str, make: Callable[[], Awaitable[T]]) -> T:
         """`make()` for the whole batch, once, whichever alert asks first; shared by all the others."""
@@ -51,7 +52,17 @@ class Batch:
             self._plans[owner] = task
         return await shared(task)
 
+    def part(self, name: str, keeps: Callable[[AlertState], bool]) -> Batch:
+        """The alerts of this batch that `keeps` keeps, as a batch of their own with plans of their own (the
+        alerts of one site, say): made once per name, closed with this batch."""
+        part = self._parts.get(name)
+        if part is None:
+            part = self._parts[name] = Batch([item for item in self.items if keeps(item.alert)], self.now)
+        return part
+
     async def close(self) -> None:
+        for part in self._parts.values():
+            await part.close()
         for task in self._plans.values():
             task.cancel()
         await asyncio.gather(*self._plans.values(), return_exceptions=True)

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, Field, ValidationError
 
-from bot.config import LokiConfig
+from bot.config import LokiSource
 from bot.enrich.base import EnrichmentRequest
 from bot.enrich.batch import Batch, chunks, query_slot, shared
 from bot.enrich.queryapi import Deadline, QueryError, bearer_auth, body_text, send
@@ -72,7 +72,7 @@ def from_ns(ns: int) -> datetime:
 class LokiClient:
     """`GET /loki/api/v1/query_range` for log queries (httpx, retries within the caller's deadline)."""
 
-    def __init__(self, config: LokiConfig, transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(self, config: LokiSource, transport: httpx.AsyncBaseTransport | None = None) -> None:
         tenant = {"X-Scope-OrgID": config.tenant_id} if config.tenant_id else {}
         self._client = httpx.AsyncClient(
             base_url=config.url.rstrip("/"),
@@ -169,7 +169,7 @@ class LokiEnricher:
     title = "Kernel log (Loki)"
     source = "Loki"
 
-    def __init__(self, config: LokiConfig, timeout: float, client: LokiClient | None = None) -> None:
+    def __init__(self, config: LokiSource, timeout: float, client: LokiClient | None = None) -> None:
         self._config = config
         self._timeout = timeout
         self._client = client or LokiClient(config)

@@ -92,13 +92,14 @@ async def send(
     service: str,
     error_text: Callable[[httpx.Response], str],
     max_bytes: int = MAX_ANSWER_BYTES,
+    attempts: int = _MAX_ATTEMPTS,
     **request: Any,
 ) -> httpx.Response:
     """A 2xx response to the request, its body read (at most `max_bytes`), retried within the deadline;
     otherwise QueryError."""
     retrying = AsyncRetrying(
         retry=retry_if_exception(_retryable),
-        stop=stop_after_attempt(_MAX_ATTEMPTS) | _StopNearDeadline(deadline),
+        stop=stop_after_attempt(attempts) | _StopNearDeadline(deadline),
         wait=_wait,
         reraise=True,
     )

@@ -12,6 +12,7 @@ import itertools
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -43,7 +44,9 @@ def _unprivileged_user() -> str | None:
 
 
 class PostgresServer:
-    def __init__(self) -> None:
+    """A primary of its own, or (`standby_of`) a hot standby streaming from one, made by pg_basebackup."""
+
+    def __init__(self, standby_of: PostgresServer | None = None) -> None:
         self.workdir = workdir = Path(tempfile.mkdtemp(prefix="gpu-alert-bot-pg-"))
         self.data = workdir / "data"
         self.port = free_port()
@@ -52,8 +55,29 @@ class PostgresServer:
         self._databases = itertools.count(1)
         if self._user is not None:
             shutil.chown(workdir, self._user)
-        self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8")
+        if standby_of is None:
+            self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8")
+        else:
+            # -R writes standby.signal and primary_conninfo: the copy starts as a hot standby of that primary.
+            self._run(
+                "pg_basebackup", "-h", "127.0.0.1", "-p", str(standby_of.port), "-U", "postgres",
+                "-D", str(self.data), "-R", "-X", "stream", "--no-sync", "--checkpoint=fast",
+            )  # fmt: skip
         self.start()
+
+    def replicate_synchronously(self) -> None:
+        """Commit only once a standby has the commit (any standby, by its default application name)."""
+        with psycopg.connect(self.dsn(), autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+            conn.execute("SELECT pg_reload_conf()")
+
+    def promote(self) -> None:
+        self._run("pg_ctl", "-D", str(self.data), "-w", "promote")
+
+    def kill(self) -> None:
+        """SIGKILL the postmaster, as a machine that dies would leave it (its backends go with it)."""
+        pid = int((self.data / "postmaster.pid").read_text().split()[0])
+        os.kill(pid, signal.SIGKILL)
 
     def _run(self, tool: str, *args: str) -> None:
         command = [str(self._bin / tool), *args]

@@ -10,8 +10,11 @@ from typing import Any, Literal, TypeVar
 import httpx
 from pydantic import BaseModel, Field, ValidationError
 
-from bot.config import PrometheusConfig
-from bot.enrich.queryapi import Deadline, QueryError, bearer_auth, body_text, send
+from bot.clock import SYSTEM_CLOCK, Clock
+from bot.config import PrometheusSource
+from bot.enrich.queryapi import Deadline, QueryError, bearer_auth, body_text
+from bot.enrich.replicas import ReplicaSet
+from bot.metrics import Metrics
 
 TARGET_POINTS = 180
 _M = TypeVar("_M", bound=BaseModel)
@@ -79,15 +82,37 @@ class AlertRule:
 class PrometheusClient:
     """The few Prometheus HTTP API calls enrichment needs (httpx; POST forms; retries within the deadline)."""
 
-    def __init__(self, config: PrometheusConfig, transport: httpx.AsyncBaseTransport | None = None) -> None:
-        self._client = httpx.AsyncClient(
-            base_url=config.url.rstrip("/"), auth=bearer_auth(config.bearer_token_file), transport=transport
+    def __init__(
+        self,
+        config: PrometheusSource,
+        transport: httpx.AsyncBaseTransport | None = None,
+        *,
+        metrics: Metrics | None = None,
+        name: str = "default",
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        tenant = {"X-Scope-OrgID": config.tenant_id} if config.tenant_id else {}
+        auth = bearer_auth(config.bearer_token_file)
+
+        def client(url: str) -> httpx.AsyncClient:
+            return httpx.AsyncClient(base_url=url.rstrip("/"), headers=tenant, auth=auth, transport=transport)
+
+        self._params = dict(config.params)
+        self._replicas = ReplicaSet(
+            name,
+            [config.url, *config.replicas],
+            client,
+            clock,
+            hedge_after=config.hedge_after,
+            failures_to_skip=config.replica_failures,
+            cooldown=config.replica_cooldown,
+            metrics=metrics,
         )
 
     async def query_range(
         self, query: str, start: float, end: float, step: float, deadline: Deadline
     ) -> list[RawSeries]:
-        form = {"query": query, "start": _num(start), "end": _num(end), "step": _num(step)}
+        form = {**self._params, "query": query, "start": _num(start), "end": _num(end), "step": _num(step)}
         response = await self._send("POST", "/api/v1/query_range", deadline, data=form)
         answer = _answer(_MatrixAnswer, response)
         matrix = answer.data if answer else _parse(_Matrix, _data(response), "a range query result")
@@ -95,7 +120,7 @@ class PrometheusClient:
 
     async def query(self, query: str, at: float | None, deadline: Deadline) -> list[RawSeries]:
         """An instant query at `at`, or at Prometheus's own present when None."""
-        form = {"query": query} if at is None else {"query": query, "time": _num(at)}
+        form = {**self._params, "query": query} | ({} if at is None else {"time": _num(at)})
         response = await self._send("POST", "/api/v1/query", deadline, data=form)
         answer = _answer(_VectorAnswer, response)
         vector = answer.data if answer else _parse(_Vector, _data(response), "an instant vector")
@@ -103,7 +128,7 @@ class PrometheusClient:
 
     async def alerting_rules(self, deadline: Deadline) -> list[AlertRule]:
         # 2.42 has no rule_name[] filter (2.45+): take all alerting rules and filter here.
-        data = await self._call("GET", "/api/v1/rules", deadline, params={"type": "alert"})
+        data = await self._call("GET", "/api/v1/rules", deadline, params={**self._params, "type": "alert"})
         groups = _parse(_Rules, data, "a rules list")
         return [AlertRule(r.name, r.query, r.labels) for g in groups.groups for r in g.rules if r.type == "alerting"]
 
@@ -111,12 +136,12 @@ class PrometheusClient:
         return _data(await self._send(method, path, deadline, **request))
 
     async def _send(self, method: str, path: str, deadline: Deadline, **request: Any) -> httpx.Response:
-        return await send(
-            self._client, method, path, deadline, service="Prometheus", error_text=api_error_text, **request
+        return await self._replicas.send(
+            method, path, deadline, service="Prometheus", error_text=api_error_text, **request
         )
 
     async def close(self) -> None:
-        await self._client.aclose()
+        await self._replicas.close()
 
 
 def _answer(model: type[_M], response: httpx.Response) -> _M | None:

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from bot.config import PrometheusConfig
+from bot.config import PrometheusSource
 from bot.enrich.base import EnrichmentRequest
 from bot.enrich.batch import Batch, SharedQueries, shared
 from bot.enrich.prometheus.client import AlertRule, PrometheusClient, RawSeries
@@ -114,7 +114,7 @@ class PrometheusEnricher:
     title = "Metric history"
     source = "Prometheus"
 
-    def __init__(self, config: PrometheusConfig, timeout: float, client: PrometheusClient | None = None) -> None:
+    def __init__(self, config: PrometheusSource, timeout: float, client: PrometheusClient | None = None) -> None:
         self._config = config
         self._timeout = timeout
         self._client = client or PrometheusClient(config)
