@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import sys
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
@@ -43,9 +43,9 @@ from bot.selftest.path import (
     find_amtool,
     fire,
 )
+from bot.selftest.reach import bot_url, read_only_store, store_name, worker_metrics_url
 from bot.selftest.steps import StepFailed, Steps, as_json, table
 from bot.selftest.watch import BotWatch, MetricsWatch, StoreWatch, until
-from bot.store.sqlite import SqliteStore
 
 EXIT_PASSED = 0
 EXIT_FAILED = 1
@@ -53,8 +53,6 @@ _ALERT_PATH = ("routing", "fire", "bot received", "resolve")
 _ESSENTIAL = ("alertmanager", "bot store", "bot metrics")
 # Beyond Alertmanager's timeout, for amtool to start and finish the resolve of an early end.
 _CLEANUP_MARGIN = 10.0
-# A bot listening on every address is reached on loopback.
-_WILDCARDS = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}  # noqa: S104 (read, not bound)
 
 
 @dataclass(frozen=True)
@@ -127,11 +125,7 @@ class SelfTest:
 
     def _bot_url(self) -> str:
         """Where the bot's /metrics are: --bot, or the address the bot listens on."""
-        if self._options.bot_url:
-            return self._options.bot_url
-        server = self._config.server
-        host = _WILDCARDS.get(server.host, server.host)
-        return f"http://{f'[{host}]' if ':' in host else host}:{server.port}"
+        return bot_url(self._config, self._options.bot_url)
 
     def _am_timeout(self) -> float:
         return self._config.alertmanager.timeout if self._config.alertmanager else 5.0
@@ -146,16 +140,16 @@ class SelfTest:
         found: list[BotWatch] = []
 
         async def from_store() -> str:
-            store = await stack.enter_async_context(_read_only_store(self._config))
+            store = await stack.enter_async_context(read_only_store(self._config))
             found.append(StoreWatch(store))
-            return f"reading {self._config.store.path}"
+            return f"reading {store_name(self._config)}"
 
         async def from_metrics(bot_url: str) -> str:
             http = await stack.enter_async_context(httpx.AsyncClient(timeout=self._am_timeout()))
-            watch = MetricsWatch(bot_url, http)
-            await watch.samples()
+            watch = MetricsWatch(bot_url, worker_metrics_url(self._config, bot_url), http)
+            await watch.mark()
             found.append(watch)
-            return f"reading {watch.url}"
+            return f"reading {watch.url} and {watch.worker_url}"
 
         if self._options.bot_url:
             await self._steps.run("bot metrics", partial(from_metrics, self._options.bot_url))
@@ -310,24 +304,6 @@ class SelfTest:
             f"gpu_alert_bot_deliveries_total{{receiver=\"{receiver}\"}} on the bot's /metrics; the bot's log",
         )
         return delivered(record, receiver)
-
-
-@contextlib.asynccontextmanager
-async def _read_only_store(config: BotConfig) -> AsyncIterator[SqliteStore]:
-    store = SqliteStore(config.store.path, read_only=True)
-    try:
-        await store.open()
-    except Exception as exc:
-        await store.close()
-        raise StepFailed(
-            f"cannot open the bot's store {config.store.path}: {exc}",
-            "the bot does not run with this configuration (another store.path), or never started",
-            "run the self-test with the bot's own --config (or --bot URL for a bot on another host)",
-        ) from None
-    try:
-        yield store
-    finally:
-        await store.close()
 
 
 async def _text(text: str) -> str:
