@@ -78,8 +78,11 @@ async def test_ctrl_c_while_waiting_resolves_the_alert_it_fired(tmp_path: Path) 
             am.stop()
 
 
-def self_test_alert(run_id: str, until: datetime, status: str = "firing") -> dict[str, Any]:
-    annotations = {"summary": "gpu-alert-bot self-test", UNTIL_ANNOTATION: until.isoformat()}
+def self_test_alert(run_id: str, until: datetime | None, status: str = "firing") -> dict[str, Any]:
+    """`until` None: as resolved by hand (`amtool alert add ... --end=now`), without the run's deadline."""
+    annotations = {"summary": "gpu-alert-bot self-test"}
+    if until is not None:
+        annotations[UNTIL_ANNOTATION] = until.isoformat()
     return am_alert("GPUSelfTest", status=status, annotations=annotations, selftest=run_id, severity="info")
 
 
@@ -94,6 +97,9 @@ async def test_the_bot_tells_nobody_of_a_self_test_alert_first_heard_after_its_r
         now = datetime.now(UTC)
         await post(bot, self_test_alert("over", now - timedelta(hours=1)))
         await post(bot, self_test_alert("over", now - timedelta(hours=1), "resolved"))
+        # Resolved by hand after its run: its firing reached nobody, so its resolve does not either.
+        await post(bot, self_test_alert("by-hand", now - timedelta(hours=1)))
+        await post(bot, self_test_alert("by-hand", None, "resolved"))
         await post(bot, self_test_alert("running", now + timedelta(minutes=5)))
 
         def told() -> list[str]:
