@@ -62,6 +62,7 @@ async def test_a_correct_setup_passes_every_step_and_prints_the_table(
         assert code == 0, text
         for step in (
             "alertmanager",
+            "bot",
             "bot store",
             "slack slack-gpu",
             "routing",
@@ -75,7 +76,7 @@ async def test_a_correct_setup_passes_every_step_and_prints_the_table(
             "deliver resolve slack-gpu",
         ):
             assert any(line.startswith(f"[pass] {step}: ") for line in text.splitlines()), (step, text)
-        assert "step" in text and "result" in text and "self-test passed: 0 step(s) failed of 12" in text
+        assert "step" in text and "result" in text and "self-test passed: 0 step(s) failed of 13" in text
         # Marked as a test in every sink: the console line and the Slack message, updated in place on resolve.
         fired, resolved = [e for e in bot.console_events() if e["alertname"] == "GPUSelfTest"]
         assert fired["title"] == resolved["title"] == "[self-test] GPUSelfTest"

@@ -8,6 +8,8 @@ import contextlib
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
+import httpx
+
 from bot.config import BotConfig, split_listen
 from bot.selftest.steps import StepFailed
 from bot.store import Store, open_store
@@ -39,6 +41,28 @@ def worker_metrics_url(config: BotConfig, given: str | None) -> str:
     if config.worker.metrics_listen is None:
         port = (target.port or (443 if target.scheme == "https" else 80)) + 1
     return _url(target.hostname or host, port)
+
+
+async def probe_bot(http: httpx.AsyncClient, url: str, given: str | None) -> str:
+    """The bot answers at `url` (its /healthz): a bot that is not running is said at once."""
+    target = f"{url.rstrip('/')}/healthz"
+    where = "--bot" if given else "server.listen"
+    look = f"curl -s {target}; systemctl status gpu-alert-bot (or: docker compose ps)"
+    try:
+        response = await http.get(target)
+    except httpx.HTTPError as exc:
+        raise StepFailed(
+            f"nothing answers at {url} ({where}): {type(exc).__name__}: {exc}",
+            "the bot is not running, or listens elsewhere (another --config, serve --listen, a port not published)",
+            look,
+        ) from None
+    if response.status_code != 200:
+        raise StepFailed(
+            f"{target} answered {response.status_code}: is the bot listening there?",
+            f"another service listens at {url}",
+            look,
+        )
+    return f"{target} answers: the bot is running"
 
 
 def store_name(config: BotConfig) -> str:

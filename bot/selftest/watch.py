@@ -14,11 +14,12 @@ from bot.models import AlertStatus, EventKind
 from bot.selftest.diagnose import Samples
 from bot.selftest.marking import ALERTNAME, LABEL
 from bot.selftest.path import SyntheticAlert
-from bot.selftest.steps import StepFailed
+from bot.selftest.steps import StepFailed, duration
 from bot.store.base import DeliveryRecord, Store, StoreUnavailable
 
 T = TypeVar("T")
 _POLL = 0.25
+PROGRESS_EVERY = 5.0
 _ALERTS = "gpu_alert_bot_alerts_received_total"
 _DELIVERIES = "gpu_alert_bot_deliveries_total"
 
@@ -106,27 +107,46 @@ class MetricsWatch:
         }
 
 
-async def until(
-    clock: Clock,
-    deadline: float,
-    what: Callable[[], Awaitable[T | None]],
-    waiting_for: str,
-    cause: str,
-    look: str,
-    known_cause: Callable[[], Awaitable[StepFailed | None]] | None = None,
-) -> T:
-    """Poll `what` until it gives something, or fail when the self-test's time is up, or as soon as `known_cause`
-    tells why it will not come."""
-    while True:
-        try:
-            found = await what()
-        except StoreUnavailable as exc:
-            raise StepFailed(f"cannot read the bot's store: {exc}", "the store path is not the bot's", look) from None
-        if found is not None:
-            return found
-        failure = await known_cause() if known_cause is not None else None
-        if failure is not None:
-            raise failure
-        if clock.monotonic() >= deadline:
-            raise StepFailed(f"timed out waiting for {waiting_for}", cause, look)
-        await clock.sleep(_POLL)
+class Wait:
+    """The alert path's waits, all within the run's `--timeout` (one deadline on the clock), each saying every
+    PROGRESS_EVERY seconds what it waits for and how long it has waited."""
+
+    def __init__(self, clock: Clock, timeout: float, say: Callable[[str], None]) -> None:
+        self._clock = clock
+        self._timeout = timeout
+        self._deadline = clock.monotonic() + timeout
+        self._say = say
+
+    async def until(
+        self,
+        what: Callable[[], Awaitable[T | None]],
+        waiting_for: str,
+        cause: str,
+        look: str,
+        known_cause: Callable[[], Awaitable[StepFailed | None]] | None = None,
+    ) -> T:
+        """Poll `what` until it gives something, or fail when the self-test's time is up, or as soon as
+        `known_cause` tells why it will not come."""
+        said = self._clock.monotonic()
+        while True:
+            try:
+                found = await what()
+            except StoreUnavailable as exc:
+                raise StepFailed(
+                    f"cannot read the bot's store: {exc}", "the store path is not the bot's", look
+                ) from None
+            if found is not None:
+                return found
+            failure = await known_cause() if known_cause is not None else None
+            if failure is not None:
+                raise failure
+            now = self._clock.monotonic()
+            if now >= self._deadline:
+                raise StepFailed(
+                    f"timed out waiting for {waiting_for} (--timeout {duration(self._timeout)})", cause, look
+                )
+            if now - said >= PROGRESS_EVERY:
+                said = now
+                spent = self._timeout - (self._deadline - now)
+                self._say(f"waiting for {waiting_for}: {spent:.0f} s of {self._timeout:.0f} s")
+            await self._clock.sleep(_POLL)
