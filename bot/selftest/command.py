@@ -161,7 +161,7 @@ class SelfTest:
         return AlertmanagerClient.from_config(self._config.alertmanager.model_copy(update={"urls": urls}))
 
     def _bot_url(self) -> str:
-        """Where the bot's /metrics are: --bot, or the address the bot listens on."""
+        """Where the bot's ingest process answers (/healthz, /metrics): --bot, or the address it listens on."""
         return bot_url(self._config, self._options.bot_url)
 
     def _am_timeout(self) -> float:
