@@ -37,6 +37,7 @@ NO_CONNECTION = 900
 _CONTAINER_ID = re.compile(r"[0-9a-f]{12,64}")
 _GPU_DRIVERS = ("nvidia", "cdi")
 _GPU_CAPABILITIES = frozenset({"gpu", "nvidia"})
+_CDI_GPU_KIND = "nvidia.com/gpu"
 _NONE = frozenset({"", "none", "void"})
 # Inspected at once on one engine, and at most this many running containers per host.
 _INSPECTS_AT_ONCE = 8
@@ -93,8 +94,24 @@ class GpuGrant:
         return any(_names_gpu(device, index, uuid) for device in self.devices)
 
 
+def _cdi_gpu(device: str) -> str | None:
+    """The GPU a CDI name gives (`nvidia.com/gpu=0` -> `0`); None for another vendor's or class's device."""
+    kind, _, name = device.partition("=")
+    return name if kind.lower() == _CDI_GPU_KIND else None
+
+
+def _every(device: str) -> bool:
+    """`all`, or the CDI name of every GPU (`nvidia.com/gpu=all`)."""
+    named = _cdi_gpu(device) if "=" in device else device
+    return named is not None and named.lower() == "all"
+
+
 def _names_gpu(device: str, index: str | None, uuid: str | None) -> bool:
-    device = device.partition("=")[2] if "=" in device else device  # a CDI name: nvidia.com/gpu=0
+    if "=" in device:
+        named = _cdi_gpu(device)
+        if named is None:
+            return False
+        device = named
     if device.lower().startswith("gpu-"):
         return uuid is not None and device.lower() == uuid.lower()
     whole = device.partition(":")[0]  # a MIG device N:M is on GPU N
@@ -115,7 +132,7 @@ def gpu_grant(inspected: Mapping[str, Any]) -> GpuGrant | None:
         if not ids and isinstance(count, int) and count < 0:
             return GpuGrant(every=True, how="DeviceRequests")
         if ids:
-            if any(device.partition("=")[2] == "all" for device in ids if "=" in device):
+            if any(_every(device) for device in ids):
                 return GpuGrant(every=True, how="DeviceRequests")
             devices.extend(ids)
         elif isinstance(count, int) and count > 0:

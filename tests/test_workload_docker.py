@@ -285,6 +285,8 @@ def inspected(
         (inspected([gpu_request(["2:1"], driver="nvidia")]), True, GpuGrant(False, ("2:1",), "DeviceRequests")),
         (inspected([gpu_request(["nvidia.com/gpu=2"], driver="cdi", capabilities=[])]), True, None),
         (inspected([gpu_request(["nvidia.com/gpu=all"], driver="cdi", capabilities=[])]), True, None),
+        (inspected([gpu_request(["example.com/fpga=2"], driver="cdi", capabilities=[])]), False, None),
+        (inspected([gpu_request(["all"], driver="nvidia")]), True, GpuGrant(True, (), "DeviceRequests")),
         (inspected([gpu_request(["2"], capabilities=[["tpu"]])]), False, None),  # not a GPU request: no grant
         (inspected([gpu_request([UUIDS[2]])]), True, None),
         (inspected(env=["NVIDIA_VISIBLE_DEVICES=2"], runtime="nvidia"), True, None),
