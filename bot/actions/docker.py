@@ -1,20 +1,16 @@
 """The Docker executor: restart a container the configuration names, through the Docker Engine API (a unix
-socket when the bot runs on the GPU node, or TCP with mutual TLS). aiodocker negotiates the API version with
-the engine; the call's timeout is longer than the stop grace period, since a restart answers only once the
-container is back."""
+socket when the bot runs on the GPU node, or TCP with mutual TLS; bot/dockerengine.py). aiodocker negotiates the
+API version with the engine; the call's timeout is longer than the stop grace period, since a restart answers
+only once the container is back."""
 
 from __future__ import annotations
-
-import ssl
 
 import aiodocker
 import aiohttp
 
 from bot.actions.executor import ExecResult, ExecutorError, RunContext
 from bot.config import DOCKER_ACTIONS, DockerExecutorConfig
-
-# The status aiodocker gives a DockerError when it got no answer at all (connection refused, TLS refused).
-_NO_CONNECTION = 900
+from bot.dockerengine import engine, engine_error
 
 
 class DockerExecutor:
@@ -36,21 +32,8 @@ class DockerExecutor:
         name = config.containers[action]
         timeout = aiohttp.ClientTimeout(total=config.timeout)
         try:
-            async with aiodocker.Docker(url=config.url, ssl_context=self._ssl_context(), timeout=timeout) as docker:
+            async with engine(config, timeout) as docker:
                 await docker.containers.container(name).restart(t=config.stop_timeout, timeout=timeout)
-        except aiodocker.DockerError as exc:
-            if exc.status == _NO_CONNECTION:
-                raise ExecutorError(f"{self._host}: Docker API unreachable: {exc.message}") from exc
-            raise ExecutorError(f"{self._host}: Docker answered {exc.status}: {exc.message}") from exc
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            raise ExecutorError(f"{self._host}: Docker API unreachable: {type(exc).__name__}: {exc}") from exc
+        except (aiodocker.DockerError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise ExecutorError(str(engine_error(self._host, exc))) from exc
         return ExecResult(ok=True, output=f"container {name} restarted on {self._host}")
-
-    def _ssl_context(self) -> ssl.SSLContext | None:
-        config = self._config
-        if config.ca_file is None:
-            return None
-        context = ssl.create_default_context(cafile=str(config.ca_file))
-        if config.cert_file is not None and config.key_file is not None:
-            context.load_cert_chain(str(config.cert_file), str(config.key_file))
-        return context

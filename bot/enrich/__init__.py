@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from bot.config import EnrichmentConfig, PrometheusSource
+from bot.config import EnrichmentConfig, PrometheusSource, RemediationConfig
 from bot.enrich.base import Enricher, EnrichmentRequest, EnrichmentRunner
+from bot.enrich.containers import ContainerSource
 from bot.enrich.gpu import GpuEnricher
 from bot.enrich.loki import LokiEnricher
 from bot.enrich.prometheus import PrometheusClient, PrometheusEnricher
@@ -27,14 +28,19 @@ _SOURCE_SHARE_OF_BUDGET = 0.8
 
 
 def build_enrichers(
-    config: EnrichmentConfig, store: Store, metrics: Metrics, xid_catalog: XidCatalog
+    config: EnrichmentConfig,
+    store: Store,
+    metrics: Metrics,
+    xid_catalog: XidCatalog,
+    remediation: RemediationConfig | None = None,
 ) -> EnrichmentRunner:
     """The enrichers, in the order their sections appear in messages. Loki and Prometheus run only when
-    configured; the others work from the alert, those two sources and the bot's own store."""
+    configured; the others work from the alert, those two sources and the bot's own store (and, for the
+    workload, the Slurm scheduler and the Docker Engines `remediation` reaches)."""
     host_labels = config.loki.host_labels if config.loki is not None else DEFAULT_HOST_LABELS
     enrichers: list[Enricher | None] = [
         GpuEnricher(host_labels),
-        _workload(config, host_labels),
+        _workload(config, host_labels, remediation),
         XidEnricher(xid_catalog),
         RecurrenceEnricher(store, xid_catalog, config.recurrence_window),
         _prometheus(config, metrics),
@@ -44,12 +50,19 @@ def build_enrichers(
     return EnrichmentRunner([e for e in enrichers if e is not None], config.budget, metrics)
 
 
-def _workload(config: EnrichmentConfig, host_labels: Sequence[str]) -> WorkloadEnricher | None:
-    """From dcgm-exporter's labels in Prometheus, or the Slurm scheduler: neither configured, nothing to read."""
+def _workload(
+    config: EnrichmentConfig, host_labels: Sequence[str], remediation: RemediationConfig | None
+) -> WorkloadEnricher | None:
+    """From dcgm-exporter's labels in Prometheus, the Slurm scheduler, or the Docker Engine of a remediation host:
+    none configured, nothing to read."""
     slurm = config.slurm
-    if config.prometheus is None and slurm is None:
+    docker = (
+        ContainerSource.configured(remediation, source_timeout(float("inf"), config.budget)) if remediation else None
+    )
+    if config.prometheus is None and slurm is None and docker is None:
         return None
-    return WorkloadEnricher(slurm, source_timeout(slurm.timeout if slurm else 0.0, config.budget), host_labels)
+    timeout = source_timeout(slurm.timeout if slurm else 0.0, config.budget)
+    return WorkloadEnricher(slurm, timeout, host_labels, docker)
 
 
 def _loki(config: EnrichmentConfig) -> Enricher | None:

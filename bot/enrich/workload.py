@@ -8,6 +8,8 @@ the fault likely cost it.
   label, which running job holds this GPU of the node. The scheduler's job list (`squeue --json` through the
   forced command scripts/slurm-node-actions.sh) is asked once for the alerts of a batch and within `cache_ttl`;
   it is filtered here, so nothing of an alert's labels is ever sent to the scheduler.
+- Docker: on a host whose remediation configuration reaches a Docker Engine, the running container holding the
+  GPU (bot/enrich/containers.py), asked only when neither of the above named any work.
 
 Label values are data: an `hpc_job` that is not a Slurm job id is left out and said so; job names and users from
 the scheduler are shown as text, never used."""
@@ -18,11 +20,22 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from bot.config import SlurmEnrichmentConfig
+from bot.dockerengine import EngineError
 from bot.enrich.base import EnrichmentRequest
 from bot.enrich.batch import SharedQueries
+from bot.enrich.containers import (
+    DOCKER,
+    ContainersHolding,
+    ContainerSource,
+    DockerTarget,
+    container_line,
+    container_name,
+    shown,
+)
 from bot.enrich.gpu import GpuIdentity, resolve_identity
 from bot.enrich.queryapi import Deadline, QueryError
 from bot.evidence import (
+    ContainerFound,
     EnrichmentSection,
     PodFound,
     PrometheusEvidence,
@@ -40,7 +53,6 @@ from bot.slurm.jobs import JOB_ID, JobsUnreadable, SlurmJob, parse_jobs
 POD_LABELS = "dcgm-exporter pod labels"
 JOB_LABEL = "dcgm-exporter hpc_job label"
 SCHEDULER = "Slurm scheduler"
-_NAME_LIMIT = 80
 
 
 class WorkloadEnricher:
@@ -53,8 +65,10 @@ class WorkloadEnricher:
         slurm: SlurmEnrichmentConfig | None,
         timeout: float,
         host_labels: Sequence[str] = DEFAULT_HOST_LABELS,
+        docker: ContainerSource | None = None,
     ) -> None:
         self._slurm = slurm
+        self._docker = docker
         self._timeout = timeout
         self._host_labels = tuple(host_labels)
         self._access = SlurmAccess(slurm.ssh, timeout) if slurm is not None else None
@@ -75,34 +89,70 @@ class WorkloadEnricher:
         sources = ([POD_LABELS] if pods else []) + ([JOB_LABEL] if job_ids else [])
         jobs = [SlurmJobFound(id=job) for job in job_ids]
         node = self._node(request.alert)
+        failed: list[tuple[str, str]] = []
         if self._access is not None and (job_ids or not pods):
             try:
                 running = await self._running_jobs()
             except (SchedulerError, JobsUnreadable, QueryError) as exc:
-                if not pods and not jobs:
-                    return EnrichmentSection(
-                        name=self.name, title=self.title, status="unavailable", source="Slurm", reason=_why(exc)
-                    )
-                notes.append(f"Slurm unavailable: {_why(exc)}")
+                failed.append(("Slurm", _why(exc)))
             else:
                 jobs = _from_scheduler(running, job_ids, node, identity)
                 sources.append(SCHEDULER)
+        containers: list[ContainerFound] = []
+        target = self._docker.target(request.alert) if self._docker is not None else None
+        if target is not None and not (pods or jobs):
+            try:
+                holding = await self._docker_holding(target, identity)
+            except EngineError as exc:
+                failed.append((DOCKER, str(exc)))
+            else:
+                containers = holding.containers
+                notes.extend(holding.notes)
+                sources.append(DOCKER)
+        if failed and not (pods or jobs or containers or SCHEDULER in sources or DOCKER in sources):
+            return EnrichmentSection(
+                name=self.name,
+                title=self.title,
+                status="unavailable",
+                source=" and ".join(source for source, _ in failed),
+                reason="; ".join(reason for _, reason in failed),
+            )
+        notes.extend(f"{source} unavailable: {reason}" for source, reason in failed)
         if not (pods or jobs or notes or sources):
             return EnrichmentSection.skipped(
-                self.name, self.title, "no pod or job label on the GPU's series, and no scheduler configured"
+                self.name,
+                self.title,
+                "no pod or job label on the GPU's series, and no scheduler or Docker Engine configured for the host",
             )
         lost, why = likely_lost(request.alert, evidence_of(await request.section("xid"), XidEvidence))
+        found = bool(pods or jobs or containers)
         data = WorkloadEvidence(
-            pods=pods, jobs=jobs, sources=sources, likely_lost=lost if (pods or jobs) else None, lost_reason=why
+            pods=pods,
+            jobs=jobs,
+            containers=containers,
+            sources=sources,
+            likely_lost=lost if found else None,
+            lost_reason=why,
         )
+        indexes = _indexes(prometheus)
         return EnrichmentSection(
             name=self.name,
             title=self.title,
             status="ok",
-            summary=_summary(data, identity, node),
-            lines=[*(_job_line(job, request.batch.now) for job in jobs), *(_pod_line(pod) for pod in pods), *notes],
+            summary=_summary(data, identity, node, target.host if target is not None else ""),
+            lines=[
+                *(_job_line(job, request.batch.now) for job in jobs),
+                *(_pod_line(pod) for pod in pods),
+                *(container_line(container, request.batch.now, indexes) for container in containers),
+                *notes,
+            ],
             data=data,
         )
+
+    async def _docker_holding(self, target: DockerTarget, identity: GpuIdentity) -> ContainersHolding:
+        docker = self._docker
+        assert docker is not None
+        return await docker.holding(target, identity)
 
     def _node(self, alert: AlertState) -> str:
         host = host_from_labels(alert.labels, self._host_labels)
@@ -124,6 +174,8 @@ class WorkloadEnricher:
 
     async def close(self) -> None:
         await self._jobs.close()
+        if self._docker is not None:
+            await self._docker.close()
 
 
 def _job_ids(attributed: list[dict[str, str]]) -> tuple[list[str], list[str]]:
@@ -162,18 +214,12 @@ def _found(job: SlurmJob, node: str) -> SlurmJobFound:
     where = node if held is not None else next(iter(job.gpus), "")
     return SlurmJobFound(
         id=job.id,
-        user=_shown(job.user),
-        name=_shown(job.name),
+        user=shown(job.user),
+        name=shown(job.name),
         node=where,
         gpus=list(job.gpus.get(where, ())),
         since=job.start.isoformat() if job.start is not None else None,
     )
-
-
-def _shown(text: str) -> str:
-    """A name from the scheduler as text: printable, one line, bounded."""
-    flat = " ".join(printable(text).split())
-    return flat if len(flat) <= _NAME_LIMIT else flat[: _NAME_LIMIT - 1] + "…"
 
 
 # NVIDIA's immediate resolution bucket after which the work on the GPU survives; any other bucket (restart the
@@ -200,12 +246,16 @@ def likely_lost(alert: AlertState, xid: XidEvidence | None) -> tuple[bool | None
     return True, f"Xid {code}: NVIDIA's first step is {bucket}"
 
 
-def _summary(data: WorkloadEvidence, identity: GpuIdentity, node: str) -> str:
+def _summary(data: WorkloadEvidence, identity: GpuIdentity, node: str, docker_host: str) -> str:
     where = f"GPU {identity.index}" if identity.index is not None else "this GPU"
     named = [f"Slurm job {job.id}" + (f" of {job.user}" if job.user else "") for job in data.jobs]
     named += [f"pod {pod.namespace}/{pod.pod}" if pod.namespace else f"pod {pod.pod}" for pod in data.pods]
+    named += [container_name(container) for container in data.containers]
     if not named:
-        return f"No running Slurm job holds {where} of {node}" if SCHEDULER in data.sources else ""
+        asked = [f"no running Slurm job holds {where} of {node}"] if SCHEDULER in data.sources else []
+        asked += [f"no running container holds {where} of {docker_host}"] if DOCKER in data.sources else []
+        said = "; ".join(asked)
+        return said[:1].upper() + said[1:]
     said = f"On {where}: {', '.join(named)}"
     if data.likely_lost:
         return f"{said}: likely lost ({data.lost_reason})"
@@ -230,6 +280,13 @@ def _job_line(job: SlurmJobFound, now: datetime) -> str:
         started = datetime.fromisoformat(job.since)
         parts.append(f"running since {started:%Y-%m-%d %H:%M} UTC ({format_duration((now - started).total_seconds())})")
     return " · ".join(parts)
+
+
+def _indexes(prometheus: PrometheusEvidence | None) -> dict[str, str]:
+    """GPU UUID (lower case) -> index, from dcgm-exporter's inventory of the host, to show a container's GPUs."""
+    rows = prometheus.gpus if prometheus is not None else []
+    pairs = ((row.get("UUID") or row.get("uuid") or "", row.get("gpu") or "") for row in rows)
+    return {uuid.lower(): index for uuid, index in pairs if uuid and index}
 
 
 def _pod_line(pod: PodFound) -> str:

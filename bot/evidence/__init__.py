@@ -2,6 +2,7 @@
 
 from bot.evidence.outputs import (
     AlertCount,
+    ContainerFound,
     DecodedXidRecord,
     EscalationVerdict,
     GpuEvidence,
@@ -34,6 +35,7 @@ from bot.evidence.sections import (
 
 __all__ = [
     "AlertCount",
+    "ContainerFound",
     "DecodedXidRecord",
     "Enrichment",
     "EnrichmentHints",

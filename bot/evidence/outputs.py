@@ -249,6 +249,23 @@ class PodFound(EvidenceModel):
     container: str = ""
 
 
+class ContainerFound(EvidenceModel):
+    """A running Docker container holding the alert's GPU, as the host's Docker Engine says."""
+
+    # The remediation host whose engine was asked.
+    host: str = ""
+    id: str
+    name: str
+    image: str = ""
+    # When it started (ISO), if the engine says.
+    since: str | None = None
+    # The GPUs it was given as they were named (indexes, UUIDs, N:M for a MIG device); empty with all_gpus.
+    gpus: list[str] = Field(default_factory=list)
+    all_gpus: bool = False
+    # How: "DeviceRequests" (docker run --gpus, compose's device reservations) or "NVIDIA_VISIBLE_DEVICES".
+    given_by: str = ""
+
+
 class WorkloadEvidence(SectionEvidence):
     """Whose work is on the alert's GPU (bot/enrich/workload.py), and whether the fault likely cost it."""
 
@@ -256,11 +273,21 @@ class WorkloadEvidence(SectionEvidence):
 
     pods: list[PodFound] = Field(default_factory=list)
     jobs: list[SlurmJobFound] = Field(default_factory=list)
-    # Where it was read: "dcgm-exporter pod labels", "dcgm-exporter hpc_job label", "Slurm scheduler".
+    # Left out of the JSON when there is none, as it was before the Docker Engine was asked.
+    containers: list[ContainerFound] = Field(default_factory=list)
+    # Where it was read: "dcgm-exporter pod labels", "dcgm-exporter hpc_job label", "Slurm scheduler",
+    # "Docker Engine".
     sources: list[str] = Field(default_factory=list)
     # For Xid and ECC alerts: whether the work on the GPU is likely lost; None when the alert does not say.
     likely_lost: bool | None = None
     lost_reason: str = ""
+
+    @model_serializer(mode="wrap")
+    def _containers_when_found(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        dumped: dict[str, Any] = handler(self)
+        if not dumped.get("containers"):
+            dumped.pop("containers", None)
+        return dumped
 
 
 SectionData = (

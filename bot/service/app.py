@@ -100,7 +100,7 @@ def start_processing(
     sinks = build_sinks(config.receivers, store, metrics, console, slack_controls(config, executable), clock)
     metrics.init_receivers(sinks)
     outbox = Outbox(store, sinks, config.outbox, metrics, receiver_lease=config.store.receiver_lease, clock=clock)
-    enrichers = build_enrichers(config.enrichment, store, metrics, playbooks.xid_catalog)
+    enrichers = build_enrichers(config.enrichment, store, metrics, playbooks.xid_catalog, config.remediation)
     pipeline = Pipeline(
         store,
         enrichers,
