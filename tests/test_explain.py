@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,9 +19,11 @@ from bot.commands.cli import main
 from bot.commands.explain import explain as explain_report
 from bot.commands.explain import format_text
 from bot.config import load_config
-from bot.models import Delivery, WebhookPayload
+from bot.enrich.gpu import GpuIdentity
+from bot.models import Delivery, GpuEvent, WebhookPayload
 from bot.playbooks import PlaybookSet
 from bot.sinks import SINK_TYPES, DeliveryResult, Preview, SinkResources, SinkType
+from bot.store import open_store
 from tests.support.bot import eventually, running_bot
 from tests.support.payloads import FIXTURE_CAPTURES
 from tests.support.processes import free_port
@@ -283,3 +287,30 @@ async def test_explain_shows_the_message_the_pipeline_delivers(tmp_path: Path) -
     assert {k: v for k, v in previewed["line"].items() if k not in ids} == {
         k: v for k, v in printed.items() if k not in ids
     }
+
+
+def test_enrich_beside_an_existing_store_reads_the_gpu_history_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The running bot owns the store: explain opens it read-only, and the GPU history is read, not recorded."""
+    config = write_config(tmp_path)
+    gpu = GpuIdentity(host="gpu01", index="0")
+    earlier = GpuEvent(
+        gpu_key=gpu.gpu_key, host="gpu01", kind="alert", code="GpuXidError", at=datetime.now(UTC), alert_key="old"
+    )
+
+    async def prepare() -> None:
+        store = await open_store(load_config(config).store)
+        await store.record_gpu_events([earlier])
+        await store.close()
+
+    asyncio.run(prepare())
+    before = (tmp_path / "store" / "bot.db").read_bytes()
+    code, out, err = explain(capsys, str(FIRING), "--config", str(config), "--enrich", "--format", "json")
+    assert code == 0
+    assert "Traceback" not in err and "readonly" not in err
+    first = json.loads(out)["alerts"][0]["enrichment"]["sections"]
+    [recurrence] = [s for s in first if s["name"] == "recurrence"]
+    assert recurrence["status"] == "ok"
+    assert recurrence["summary"] == "This GPU in the last 30 days: GpuXidError 2 times"
+    assert (tmp_path / "store" / "bot.db").read_bytes() == before

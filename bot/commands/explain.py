@@ -209,7 +209,7 @@ async def _enrichment(config: BotConfig, playbooks: PlaybookSet, enabled: bool) 
         yield _no_enrichment
         return
     async with _read_only_store(config.store) as store:
-        runner = build_enrichers(config.enrichment, store, Metrics(), playbooks.xid_catalog)
+        runner = build_enrichers(config.enrichment, store, Metrics(), playbooks.xid_catalog, read_only=True)
         try:
             yield runner.run
         finally:

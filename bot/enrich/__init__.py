@@ -23,15 +23,16 @@ _SOURCE_SHARE_OF_BUDGET = 0.8
 
 
 def build_enrichers(
-    config: EnrichmentConfig, store: Store, metrics: Metrics, xid_catalog: XidCatalog
+    config: EnrichmentConfig, store: Store, metrics: Metrics, xid_catalog: XidCatalog, *, read_only: bool = False
 ) -> EnrichmentRunner:
     """The enrichers, in the order their sections appear in messages. Loki and Prometheus run only when
-    configured; the others work from the alert, those two sources and the bot's own store."""
+    configured; the others work from the alert, those two sources and the bot's own store, which they only read
+    when `read_only` (`explain`: the GPU history is read without this alert's events recorded in it)."""
     host_labels = config.loki.host_labels if config.loki is not None else DEFAULT_HOST_LABELS
     enrichers: list[Enricher | None] = [
         GpuEnricher(host_labels),
         XidEnricher(xid_catalog),
-        RecurrenceEnricher(store, xid_catalog, config.recurrence_window),
+        RecurrenceEnricher(store, xid_catalog, config.recurrence_window, record=not read_only),
         _prometheus(config),
         RelatedAlertsEnricher(store),
         _loki(config),
