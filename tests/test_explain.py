@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from bot.commands.cli import main
 from bot.commands.explain import explain as explain_report
 from bot.commands.explain import format_text
-from bot.config import load_config
+from bot.config import BotConfig, load_config
 from bot.enrich.gpu import GpuIdentity
 from bot.models import Delivery, GpuEvent, WebhookPayload
 from bot.playbooks import PlaybookSet
@@ -314,3 +314,55 @@ def test_enrich_beside_an_existing_store_reads_the_gpu_history_and_writes_nothin
     assert recurrence["status"] == "ok"
     assert recurrence["summary"] == "This GPU in the last 30 days: GpuXidError 2 times"
     assert (tmp_path / "store" / "bot.db").read_bytes() == before
+
+
+async def test_a_stored_alert_is_explained_by_its_short_id(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Beside the running bot: the alert it stored is found by the short id of its message, and explained as the
+    message the bot delivered."""
+    playbooks = tmp_path / "playbooks"
+    playbooks.mkdir()
+    (playbooks / "xid.yaml").write_text("match: {alertname: GpuXidError}\ntitle: Xid error on {host}\n")
+    config = {"playbooks": {"dir": str(playbooks)}, "receivers": [{"type": "console", "name": "console"}]}
+    async with running_bot(tmp_path, config) as bot, httpx.AsyncClient(timeout=10) as client:
+        headers = {"Content-Type": "application/json"}
+        response = await client.post(bot.webhook_url, content=E2E_FIRING.read_bytes(), headers=headers)
+        assert response.status_code == 200
+        [printed] = await eventually(bot.console_events)
+        args = ["explain", "--alert", printed["short_id"].upper(), "--config", str(tmp_path / "bot.yaml"), "--enrich"]
+        code = await asyncio.to_thread(main, [*args, "--format", "json"])
+    assert code == 0
+    [alert] = json.loads(capsys.readouterr().out)["alerts"]
+    assert alert["alert_key"] == printed["alert_key"]
+    [previewed] = alert["messages"]
+    ids = ("event_id", "delivery_id")
+    assert {k: v for k, v in previewed["line"].items() if k not in ids} == {
+        k: v for k, v in printed.items() if k not in ids
+    }
+
+
+def test_an_alert_the_store_does_not_hold_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = write_config(tmp_path)
+    code, _, err = explain(capsys, "--alert", "zzzzzzz", "--config", str(config))
+    assert code == 2
+    assert f"cannot open the store {tmp_path / 'store' / 'bot.db'}" in err
+    (tmp_path / "store").mkdir()
+    asyncio.run(_empty_store(load_config(config)))
+    code, _, err = explain(capsys, "--alert", "zzzzzzz", "--config", str(config))
+    assert code == 2
+    assert err.startswith("no alert 'zzzzzzz' in the store ")
+    assert "short id its message shows" in err
+
+
+async def _empty_store(config: BotConfig) -> None:
+    store = await open_store(config.store)
+    await store.close()
+
+
+def test_a_payload_or_a_stored_alert_not_both(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["explain", str(FIRING), "--alert", "wvzwpbz"])
+    assert exited.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["explain"])
+    assert "one of the arguments payload --alert is required" in capsys.readouterr().err

@@ -90,7 +90,9 @@ def _parser() -> argparse.ArgumentParser:
     explain = commands.add_parser(
         "explain", help="show how a webhook payload would be routed and rendered, sending nothing"
     )
-    explain.add_argument("payload", type=Path, help="Alertmanager webhook body (JSON file; - reads stdin)")
+    what = explain.add_mutually_exclusive_group(required=True)
+    what.add_argument("payload", nargs="?", type=Path, help="Alertmanager webhook body (JSON file; - reads stdin)")
+    what.add_argument("--alert", metavar="ID", help="an alert the bot stored: its short id (as in its message) or key")
     explain.add_argument("--config", type=Path, help="YAML configuration file (default: built-in defaults)")
     explain.add_argument("--enrich", action="store_true", help="run the configured enrichers (read-only)")
     explain.add_argument("--format", choices=("text", "json"), default="text", help="output format")
@@ -266,7 +268,7 @@ def _explain(args: argparse.Namespace) -> int:
     from bot.commands.explain import run as run_explain
 
     return run_explain(
-        args.payload,
+        args.payload or args.alert,
         config,
         playbooks,
         enrich=args.enrich,

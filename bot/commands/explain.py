@@ -1,4 +1,5 @@
-"""`gpu-alert-bot explain PAYLOAD.json`: what the bot would do with an Alertmanager webhook, without doing it.
+"""`gpu-alert-bot explain PAYLOAD.json` (or `--alert ID`, an alert the bot stored): what the bot would do with an
+Alertmanager webhook, without doing it.
 
 For each alert: the routing rules tried (and why each did or did not match), the receivers, the playbook, and
 what every receiver would get: the pipeline's own decision (`bot.pipeline.decide`), previewed by each receiver's
@@ -22,6 +23,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from bot.commands.stored_alert import StoredAlertError, stored_payload
 from bot.config import BotConfig, Receiver, StoreConfig
 from bot.enrich import build_enrichers
 from bot.evidence import Enrichment
@@ -69,7 +71,7 @@ def _unwrap_capture(raw: bytes) -> bytes:
 
 
 def run(
-    path: Path,
+    source: Path | str,
     config: BotConfig,
     playbooks: PlaybookSet,
     *,
@@ -78,11 +80,15 @@ def run(
     graph: Path | None = None,
     theme: Theme = "light",
 ) -> int:
-    """The `explain` command: print the report on stdout; 0 when done, 2 when the payload is unusable, 1 when
-    a picture was asked for (`graph`) and none could be drawn."""
+    """The `explain` command, of a webhook body's file (a Path) or of a stored alert (its short id or key, a str):
+    print the report on stdout; 0 when done, 2 when the payload is unusable or the alert not found, 1 when a
+    picture was asked for (`graph`) and none could be drawn."""
     try:
-        payload = read_payload(path)
-    except PayloadError as exc:
+        if isinstance(source, Path):
+            payload = read_payload(source)
+        else:
+            payload = asyncio.run(stored_payload(config.store, source))
+    except (PayloadError, StoredAlertError) as exc:
         print(printable(str(exc), keep="\n"), file=sys.stderr)
         return 2
     pictures = Pictures(graph, theme) if graph is not None else None
