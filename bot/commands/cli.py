@@ -23,6 +23,7 @@ from bot.config import (
     ConfigError,
     listen_address,
     load_config,
+    located,
     parse_duration,
     role_warnings,
     secret_file_warnings,
@@ -244,7 +245,7 @@ def _load_or_report(path: Path | None, overrides: dict[str, Any] | None = None) 
 
 def _print_problems(problems: Sequence[str]) -> None:
     for problem in problems:
-        print(problem, file=sys.stderr)
+        print(located(problem), file=sys.stderr)
 
 
 def _check_config(args: argparse.Namespace) -> int:

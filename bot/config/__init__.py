@@ -21,7 +21,7 @@ from bot.config.base import (
 from bot.config.duration import Duration, parse_duration
 from bot.config.enrichment import BUNDLED_PLAYBOOKS, EnrichmentConfig, LokiConfig, PlaybooksConfig, PrometheusConfig
 from bot.config.interactivity import DEFAULT_PERMISSIONS, InteractivityConfig, SlackRole
-from bot.config.loading import ConfigError, load_config
+from bot.config.loading import ConfigError, load_config, located
 from bot.config.receivers import (
     ConsoleReceiver,
     EmailReceiver,
@@ -97,6 +97,7 @@ __all__ = [
     "http_url",
     "listen_address",
     "load_config",
+    "located",
     "parse_duration",
     "role_warnings",
     "secret_file_warnings",
