@@ -285,8 +285,23 @@ def _xid(args: argparse.Namespace) -> int:
     return xid_command(args.file, args.format, args.explain, args.catalog)
 
 
-def _gpus(args: argparse.Namespace) -> int:
+def _store_reader_config(args: argparse.Namespace) -> BotConfig | None:
+    """The configuration of a command that reads the store (`gpus`, `audit`); None once a problem is printed.
+    Given neither --config nor --store, the store is the default file in the working directory: when there is
+    none, say how to name the bot's store instead of only that it cannot be opened."""
     config = _load_or_report(args.config, _store_override(args))
+    if config is None or args.config is not None or args.store is not None or config.store.path.exists():
+        return config
+    print(
+        f"no store in this folder ({config.store.path.resolve()}): pass --config with the bot's configuration file, "
+        "or --store with its store file",
+        file=sys.stderr,
+    )
+    return None
+
+
+def _gpus(args: argparse.Namespace) -> int:
+    config = _store_reader_config(args)
     if config is None:
         return EXIT_CONFIG
     from bot.commands.gpus import gpus_command
@@ -295,7 +310,7 @@ def _gpus(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    config = _load_or_report(args.config, _store_override(args))
+    config = _store_reader_config(args)
     if config is None:
         return EXIT_CONFIG
     from bot.audit import audit_command
