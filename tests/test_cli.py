@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import http.server
 import importlib.metadata
 import json
@@ -12,14 +13,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 
-from bot.commands.cli import main
+from bot.commands.cli import build_parser, main
 from bot.commands.healthcheck import probe_url
 from tests.support.payloads import am_alert, body, webhook
 from tests.support.processes import BotProcess, ManagedProcess, free_port, wait_http
@@ -307,3 +308,19 @@ def test_healthcheck_reports_a_bad_configuration(tmp_path: Path, capsys: pytest.
 )
 def test_healthcheck_reaches_a_wildcard_listener_on_its_loopback(host: str, url: str) -> None:
     assert probe_url(host, 9095) == url
+
+
+def _arguments(parser: argparse.ArgumentParser, command: str) -> Iterator[tuple[str, argparse.Action]]:
+    """Every argument of every command and subcommand, with the command it belongs to."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _arguments(sub, f"{command} {name}")
+        else:
+            yield command, action
+
+
+def test_every_argument_of_every_command_has_help() -> None:
+    arguments = list(_arguments(build_parser(), "gpu-alert-bot"))
+    assert len({command for command, _ in arguments}) >= 16
+    assert [(command, action.dest) for command, action in arguments if not action.help] == []

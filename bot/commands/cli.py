@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bot.commands.store_reading import no_store_here
 from bot.config import (
     BotConfig,
     ConfigError,
@@ -45,7 +46,7 @@ EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         result: int = args.run(args)
@@ -59,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return result
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpu-alert-bot",
         description="Alertmanager receiver for GPU servers: durable, deduplicated, enriched notifications.",
@@ -85,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.set_defaults(run=_serve)
 
     check = commands.add_parser("check-config", help="validate a configuration file and its playbooks")
-    check.add_argument("config", type=Path)
+    check.add_argument("config", type=Path, help="the YAML configuration file to check")
     check.set_defaults(run=_check_config)
 
     explain = commands.add_parser(
@@ -128,8 +129,12 @@ def _parser() -> argparse.ArgumentParser:
     store_copy = store_commands.add_parser(
         "copy", help="copy alert history, conversations, GPU history and audit log into another store"
     )
-    store_copy.add_argument("--from", dest="from_config", type=Path, required=True, metavar="CONFIG_A")
-    store_copy.add_argument("--to", dest="to_config", type=Path, required=True, metavar="CONFIG_B")
+    store_copy.add_argument(
+        "--from", dest="from_config", type=Path, required=True, metavar="CONFIG_A", help="the old store's config"
+    )
+    store_copy.add_argument(
+        "--to", dest="to_config", type=Path, required=True, metavar="CONFIG_B", help="configuration of the new store"
+    )
     store_copy.set_defaults(run=_store_copy)
 
     audit = commands.add_parser("audit", help="print the audit log: who asked the bot to do what, and the outcome")
@@ -285,24 +290,9 @@ def _xid(args: argparse.Namespace) -> int:
     return xid_command(args.file, args.format, args.explain, args.catalog)
 
 
-def _store_reader_config(args: argparse.Namespace) -> BotConfig | None:
-    """The configuration of a command that reads the store (`gpus`, `audit`); None once a problem is printed.
-    Given neither --config nor --store, the store is the default file in the working directory: when there is
-    none, say how to name the bot's store instead of only that it cannot be opened."""
-    config = _load_or_report(args.config, _store_override(args))
-    if config is None or args.config is not None or args.store is not None or config.store.path.exists():
-        return config
-    print(
-        f"no store in this folder ({config.store.path.resolve()}): pass --config with the bot's configuration file, "
-        "or --store with its store file",
-        file=sys.stderr,
-    )
-    return None
-
-
 def _gpus(args: argparse.Namespace) -> int:
-    config = _store_reader_config(args)
-    if config is None:
+    config = _load_or_report(args.config, _store_override(args))
+    if config is None or no_store_here(config, named=bool(args.config or args.store)):
         return EXIT_CONFIG
     from bot.commands.gpus import gpus_command
 
@@ -310,8 +300,8 @@ def _gpus(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    config = _store_reader_config(args)
-    if config is None:
+    config = _load_or_report(args.config, _store_override(args))
+    if config is None or no_store_here(config, named=bool(args.config or args.store)):
         return EXIT_CONFIG
     from bot.audit import audit_command
 
