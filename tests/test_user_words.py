@@ -1,0 +1,55 @@
+"""What users read speaks of the product: no playbook, README, document, configuration or manifest says "the seed"
+(the design notes the project started from, which users never saw), an issue number or a commit id in angle
+brackets. Playbook texts are rendered into messages; the others are read as they are."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.support.processes import REPO
+
+INTERNAL = re.compile(r"\bthe seed\b|\bseed(?:'s| document)\b|\bissues? #?\d+\b|<[0-9a-f]{7,40}>", re.IGNORECASE)
+READ_BY_USERS = ("playbooks", "docs", "config", "deploy", "bot")
+
+
+def _texts() -> list[Path]:
+    found = [REPO / "README.md", REPO / "Dockerfile", *REPO.glob("*/README.md")]
+    for directory in READ_BY_USERS:
+        for path in (REPO / directory).rglob("*"):
+            if path.is_file() and path.suffix in {".md", ".yaml", ".yml", ".py", ".conf", ".ini", ".sh", ""}:
+                found.append(path)
+    return sorted(set(found))
+
+
+def test_the_texts_are_found() -> None:
+    names = {path.relative_to(REPO).as_posix() for path in _texts()}
+    assert {"README.md", "bench/README.md", "playbooks/GPUXIDError.yaml", "config/rules/gpu-alerts.yml"} <= names
+    assert {"docs/kubernetes.md", "config/secrets/README.md", "bot/render/graph.py"} <= names
+
+
+def test_no_text_users_read_speaks_of_the_projects_own_history() -> None:
+    said = []
+    for path in _texts():
+        text = path.read_text(encoding="utf-8", errors="replace")
+        for match in INTERNAL.finditer(text):
+            line = text.count("\n", 0, match.start()) + 1
+            said.append(f"{path.relative_to(REPO)}:{line}: {match.group(0)!r}")
+    assert said == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "The seed's threshold",
+        "as the seed notes",
+        "Issue 14's figures",
+        "a fleet storm (issue 21)",
+        "issues 9 and 14",
+        "--before <82a2b3c>",
+    ],
+)
+def test_the_check_recognises_what_it_looks_for(text: str) -> None:
+    assert INTERNAL.search(text)
