@@ -1,5 +1,6 @@
-"""pydantic's errors in the words of a configuration file: the key as the file writes it, and what it expected
-instead of pydantic's type names ("expected a whole number, not 'lots'" for "Input should be a valid integer")."""
+"""pydantic's errors in the words of a YAML file (the configuration, a playbook): the key as the file writes it,
+and what it expected instead of pydantic's type names ("expected a whole number, not 'lots'" for "Input should
+be a valid integer")."""
 
 from __future__ import annotations
 
@@ -51,11 +52,15 @@ def _item(node: Any, part: str | int) -> Any:
     return None
 
 
-def plain_error(error: ErrorDetails) -> tuple[tuple[str | int, ...], str]:
-    """(the key the problem is about, beyond the error's location when it names one; the problem in words)."""
+CONFIG_UNKNOWN_KEY = "unknown key (check the spelling against config/bot.example.yaml)"
+
+
+def plain_error(error: ErrorDetails, unknown_key: str = CONFIG_UNKNOWN_KEY) -> tuple[tuple[str | int, ...], str]:
+    """(the key the problem is about, beyond the error's location when it names one; the problem in words).
+    `unknown_key`: what to say of a key the file should not have (where to look the right one up)."""
     kind, ctx, given = error["type"], error.get("ctx") or {}, error.get("input")
     if kind == "extra_forbidden":
-        return (), "unknown key (check the spelling against config/bot.example.yaml)"
+        return (), unknown_key
     if kind == "missing":
         return (), "missing: this key is required"
     if kind in ("union_tag_invalid", "union_tag_not_found"):
