@@ -366,3 +366,14 @@ def test_a_payload_or_a_stored_alert_not_both(tmp_path: Path, capsys: pytest.Cap
     with pytest.raises(SystemExit):
         main(["explain"])
     assert "one of the arguments payload --alert is required" in capsys.readouterr().err
+
+
+def test_enrich_with_a_store_that_cannot_be_read_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A PostgreSQL store that does not answer is no empty history: explain says it cannot read it and stops."""
+    (tmp_path / "dsn").write_text(f"host=127.0.0.1 port={free_port()} user=bot dbname=bot\n")
+    store = {"backend": "postgresql", "dsn_file": str(tmp_path / "dsn"), "connect_timeout": 1}
+    config = write_config(tmp_path, store=store)
+    code, out, err = explain(capsys, str(FIRING), "--config", str(config), "--enrich")
+    assert (code, out) == (1, "")
+    assert "cannot read the bot's store, which --enrich reads the GPU history from: cannot connect to PostgreSQL" in err
+    assert "Traceback" not in err

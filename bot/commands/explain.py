@@ -92,7 +92,11 @@ def run(
         print(printable(str(exc), keep="\n"), file=sys.stderr)
         return 2
     pictures = Pictures(graph, theme) if graph is not None else None
-    report = asyncio.run(explain(payload, config, playbooks, enrich=enrich, pictures=pictures))
+    try:
+        report = asyncio.run(explain(payload, config, playbooks, enrich=enrich, pictures=pictures))
+    except StoreUnavailable as exc:
+        print(f"cannot read the bot's store, which --enrich reads the GPU history from: {exc}", file=sys.stderr)
+        return 1
     # Label values are data: a terminal escape in one is shown, never run (as the console sink's JSON does).
     if output == "json":
         print(printable_json(json.dumps(report, indent=2, ensure_ascii=False)))
@@ -224,10 +228,9 @@ async def _enrichment(config: BotConfig, playbooks: PlaybookSet, enabled: bool) 
 
 @contextlib.asynccontextmanager
 async def _read_only_store(config: StoreConfig) -> AsyncIterator[Store]:
-    """The configured store opened read-only; an empty throw-away one when there is none yet."""
-    try:
-        store = await open_store(config, read_only=True)
-    except StoreUnavailable:
+    """The configured store opened read-only; an empty throw-away one when there is none yet (an SQLite file
+    not created yet: no history to read). A store there but unreadable raises StoreUnavailable."""
+    if config.backend == "sqlite" and not config.path.exists():
         with tempfile.TemporaryDirectory(prefix="gpu-alert-bot-explain-") as scratch:
             empty = await open_store(config.model_copy(update={"path": Path(scratch) / "empty.db"}))
             try:
@@ -235,6 +238,7 @@ async def _read_only_store(config: StoreConfig) -> AsyncIterator[Store]:
             finally:
                 await empty.close()
         return
+    store = await open_store(config, read_only=True)
     try:
         yield store
     finally:
