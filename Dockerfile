@@ -11,8 +11,9 @@
 #   /etc/gpu-alert-bot/bot.yaml   the configuration (read-only). The built-in one listens on 0.0.0.0:9095 but,
 #                                 having no server.auth, the bot falls back to loopback: set auth to be reachable.
 #   /run/secrets/NAME             each secret file named by a *_file key, mounted on its own (one -v per file, as
-#                                 compose's `secrets:` does): the bot runs as uid 10001, which must be able to
-#                                 read the file (mode 0444, or `chown 10001` and mode 0400). Do not mount the
+#                                 compose's `secrets:` does): the bot runs as uid 10001, group 10001. Give it the
+#                                 file alone: `chgrp 10001` and mode 0440, or `chown 10001` and mode 0400 (a file
+#                                 every user may read, 0444, works too, with a warning). Do not mount the
 #                                 host's secrets directory whole: kept 0700 (config/secrets/README.md), uid 10001
 #                                 cannot enter it and the bot exits 2 ("cannot read secret file ...: Permission
 #                                 denied: the bot runs as uid 10001 and cannot enter /run/secrets ..."). Secrets
@@ -43,7 +44,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 # The `graphs` extra (matplotlib) draws each alert's history into its Slack thread and email.
 RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
     pip install "$(ls /wheels/*.whl)[graphs]" \
-    && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin gpu-alert-bot \
+    && groupadd --system --gid 10001 gpu-alert-bot \
+    && useradd --system --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin gpu-alert-bot \
     && mkdir -p /etc/gpu-alert-bot /var/lib/gpu-alert-bot \
     && printf '%s\n' \
         '# Built-in configuration; mount your own over it (every key: config/bot.example.yaml).' \

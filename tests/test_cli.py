@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import http.server
 import importlib.metadata
 import json
@@ -12,14 +13,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 
-from bot.commands.cli import main
+from bot.commands.cli import build_parser, main
 from bot.commands.healthcheck import probe_url
 from tests.support.payloads import am_alert, body, webhook
 from tests.support.processes import BotProcess, ManagedProcess, free_port, wait_http
@@ -62,11 +63,11 @@ def test_check_config_prints_each_problem_with_its_key_path_and_fails(
     assert main(["check-config", str(bad)]) == 2
     err = capsys.readouterr().err.splitlines()
     assert err[:4] == [
-        "server.listen: expected HOST:PORT, for example 127.0.0.1:9095 or 0.0.0.0:9095",
-        f"server.auth.bearer_token_file: cannot read secret file {tmp_path / 'missing-token'}: "
+        f"{bad}:6: server.listen: expected HOST:PORT, for example 127.0.0.1:9095 or 0.0.0.0:9095",
+        f"{bad}:5: server.auth.bearer_token_file: cannot read secret file {tmp_path / 'missing-token'}: "
         "No such file or directory",
-        "store.retention: 'forever' is not a duration such as 30s, 15m or 2h",
-        "outbox.max_backof: unknown key (check the spelling against config/bot.example.yaml)",
+        f"{bad}:8: store.retention: 'forever' is not a duration such as 30s, 15m or 2h",
+        f"{bad}:2: outbox.max_backof: unknown key (check the spelling against config/bot.example.yaml)",
     ]
     assert err[4] == f"{bad}: 4 problem(s)"
 
@@ -84,10 +85,11 @@ def test_check_config_prints_every_problem_in_one_run(tmp_path: Path, capsys: py
     )
     assert main(["check-config", str(bad)]) == 2
     assert capsys.readouterr().err.splitlines() == [
-        "server.listen: expected HOST:PORT, for example 127.0.0.1:9095 or 0.0.0.0:9095 "
+        f"{bad}:8: server.listen: expected HOST:PORT, for example 127.0.0.1:9095 or 0.0.0.0:9095 "
         "(got the number 9095: a port alone, with no host)",
-        "server.auth.bearer_token_file: cannot read secret file /run/secrets/webhook_token: No such file or directory",
-        "routing.default.1: 'slack' is not a configured receiver (configured: console)",
+        f"{bad}:7: server.auth.bearer_token_file: cannot read secret file /run/secrets/webhook_token: "
+        "No such file or directory",
+        f"{bad}:4: routing.default.1: 'slack' is not a configured receiver (configured: console)",
         f"{bad}: 3 problem(s)",
     ]
 
@@ -221,7 +223,7 @@ def test_serve_with_a_bad_config_prints_the_problems_and_exits_2(tmp_path: Path)
     config.write_text("worker: {concurrency: lots}\n")
     result = subprocess.run([str(CLI), "serve", "--config", str(config)], capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
-    assert result.stderr.startswith("worker.concurrency: ")
+    assert result.stderr.startswith(f"{config}:1: worker.concurrency: expected a whole number, not 'lots'")
 
 
 def test_store_override_is_relative_to_the_working_directory(tmp_path: Path) -> None:
@@ -306,3 +308,19 @@ def test_healthcheck_reports_a_bad_configuration(tmp_path: Path, capsys: pytest.
 )
 def test_healthcheck_reaches_a_wildcard_listener_on_its_loopback(host: str, url: str) -> None:
     assert probe_url(host, 9095) == url
+
+
+def _arguments(parser: argparse.ArgumentParser, command: str) -> Iterator[tuple[str, argparse.Action]]:
+    """Every argument of every command and subcommand, with the command it belongs to."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _arguments(sub, f"{command} {name}")
+        else:
+            yield command, action
+
+
+def test_every_argument_of_every_command_has_help() -> None:
+    arguments = list(_arguments(build_parser(), "gpu-alert-bot"))
+    assert len({command for command, _ in arguments}) >= 16
+    assert [(command, action.dest) for command, action in arguments if not action.help] == []

@@ -214,3 +214,18 @@ def test_store_option_reads_that_store_instead_of_the_configured_one(
     status, out, err = run_cli(capsys, "--store", "copy.db", "--format", "json")
     assert (status, err) == (0, "")
     assert set(by_uuid(out)) == {UUID_A, UUID_B}
+
+
+@pytest.mark.parametrize("command", ["gpus", "audit"])
+def test_without_config_or_store_and_no_store_here_says_how_to_name_one(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main([command]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        f"no store in this folder ({tmp_path / 'gpu-alert-bot.db'}): pass --config with the bot's configuration "
+        "file, or --store with its store file\n"
+    )
+    assert list(tmp_path.iterdir()) == []

@@ -75,9 +75,9 @@ def _url_sections(url: str) -> dict[str, dict[str, Any]]:
     return {
         "enrichment.loki.url": {"enrichment": {"loki": {"url": url}}},
         "enrichment.prometheus.url": {"enrichment": {"prometheus": {"url": url}}},
-        "receivers.0.slack.api_url": {"receivers": [slack], "routing": {"default": ["slack"]}},
-        "receivers.0.pagerduty.url": {"receivers": [{**pagerduty, "url": url}], "routing": {"default": ["pd"]}},
-        "receivers.0.pagerduty.client_url": {
+        "receivers.0.api_url": {"receivers": [slack], "routing": {"default": ["slack"]}},
+        "receivers.0.url": {"receivers": [{**pagerduty, "url": url}], "routing": {"default": ["pd"]}},
+        "receivers.0.client_url": {
             "receivers": [{**pagerduty, "client_url": url}],
             "routing": {"default": ["pd"]},
         },
@@ -116,7 +116,7 @@ def test_the_url_check_accepts_only_http_urls_with_a_host_and_never_crashes(text
 @pytest.mark.parametrize("timeout", [0, "0s"])
 def test_a_zero_ingest_timeout_is_refused(tmp_path: Path, timeout: Any) -> None:
     problems = _problems(_config_with(tmp_path, {"server": {"ingest_timeout": timeout}}))
-    assert problems == ["server.ingest_timeout: Input should be greater than 0"]
+    assert problems == ["server.ingest_timeout: must be above 0"]
 
 
 def test_a_configuration_that_is_not_utf8_names_its_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -154,3 +154,44 @@ def test_duplicate_keys_are_found_exactly_where_a_key_is_written_again(mapping: 
     line = text.count("\n") + 1
     found = list(duplicate_keys(yaml.compose(again, Loader=yaml.SafeLoader)))
     assert found == [(line, (first,), f"duplicate key {first!r}")]
+
+
+def test_unknown_keys_and_wrong_types_name_the_key_and_the_line_in_plain_words(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bot.yaml"
+    path.write_text(
+        "server:\n"
+        "  max_body_bytes: lots\n"
+        "worker:\n"
+        "  concurency: 3\n"
+        "  batch_size: 2.5\n"
+        "receivers:\n"
+        "  - name: c\n"
+        "    type: consol\n"
+        "  - name: s\n"
+        "    type: slack\n"
+        "    channel: 5\n"
+        "    token_fil: token\n"
+        "logging:\n"
+        "  level: loud\n"
+        "routing:\n"
+        "  default: c\n"
+        "deadman: yes\n"
+    )
+    assert main(["check-config", str(path)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        f"{path}:2: server.max_body_bytes: expected a whole number, not 'lots'",
+        f"{path}:5: worker.batch_size: expected a whole number, not the number 2.5",
+        f"{path}:4: worker.concurency: unknown key (check the spelling against config/bot.example.yaml)",
+        f"{path}:14: logging.level: expected 'debug', 'info', 'warning' or 'error', not 'loud'",
+        f"{path}:8: receivers.0.type: 'consol' is not a type the bot knows: one of console, slack, email, pagerduty",
+        f"{path}:11: receivers.1.channel: expected text (put it in quotes), not the number 5",
+        f"{path}:9: receivers.1.token_file: missing: this key is required",
+        f"{path}:12: receivers.1.token_fil: unknown key (check the spelling against config/bot.example.yaml)",
+        f"{path}:16: routing.default: expected a list ([a, b], or one '- item' line each), not 'c'",
+        f"{path}:17: deadman: expected a mapping of keys, not the boolean true",
+        f"{path}: 10 problem(s)",
+    ]
+    assert not any("Input" in line for line in err)

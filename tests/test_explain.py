@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,10 +18,12 @@ from pydantic import BaseModel
 from bot.commands.cli import main
 from bot.commands.explain import explain as explain_report
 from bot.commands.explain import format_text
-from bot.config import load_config
-from bot.models import Delivery, WebhookPayload
+from bot.config import BotConfig, load_config
+from bot.enrich.gpu import GpuIdentity
+from bot.models import Delivery, GpuEvent, WebhookPayload
 from bot.playbooks import PlaybookSet
 from bot.sinks import SINK_TYPES, DeliveryResult, Preview, SinkResources, SinkType
+from bot.store import open_store
 from tests.support.bot import eventually, running_bot
 from tests.support.payloads import FIXTURE_CAPTURES
 from tests.support.processes import free_port
@@ -283,3 +287,93 @@ async def test_explain_shows_the_message_the_pipeline_delivers(tmp_path: Path) -
     assert {k: v for k, v in previewed["line"].items() if k not in ids} == {
         k: v for k, v in printed.items() if k not in ids
     }
+
+
+def test_enrich_beside_an_existing_store_reads_the_gpu_history_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The running bot owns the store: explain opens it read-only, and the GPU history is read, not recorded."""
+    config = write_config(tmp_path)
+    gpu = GpuIdentity(host="gpu01", index="0")
+    earlier = GpuEvent(
+        gpu_key=gpu.gpu_key, host="gpu01", kind="alert", code="GpuXidError", at=datetime.now(UTC), alert_key="old"
+    )
+
+    async def prepare() -> None:
+        store = await open_store(load_config(config).store)
+        await store.record_gpu_events([earlier])
+        await store.close()
+
+    asyncio.run(prepare())
+    before = (tmp_path / "store" / "bot.db").read_bytes()
+    code, out, err = explain(capsys, str(FIRING), "--config", str(config), "--enrich", "--format", "json")
+    assert code == 0
+    assert "Traceback" not in err and "readonly" not in err
+    first = json.loads(out)["alerts"][0]["enrichment"]["sections"]
+    [recurrence] = [s for s in first if s["name"] == "recurrence"]
+    assert recurrence["status"] == "ok"
+    assert recurrence["summary"] == "This GPU in the last 30 days: GpuXidError 2 times"
+    assert (tmp_path / "store" / "bot.db").read_bytes() == before
+
+
+async def test_a_stored_alert_is_explained_by_its_short_id(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Beside the running bot: the alert it stored is found by the short id of its message, and explained as the
+    message the bot delivered."""
+    playbooks = tmp_path / "playbooks"
+    playbooks.mkdir()
+    (playbooks / "xid.yaml").write_text("match: {alertname: GpuXidError}\ntitle: Xid error on {host}\n")
+    config = {"playbooks": {"dir": str(playbooks)}, "receivers": [{"type": "console", "name": "console"}]}
+    async with running_bot(tmp_path, config) as bot, httpx.AsyncClient(timeout=10) as client:
+        headers = {"Content-Type": "application/json"}
+        response = await client.post(bot.webhook_url, content=E2E_FIRING.read_bytes(), headers=headers)
+        assert response.status_code == 200
+        [printed] = await eventually(bot.console_events)
+        args = ["explain", "--alert", printed["short_id"].upper(), "--config", str(tmp_path / "bot.yaml"), "--enrich"]
+        code = await asyncio.to_thread(main, [*args, "--format", "json"])
+    assert code == 0
+    [alert] = json.loads(capsys.readouterr().out)["alerts"]
+    assert alert["alert_key"] == printed["alert_key"]
+    [previewed] = alert["messages"]
+    ids = ("event_id", "delivery_id")
+    assert {k: v for k, v in previewed["line"].items() if k not in ids} == {
+        k: v for k, v in printed.items() if k not in ids
+    }
+
+
+def test_an_alert_the_store_does_not_hold_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = write_config(tmp_path)
+    code, _, err = explain(capsys, "--alert", "zzzzzzz", "--config", str(config))
+    assert code == 2
+    assert f"cannot open the store {tmp_path / 'store' / 'bot.db'}" in err
+    (tmp_path / "store").mkdir()
+    asyncio.run(_empty_store(load_config(config)))
+    code, _, err = explain(capsys, "--alert", "zzzzzzz", "--config", str(config))
+    assert code == 2
+    assert err.startswith("no alert 'zzzzzzz' in the store ")
+    assert "short id its message shows" in err
+
+
+async def _empty_store(config: BotConfig) -> None:
+    store = await open_store(config.store)
+    await store.close()
+
+
+def test_a_payload_or_a_stored_alert_not_both(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["explain", str(FIRING), "--alert", "wvzwpbz"])
+    assert exited.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["explain"])
+    assert "one of the arguments payload --alert is required" in capsys.readouterr().err
+
+
+def test_enrich_with_a_store_that_cannot_be_read_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A PostgreSQL store that does not answer is no empty history: explain says it cannot read it and stops."""
+    (tmp_path / "dsn").write_text(f"host=127.0.0.1 port={free_port()} user=bot dbname=bot\n")
+    store = {"backend": "postgresql", "dsn_file": str(tmp_path / "dsn"), "connect_timeout": 1}
+    config = write_config(tmp_path, store=store)
+    code, out, err = explain(capsys, str(FIRING), "--config", str(config), "--enrich")
+    assert (code, out) == (1, "")
+    assert "cannot read the bot's store, which --enrich reads the GPU history from: cannot connect to PostgreSQL" in err
+    assert "Traceback" not in err

@@ -1,5 +1,6 @@
 """components/kube-prometheus: the PrometheusRule objects are the shipped rule files (regenerated here, checked by
-promtool), and the ServiceMonitor scrapes both /metrics ports of the bot's Service under the job its rules watch."""
+promtool), the ServiceMonitor scrapes both /metrics ports of the bot's Service under the job its rules watch, and
+kube-prometheus's Prometheus may discover them in the bot's namespace."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
+import pytest
 import yaml
 
-from tests.support.manifests import KUBERNETES, only, rendered
+from tests.support.manifests import KUBERNETES, OVERLAYS, only, rendered
 from tests.support.processes import REPO, find_binary
 
 RULES = REPO / "config" / "rules"
@@ -82,3 +85,45 @@ def test_the_service_monitor_scrapes_both_metrics_ports_as_the_job_the_rules_wat
     bot_rules = yaml.safe_load((RULES / "monitoring-alerts.yml").read_text())
     [down] = [r for g in bot_rules["groups"] for r in g["rules"] if r.get("alert") == "GPUAlertBotDown"]
     assert f'up{{job="{service["metadata"]["name"]}"}}' in down["expr"]
+
+
+PROMETHEUS = ("ServiceAccount", "monitoring", "prometheus-k8s")  # kube-prometheus's Prometheus
+DISCOVERY = {
+    (group, resource, verb)
+    for group, resource in [("", "services"), ("", "endpoints"), ("", "pods")]
+    for verb in ("get", "list", "watch")
+}
+DISCOVERY |= {("discovery.k8s.io", "endpointslices", verb) for verb in ("get", "list", "watch")}
+
+
+def _rights(role: dict[str, Any]) -> set[tuple[str, str, str]]:
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_kube_prometheus_may_discover_the_bots_targets_in_its_namespace_and_nothing_more(
+    tmp_path: Path, overlay: str
+) -> None:
+    """kube-prometheus's Prometheus holds Roles only in default, kube-system and monitoring: the component gives it
+    read access to the Service, endpoints and pods its ServiceMonitor selects, in the bot's namespace."""
+    manifests = rendered(tmp_path, overlay, ("kube-prometheus",))
+    namespace = only(manifests, "ServiceMonitor")["metadata"]["namespace"]
+    assert only(manifests, "Service")["metadata"]["namespace"] == namespace
+    [binding] = [
+        m
+        for m in manifests
+        if m["kind"] == "RoleBinding"
+        and [(s["kind"], s["namespace"], s["name"]) for s in m["subjects"]] == [PROMETHEUS]
+    ]
+    assert binding["metadata"]["namespace"] == namespace
+    assert binding["roleRef"]["kind"] == "Role"
+    role = only(manifests, "Role", binding["roleRef"]["name"])
+    assert role["metadata"]["namespace"] == namespace
+    assert _rights(role) == DISCOVERY
+    assert not any(m["kind"] in {"Role", "RoleBinding"} for m in rendered(tmp_path / "without", overlay))

@@ -230,7 +230,7 @@ def test_broken_playbooks_are_reported_with_file_and_line() -> None:
         ("bad_condition.yaml:6: judgements[0].when[0]", "give exactly one of above, below"),
         ("bad_condition.yaml:9: judgements[1].when[0]", "one of the keys series, label, related, verdict, any"),
         ("bad_case.yaml:6: cases[0].when[0].verdict", "unknown verdict 'gauge_feels_old' (known: stale_xid_gauge"),
-        ("bad_case.yaml:10: cases[1].severity", "Input should be 'critical', 'warning' or 'info'"),
+        ("bad_case.yaml:10: cases[1].severity", "expected 'critical', 'warning' or 'info', not 'low'"),
         ("bad_steps_from.yaml:7: cases[0].steps_from", "no playbook named 'NoSuchPlaybook'"),
         ("bad_steps_from.yaml:8: cases[0].own_steps_if", "stray '{' at column 19"),
         ("bad_text.yaml:3: title", "stray '{' at column 5"),

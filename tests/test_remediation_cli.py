@@ -102,6 +102,20 @@ async def test_refusals_exit_1_with_the_reason(
         assert capsys.readouterr().err == "approve refused (409): no run #42\n"
 
 
+async def test_an_unknown_action_is_refused_with_the_valid_ones(
+    tmp_path: Path, docker: FakeDocker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with running_bot(tmp_path, config(tmp_path, docker)) as bot:
+        alert = await alert_id(bot)
+        for action in ("restart-dcgm", "ack"):  # a typo, and an action of the conversation, not of remediation
+            assert await cli(bot, tmp_path, "run", action, "--alert", alert) == 1
+            assert capsys.readouterr().err == (
+                f"run refused (409): {action!r} is not a remediation action: collect-diagnostics, run-dcgm-diag, "
+                "restart-dcgm-exporter, restart-inference-server, lower-power-limit, cordon-node, uncordon-node, "
+                "drain-node, reset-gpu, reboot-node\n"
+            )
+
+
 async def test_the_admin_endpoint_wants_its_token_and_a_valid_body(tmp_path: Path, docker: FakeDocker) -> None:
     async with running_bot(tmp_path, config(tmp_path, docker)) as bot, httpx.AsyncClient() as http:
         url = f"{bot.url}/admin/remediation/run"

@@ -73,11 +73,28 @@ async def test_api_errors_carry_the_status_message(cluster: FakeKubernetes, tmp_
         await executor(cluster, tmp_path).run("restart-dcgm-exporter", None)
     with pytest.raises(ExecutorError, match='404: nodes "gpu-node-9" not found'):
         await executor(cluster, tmp_path, "gpu-node-9").run("cordon-node", None)
-    cluster.blocked_evictions.add("vllm-7f9c-x1")
-    with pytest.raises(ExecutorError, match="429: Cannot evict pod"):
-        await executor(cluster, tmp_path).run("drain-node", None)
     missing = await executor(cluster, tmp_path, "gpu-node-3").run("restart-dcgm-exporter", None)
     assert not missing.ok and "no pod app=nvidia-dcgm-exporter on node gpu-node-3" in missing.output
+
+
+async def test_a_drain_a_disruption_budget_stops_half_way_says_what_was_done_and_what_was_not(
+    cluster: FakeKubernetes, tmp_path: Path
+) -> None:
+    cluster.add_pod(Pod("trainer-0", "training", "gpu-node-1", {"app": "trainer"}, "StatefulSet"))
+    cluster.add_pod(Pod("notebook-1", "lab", "gpu-node-1", {"app": "jupyter"}, "ReplicaSet"))
+    cluster.blocked_evictions.update({"vllm-7f9c-x1", "notebook-1"})
+    drained = await executor(cluster, tmp_path).run("drain-node", None)
+    budget = "429: Cannot evict pod as it would violate the pod's disruption budget."
+    assert not drained.ok
+    assert drained.output == (
+        "drain of node gpu-node-1 incomplete: it stays cordoned (uncordon-node undoes that); evicted 1 of 3 pods "
+        f"(training/trainer-0); not evicted: inference/vllm-7f9c-x1 ({budget}); lab/notebook-1 ({budget})"
+    )
+    assert cluster.unschedulable("gpu-node-1")
+    assert sorted(p.name for p in cluster.pods_on("gpu-node-1") if p.owner_kind != "DaemonSet") == [
+        "notebook-1",
+        "vllm-7f9c-x1",
+    ]
 
 
 async def test_the_cordon_is_a_strategic_merge_patch(cluster: FakeKubernetes, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import yaml
 
 from bot.commands.cli import main
 from bot.config import Secret, load_config
+from bot.config.secrets import bot_only_advice
 from bot.enrich.loki import LokiEnricher
 from bot.logs import JsonFormatter
 from tests.fakes.loki import FakeLoki
@@ -116,7 +117,7 @@ def test_check_config_warns_about_a_secret_file_everyone_can_read(
     out, err = capsys.readouterr()
     assert out.strip() == f"{path}: OK"
     assert err.splitlines() == [
-        f"warning: {tmp_path / 'token'}: secret file readable by every user of this host; chmod o-r it"
+        f"warning: {tmp_path / 'token'}: secret file readable by every user of this host; {bot_only_advice()}"
     ]
 
 
@@ -133,4 +134,4 @@ def test_serve_warns_at_start_about_a_secret_file_everyone_can_read(tmp_path: Pa
     bot.stop()
     logged = [json.loads(line) for line in bot.stderr.snapshot() if line.startswith("{")]
     warnings = [entry["msg"] for entry in logged if entry["level"] == "warning"]
-    assert f"{tmp_path / 'token'}: secret file readable by every user of this host; chmod o-r it" in warnings
+    assert f"{tmp_path / 'token'}: secret file readable by every user of this host; {bot_only_advice()}" in warnings

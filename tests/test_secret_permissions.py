@@ -1,6 +1,6 @@
-"""A secret file the bot's user cannot read: `check-config` run as the image's unprivileged uid (10001) says
-which uid it runs as and what to change, for a 0700 directory mounted whole (the Dockerfile's old example) and
-for a file only its owner may read; mounted as compose's `secrets:` mounts it, the file is read."""
+"""A secret file the bot's user cannot read: `check-config` run as the image's unprivileged uid and group (10001)
+says which uid it runs as and what to change, for a 0700 directory mounted whole (the Dockerfile's old example)
+and for a file only its owner may read; set up as it advises, the file is read without a warning."""
 
 from __future__ import annotations
 
@@ -72,10 +72,26 @@ def test_a_0700_secrets_directory_is_refused_with_the_uid_and_the_fix(shared_dir
     assert "mount the secret files themselves, not their directory" in said
 
 
+ADVICE = f"give it to the bot's user alone: chgrp {BOT_UID} and chmod 0440, or chown {BOT_UID} and chmod 0400"
+
+
 def test_a_file_only_its_owner_reads_is_refused_with_the_modes_that_work(shared_dir: Path) -> None:
     token = shared_dir / "webhook_token"
     said = refused(shared_dir, token, 0o600)
-    assert f"the file is mode 0600, owner uid 0: make it readable by uid {BOT_UID}" in said
-    assert f"(chmod 0444, or chown {BOT_UID} and chmod 0400)" in said
-    token.chmod(0o444)  # what the Dockerfile's header and config/secrets/README.md say
-    assert check_config_as_bot_user(config_with_token(shared_dir, token)).returncode == 0
+    assert f"the file is mode 0600, owner uid 0: {ADVICE}" in said
+
+
+@pytest.mark.parametrize(("owner", "group", "mode"), [(0, BOT_UID, 0o440), (BOT_UID, 0, 0o400)])
+def test_the_modes_the_bot_advises_are_read_without_a_word(shared_dir: Path, owner: int, group: int, mode: int) -> None:
+    """The refusal and the warning give the same advice, and a file set up as it says gets neither."""
+    token = shared_dir / "webhook_token"
+    token.write_text("0123456789abcdef\n")
+    config = config_with_token(shared_dir, token)
+    os.chown(token, owner, group)
+    token.chmod(mode)
+    quiet = check_config_as_bot_user(config)
+    assert (quiet.returncode, quiet.stderr) == (0, "")
+    token.chmod(0o444)  # readable, by every user of the host too
+    warned = check_config_as_bot_user(config)
+    assert warned.returncode == 0
+    assert warned.stderr == f"warning: {token}: secret file readable by every user of this host; {ADVICE}\n"

@@ -19,6 +19,8 @@ from bot.models import short_id
 from bot.store import open_store
 from bot.store.base import ActionRun, AuditEntry, BreakerState, WatchdogRecord
 from bot.store.core import COPIED_TABLES
+from bot.store.migrations import POSTGRESQL_SCHEMA_VERSION as POSTGRES
+from bot.store.migrations import SQLITE_SCHEMA_VERSION as SQLITE
 from tests.support.payloads import am_alert, webhook
 from tests.support.postgres import PostgresServer
 from tests.support.store import ingest_and_dedup, route_all, sqlite_store
@@ -140,8 +142,53 @@ def test_migrate_creates_the_schema_and_refuses_a_newer_one(
 ) -> None:
     assert main(["migrate", "--config", str(postgres_config)]) == 0
     assert main(["migrate", "--config", str(sqlite_config)]) == 0
-    assert "at this version's schema" in capsys.readouterr().out
+    assert "created it at schema version" in capsys.readouterr().out
     with sqlite3.connect(sqlite_config.parent / "bot.db") as conn:
         conn.execute("PRAGMA user_version = 99")
     assert main(["migrate", "--config", str(sqlite_config)]) == 1
     assert "schema version 99, newer than this gpu-alert-bot knows" in capsys.readouterr().err
+
+
+def test_migrate_says_the_schema_version_it_found_and_what_it_did(
+    sqlite_config: Path, postgres_config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = sqlite_config.parent / "bot.db"
+    said = f"the store {store}: "
+    assert main(["migrate", "--config", str(sqlite_config)]) == 0
+    assert capsys.readouterr().out == said + f"no schema yet (a new store): created it at schema version {SQLITE}\n"
+    assert main(["migrate", "--config", str(sqlite_config)]) == 0
+    assert capsys.readouterr().out == said + f"found schema version {SQLITE}, this version's: nothing to do\n"
+    with sqlite3.connect(store) as conn:
+        conn.execute(f"PRAGMA user_version = {SQLITE - 1}")
+    assert main(["migrate", "--config", str(sqlite_config)]) == 0
+    assert capsys.readouterr().out == said + f"found schema version {SQLITE - 1}: migrated it to version {SQLITE}\n"
+
+    said = "the store postgresql (replica b): "
+    assert main(["migrate", "--config", str(postgres_config)]) == 0
+    assert capsys.readouterr().out == said + f"no schema yet (a new store): created it at schema version {POSTGRES}\n"
+    assert main(["migrate", "--config", str(postgres_config)]) == 0
+    assert capsys.readouterr().out == said + f"found schema version {POSTGRES}, this version's: nothing to do\n"
+
+
+async def test_copy_warns_while_a_bot_still_uses_the_source_store(
+    sqlite_config: Path, postgres_config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The copy goes on (a copy run again adds what it missed), but the user hears that the source still changes."""
+    copy = ["store", "copy", "--from", str(sqlite_config), "--to", str(postgres_config)]
+    await _fill(sqlite_config.parent / "bot.db")
+    async with sqlite_store(sqlite_config.parent / "bot.db"):  # the bot, running on its store
+        assert await asyncio.to_thread(main, copy) == 0
+    err = capsys.readouterr().err
+    assert err.startswith(f"warning: a bot still uses the source store {sqlite_config.parent / 'bot.db'} ")
+    assert "(a gpu-alert-bot process)" in err and "stop it, then run the copy again" in err
+    assert await asyncio.to_thread(main, copy) == 0  # stopped: no warning
+    assert capsys.readouterr().err == ""
+
+    back = ["store", "copy", "--from", str(postgres_config), "--to", str(_config(tmp_path / "back", {"path": "b.db"}))]
+    replica = await open_store(load_config(postgres_config).store)  # replica b of the PostgreSQL site, running
+    try:
+        assert await replica.hold_receiver("slack", 60)
+        assert await asyncio.to_thread(main, back) == 0
+    finally:
+        await replica.close()
+    assert "(replica b)" in capsys.readouterr().err

@@ -22,13 +22,13 @@ from bot.actions.registry import ACTIONS
 from bot.actions.runs import (
     APPROVED,
     AUTOMATIC_ACTOR,
-    CONVERSATION_ACTIONS,
     DONE,
     DRY_RUN,
     ESCALATED,
     EXPIRED,
     FAILED,
     REFUSED,
+    REMEDIATION_ACTIONS,
     REQUESTED,
     RUNNING,
     VERIFIED,
@@ -129,6 +129,10 @@ class Remediation:
     ) -> ActionRun:
         """Ask for `action` on the alert's target. Returns the persisted run: `dry-run`, `requested` (waiting
         for approval) or `approved` (it runs in the background). Raises ActionRefused, audited."""
+        if action not in REMEDIATION_ACTIONS:
+            known = ", ".join(REMEDIATION_ACTIONS)
+            reason = f"{action!r} is not a remediation action: {known}"
+            await self._refuse_request(actor, action, alert_id, None, reason)
         alert = await self._find_alert(alert_id)
         if alert is None:
             await self._refuse_request(actor, action, alert_id, None, f"no alert {alert_id!r}")
@@ -164,8 +168,6 @@ class Remediation:
         return run
 
     async def _checked_target(self, action: str, alert: AlertState, actor: str) -> Target:
-        if action not in ACTIONS or action in CONVERSATION_ACTIONS:
-            await self._refuse_request(actor, action, alert.key, alert, f"{action!r} is not a remediation action")
         if not self._enabled(action):
             await self._refuse_request(actor, action, alert.key, alert, f"{action} is not enabled in the config")
         try:

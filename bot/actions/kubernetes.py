@@ -111,19 +111,38 @@ class KubernetesExecutor:
         return ExecResult(True, f"node {self._node} {'cordoned' if unschedulable else 'uncordoned'}")
 
     async def _drain(self, core: client.CoreV1Api) -> ExecResult:
+        """Cordon, then ask to evict every pod but a DaemonSet's. An eviction refused (a PodDisruptionBudget's 429)
+        does not stop the others; the result then says what was done and what was not: a drain that stops half-way
+        leaves the node cordoned and some pods evicted."""
         await self._set_unschedulable(core, True)
-        pods = await core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self._node}", **self._timeout())
-        evicted = []
+        kept = f"drain of node {self._node} incomplete: it stays cordoned (uncordon-node undoes that)"
+        try:
+            pods = await core.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={self._node}", **self._timeout()
+            )
+        except _FAILURES as exc:
+            return ExecResult(False, f"{kept}; its pods could not be listed, none was evicted: {_failure(exc)}")
+        evicted, refused = [], []
         for pod in pods.items:
             if _daemon_set_pod(pod):
                 continue  # a DaemonSet would put it right back
+            name = f"{pod.metadata.namespace}/{pod.metadata.name}"
             eviction = client.V1Eviction(
                 metadata=client.V1ObjectMeta(name=pod.metadata.name, namespace=pod.metadata.namespace)
             )
-            await core.create_namespaced_pod_eviction(
-                pod.metadata.name, pod.metadata.namespace, eviction, **self._timeout()
+            try:
+                await core.create_namespaced_pod_eviction(
+                    pod.metadata.name, pod.metadata.namespace, eviction, **self._timeout()
+                )
+            except _FAILURES as exc:
+                refused.append(f"{name} ({_failure(exc)})")
+                continue
+            evicted.append(name)
+        if refused:
+            done = f"evicted {len(evicted)} of {len(evicted) + len(refused)} pods" + (
+                f" ({', '.join(evicted)})" if evicted else ""
             )
-            evicted.append(f"{pod.metadata.namespace}/{pod.metadata.name}")
+            return ExecResult(False, f"{kept}; {done}; not evicted: {'; '.join(refused)}")
         return ExecResult(True, f"node {self._node} cordoned; evicted {len(evicted)} pods: {', '.join(evicted)}")
 
     def _timeout(self) -> dict[str, Any]:
@@ -137,6 +156,16 @@ def in_cluster(environ: Mapping[str, str]) -> bool:
 
 def _daemon_set_pod(pod: Any) -> bool:
     return any(owner.kind == "DaemonSet" for owner in pod.metadata.owner_references or ())
+
+
+# What an API call may fail with: the API's refusal, or no answer.
+_FAILURES = (ApiException, aiohttp.ClientError, OSError, TimeoutError)
+
+
+def _failure(exc: BaseException) -> str:
+    if isinstance(exc, ApiException):
+        return f"{exc.status}: {_message(exc)}"
+    return f"Kubernetes API unreachable: {type(exc).__name__}: {exc}"
 
 
 def _message(exc: ApiException) -> str:

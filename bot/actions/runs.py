@@ -14,6 +14,8 @@ VERIFIED, ESCALATED, REFUSED, EXPIRED, DRY_RUN = "verified", "escalated", "refus
 STARTED_STATES = (RUNNING, DONE, FAILED, VERIFIED, ESCALATED)
 # Actions the Slack layer owns (acknowledge, silence): not remediation.
 CONVERSATION_ACTIONS = frozenset({"ack", "silence-1h", "silence-4h", "silence-24h"})
+# What `gpu-alert-bot run` and a playbook's buttons may ask the engine for, in the registry's order.
+REMEDIATION_ACTIONS = tuple(name for name in ACTIONS if name not in CONVERSATION_ACTIONS)
 AUTOMATIC_ACTOR = "bot"
 
 

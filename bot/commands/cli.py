@@ -18,11 +18,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bot.commands.store_reading import no_store_here
 from bot.config import (
     BotConfig,
     ConfigError,
     listen_address,
     load_config,
+    located,
     parse_duration,
     role_warnings,
     secret_file_warnings,
@@ -44,7 +46,7 @@ EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         result: int = args.run(args)
@@ -58,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return result
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpu-alert-bot",
         description="Alertmanager receiver for GPU servers: durable, deduplicated, enriched notifications.",
@@ -84,13 +86,15 @@ def _parser() -> argparse.ArgumentParser:
     serve.set_defaults(run=_serve)
 
     check = commands.add_parser("check-config", help="validate a configuration file and its playbooks")
-    check.add_argument("config", type=Path)
+    check.add_argument("config", type=Path, help="the YAML configuration file to check")
     check.set_defaults(run=_check_config)
 
     explain = commands.add_parser(
         "explain", help="show how a webhook payload would be routed and rendered, sending nothing"
     )
-    explain.add_argument("payload", type=Path, help="Alertmanager webhook body (JSON file; - reads stdin)")
+    what = explain.add_mutually_exclusive_group(required=True)
+    what.add_argument("payload", nargs="?", type=Path, help="Alertmanager webhook body (JSON file; - reads stdin)")
+    what.add_argument("--alert", metavar="ID", help="an alert the bot stored: its short id (as in its message) or key")
     explain.add_argument("--config", type=Path, help="YAML configuration file (default: built-in defaults)")
     explain.add_argument("--enrich", action="store_true", help="run the configured enrichers (read-only)")
     explain.add_argument("--format", choices=("text", "json"), default="text", help="output format")
@@ -125,8 +129,12 @@ def _parser() -> argparse.ArgumentParser:
     store_copy = store_commands.add_parser(
         "copy", help="copy alert history, conversations, GPU history and audit log into another store"
     )
-    store_copy.add_argument("--from", dest="from_config", type=Path, required=True, metavar="CONFIG_A")
-    store_copy.add_argument("--to", dest="to_config", type=Path, required=True, metavar="CONFIG_B")
+    store_copy.add_argument(
+        "--from", dest="from_config", type=Path, required=True, metavar="CONFIG_A", help="the old store's config"
+    )
+    store_copy.add_argument(
+        "--to", dest="to_config", type=Path, required=True, metavar="CONFIG_B", help="configuration of the new store"
+    )
     store_copy.set_defaults(run=_store_copy)
 
     audit = commands.add_parser("audit", help="print the audit log: who asked the bot to do what, and the outcome")
@@ -242,7 +250,7 @@ def _load_or_report(path: Path | None, overrides: dict[str, Any] | None = None) 
 
 def _print_problems(problems: Sequence[str]) -> None:
     for problem in problems:
-        print(problem, file=sys.stderr)
+        print(located(problem), file=sys.stderr)
 
 
 def _check_config(args: argparse.Namespace) -> int:
@@ -266,7 +274,7 @@ def _explain(args: argparse.Namespace) -> int:
     from bot.commands.explain import run as run_explain
 
     return run_explain(
-        args.payload,
+        args.payload or args.alert,
         config,
         playbooks,
         enrich=args.enrich,
@@ -284,7 +292,7 @@ def _xid(args: argparse.Namespace) -> int:
 
 def _gpus(args: argparse.Namespace) -> int:
     config = _load_or_report(args.config, _store_override(args))
-    if config is None:
+    if config is None or no_store_here(config, named=bool(args.config or args.store)):
         return EXIT_CONFIG
     from bot.commands.gpus import gpus_command
 
@@ -293,7 +301,7 @@ def _gpus(args: argparse.Namespace) -> int:
 
 def _audit(args: argparse.Namespace) -> int:
     config = _load_or_report(args.config, _store_override(args))
-    if config is None:
+    if config is None or no_store_here(config, named=bool(args.config or args.store)):
         return EXIT_CONFIG
     from bot.audit import audit_command
 

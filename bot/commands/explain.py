@@ -1,4 +1,5 @@
-"""`gpu-alert-bot explain PAYLOAD.json`: what the bot would do with an Alertmanager webhook, without doing it.
+"""`gpu-alert-bot explain PAYLOAD.json` (or `--alert ID`, an alert the bot stored): what the bot would do with an
+Alertmanager webhook, without doing it.
 
 For each alert: the routing rules tried (and why each did or did not match), the receivers, the playbook, and
 what every receiver would get: the pipeline's own decision (`bot.pipeline.decide`), previewed by each receiver's
@@ -22,6 +23,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from bot.commands.stored_alert import StoredAlertError, stored_payload
 from bot.config import BotConfig, Receiver, StoreConfig
 from bot.enrich import build_enrichers
 from bot.evidence import Enrichment
@@ -69,7 +71,7 @@ def _unwrap_capture(raw: bytes) -> bytes:
 
 
 def run(
-    path: Path,
+    source: Path | str,
     config: BotConfig,
     playbooks: PlaybookSet,
     *,
@@ -78,15 +80,23 @@ def run(
     graph: Path | None = None,
     theme: Theme = "light",
 ) -> int:
-    """The `explain` command: print the report on stdout; 0 when done, 2 when the payload is unusable, 1 when
-    a picture was asked for (`graph`) and none could be drawn."""
+    """The `explain` command, of a webhook body's file (a Path) or of a stored alert (its short id or key, a str):
+    print the report on stdout; 0 when done, 2 when the payload is unusable or the alert not found, 1 when a
+    picture was asked for (`graph`) and none could be drawn."""
     try:
-        payload = read_payload(path)
-    except PayloadError as exc:
+        if isinstance(source, Path):
+            payload = read_payload(source)
+        else:
+            payload = asyncio.run(stored_payload(config.store, source))
+    except (PayloadError, StoredAlertError) as exc:
         print(printable(str(exc), keep="\n"), file=sys.stderr)
         return 2
     pictures = Pictures(graph, theme) if graph is not None else None
-    report = asyncio.run(explain(payload, config, playbooks, enrich=enrich, pictures=pictures))
+    try:
+        report = asyncio.run(explain(payload, config, playbooks, enrich=enrich, pictures=pictures))
+    except StoreUnavailable as exc:
+        print(f"cannot read the bot's store, which --enrich reads the GPU history from: {exc}", file=sys.stderr)
+        return 1
     # Label values are data: a terminal escape in one is shown, never run (as the console sink's JSON does).
     if output == "json":
         print(printable_json(json.dumps(report, indent=2, ensure_ascii=False)))
@@ -209,7 +219,9 @@ async def _enrichment(config: BotConfig, playbooks: PlaybookSet, enabled: bool) 
         yield _no_enrichment
         return
     async with _read_only_store(config.store) as store:
-        runner = build_enrichers(config.enrichment, store, Metrics(), playbooks.xid_catalog, config.remediation)
+        runner = build_enrichers(
+            config.enrichment, store, Metrics(), playbooks.xid_catalog, config.remediation, read_only=True
+        )
         try:
             yield runner.run
         finally:
@@ -218,10 +230,9 @@ async def _enrichment(config: BotConfig, playbooks: PlaybookSet, enabled: bool) 
 
 @contextlib.asynccontextmanager
 async def _read_only_store(config: StoreConfig) -> AsyncIterator[Store]:
-    """The configured store opened read-only; an empty throw-away one when there is none yet."""
-    try:
-        store = await open_store(config, read_only=True)
-    except StoreUnavailable:
+    """The configured store opened read-only; an empty throw-away one when there is none yet (an SQLite file
+    not created yet: no history to read). A store there but unreadable raises StoreUnavailable."""
+    if config.backend == "sqlite" and not config.path.exists():
         with tempfile.TemporaryDirectory(prefix="gpu-alert-bot-explain-") as scratch:
             empty = await open_store(config.model_copy(update={"path": Path(scratch) / "empty.db"}))
             try:
@@ -229,6 +240,7 @@ async def _read_only_store(config: StoreConfig) -> AsyncIterator[Store]:
             finally:
                 await empty.close()
         return
+    store = await open_store(config, read_only=True)
     try:
         yield store
     finally:

@@ -30,7 +30,7 @@ from bot.config.enrichment import (
     SiteMatch,
 )
 from bot.config.interactivity import DEFAULT_PERMISSIONS, InteractivityConfig, SlackRole
-from bot.config.loading import ConfigError, load_config
+from bot.config.loading import ConfigError, load_config, located
 from bot.config.receivers import (
     ConsoleReceiver,
     EmailReceiver,
@@ -112,6 +112,7 @@ __all__ = [
     "http_url",
     "listen_address",
     "load_config",
+    "located",
     "parse_duration",
     "role_warnings",
     "secret_file_warnings",

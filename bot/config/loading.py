@@ -8,10 +8,29 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from bot.config.receivers import email_problems
 from bot.config.root import BotConfig, cross_section_problems
-from bot.yamldoc import NotUtf8Error, duplicate_keys, read_document
+from bot.config.wording import key_path, plain_error
+from bot.yamldoc import Document, NotUtf8Error, duplicate_keys, read_document
+
+
+class Problem(str):
+    """One problem, `key.path: what is wrong`, and where the file says it (`bot.yaml:12`) when known. A str, so a
+    problem compares equal to its text; `located` gives both, as check-config prints it."""
+
+    where: str
+
+    def __new__(cls, text: str, where: str = "") -> Problem:
+        problem = super().__new__(cls, text)
+        problem.where = where
+        return problem
+
+
+def located(problem: str) -> str:
+    """`file:line: key.path: what is wrong` where the line is known, else the problem as it is."""
+    return f"{problem.where}: {problem}" if isinstance(problem, Problem) and problem.where else problem
 
 
 class ConfigError(Exception):
@@ -24,18 +43,21 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> B
     """Read and validate the configuration; raise ConfigError with one line per problem."""
     data: dict[str, Any] = {}
     duplicates: list[str] = []
+    document: Document | None = None
     base_dir = Path.cwd()
     if path is not None:
         base_dir = path.resolve().parent
-        data, duplicates = _read_yaml(path)
+        document, duplicates = _read_yaml(path)
+        data = document.data or {}
     for dotted, value in (overrides or {}).items():
         _set_dotted(data, dotted, value)
     try:
         config = BotConfig.model_validate(data, context={"base_dir": base_dir})
     except ValidationError as exc:
         errors = exc.errors()
-        problems = [line for error in errors for line in _describe(error)]
-        raise ConfigError(duplicates + problems + _checks_not_run(data, [error["loc"] for error in errors])) from None
+        problems: list[str] = [*duplicates, *(line for error in errors for line in _describe(error, data, document))]
+        problems += [_located(problem, document) for problem in _checks_not_run(data, [e["loc"] for e in errors])]
+        raise ConfigError(problems) from None
     if duplicates:
         raise ConfigError(duplicates)
     return config
@@ -50,15 +72,15 @@ def _checks_not_run(data: Mapping[str, Any], failed: list[tuple[int | str, ...]]
     for i, receiver in enumerate(receivers if isinstance(receivers, list) else []):
         where = ("receivers", i, "email")
         if isinstance(receiver, Mapping) and receiver.get("type") == "email" and where not in failed:
-            problems += [f"receivers.{i}.email: {problem}" for problem in email_problems(receiver)]
+            problems += [f"receivers.{i}: {problem}" for problem in email_problems(receiver)]
     if () not in failed:
         problems += cross_section_problems(data)
     return problems
 
 
-def _read_yaml(path: Path) -> tuple[dict[str, Any], list[str]]:
-    """The file's mapping, and a `file:line: key.path: problem` line for each key written twice in one mapping
-    (YAML would keep the last one silently)."""
+def _read_yaml(path: Path) -> tuple[Document, list[str]]:
+    """The file's document (a mapping, or nothing), and a `file:line: key.path: problem` line for each key written
+    twice in one mapping (YAML would keep the last one silently)."""
     try:
         document = read_document(path)
     except OSError as exc:
@@ -69,16 +91,15 @@ def _read_yaml(path: Path) -> tuple[dict[str, Any], list[str]]:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
         raise ConfigError([f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}"]) from None
-    data = document.data
-    if data is None:
-        return {}, []
-    if not isinstance(data, dict):
+    if document.data is None:
+        return document, []
+    if not isinstance(document.data, dict):
         raise ConfigError([f"{path}: the top level must be a mapping of sections (server, store, ...)"])
     duplicates = [
         f"{path}:{line}: {'.'.join(str(part) for part in loc)}: {problem}; YAML would keep only the last one"
         for line, loc, problem in duplicate_keys(document.root)
     ]
-    return data, duplicates
+    return document, duplicates
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
@@ -93,12 +114,22 @@ def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     node[leaf] = value
 
 
-def _describe(error: Any) -> list[str]:
-    """`key.path: problem` lines for one pydantic error; checks across sections already name their keys."""
-    message = str(error["msg"]).removeprefix("Value error, ")
+def _describe(error: ErrorDetails, data: Mapping[str, Any], document: Document | None) -> list[Problem]:
+    """`key.path: problem` lines for one pydantic error, in words, each with the line of the file it is about;
+    checks across sections already name their keys."""
+    extra, message = plain_error(error)
     if not error["loc"]:
-        return message.splitlines()
-    where = ".".join(str(part) for part in error["loc"])
-    if error["type"] == "extra_forbidden":
-        message = "unknown key (check the spelling against config/bot.example.yaml)"
-    return [f"{where}: {line}" for line in message.splitlines()]
+        return [_located(line, document) for line in message.splitlines()]
+    loc = (*key_path(error, data), *extra)
+    where = "" if document is None else f"{document.path}:{document.line(loc)}"
+    key = ".".join(str(part) for part in loc)
+    return [Problem(f"{key}: {line}", where) for line in message.splitlines()]
+
+
+def _located(problem: str, document: Document | None) -> Problem:
+    """A check across sections says its key path first (`routing.default.1: ...`): the line is that key's."""
+    key = problem.split(": ", 1)[0]
+    loc = tuple(int(part) if part.isdigit() else part for part in key.split("."))
+    if document is None or " " in key or not isinstance(document.data, Mapping) or loc[0] not in document.data:
+        return Problem(problem)
+    return Problem(problem, f"{document.path}:{document.line(loc)}")

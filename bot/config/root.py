@@ -15,7 +15,7 @@ from bot.config.interactivity import InteractivityConfig
 from bot.config.receivers import ConsoleReceiver, Receiver
 from bot.config.remediation import RemediationConfig
 from bot.config.routing import RoutingConfig
-from bot.config.secrets import Secret
+from bot.config.secrets import Secret, bot_only_advice
 from bot.config.server import ServerConfig
 from bot.config.store import LoggingConfig, OutboxConfig, StoreConfig, WorkerConfig
 
@@ -189,7 +189,7 @@ def _secret_files(model: BaseModel) -> Iterator[Secret]:
 def secret_file_warnings(config: BotConfig) -> list[str]:
     """Secret files that every user of the host can read: `check-config` and `serve` warn about each."""
     return [
-        f"{secret.path}: secret file readable by every user of this host; chmod o-r it"
+        f"{secret.path}: secret file readable by every user of this host; {bot_only_advice()}"
         for secret in _secret_files(config)
         if secret.readable_by_everyone()
     ]

@@ -95,10 +95,16 @@ def _permission_hint(path: Path) -> str:
                 f"{uid} search it (chmod o+x, or chown it to uid {uid}), or mount the secret files themselves, "
                 "not their directory (as compose's `secrets:` does)"
             )
-    return (
-        f"the bot runs as uid {uid} and the file is {_owner_and_mode(absolute)}: make it readable by uid {uid} "
-        f"(chmod 0444, or chown {uid} and chmod 0400)"
-    )
+    return f"the bot runs as uid {uid} and the file is {_owner_and_mode(absolute)}: {bot_only_advice()}"
+
+
+def bot_only_advice() -> str:
+    """How to make a secret file readable by the bot and by no other user of the host, which is what it reads
+    without a word: for the user and group this process runs as (uid 10001, group 10001 in the image)."""
+    uid, gid = os.geteuid(), os.getegid()
+    if uid == 0:
+        return "chmod o-r it (root reads it whatever its mode)"
+    return f"give it to the bot's user alone: chgrp {gid} and chmod 0440, or chown {uid} and chmod 0400"
 
 
 def _owner_and_mode(path: Path) -> str:

@@ -33,16 +33,19 @@ def build_enrichers(
     metrics: Metrics,
     xid_catalog: XidCatalog,
     remediation: RemediationConfig | None = None,
+    *,
+    read_only: bool = False,
 ) -> EnrichmentRunner:
     """The enrichers, in the order their sections appear in messages. Loki and Prometheus run only when
     configured; the others work from the alert, those two sources and the bot's own store (and, for the
-    workload, the Slurm scheduler and the Docker Engines `remediation` reaches)."""
+    workload, the Slurm scheduler and the Docker Engines `remediation` reaches). The store is only read when
+    `read_only` (`explain`: the GPU history is read without this alert's events recorded in it)."""
     host_labels = config.loki.host_labels if config.loki is not None else DEFAULT_HOST_LABELS
     enrichers: list[Enricher | None] = [
         GpuEnricher(host_labels),
         _workload(config, host_labels, remediation),
         XidEnricher(xid_catalog),
-        RecurrenceEnricher(store, xid_catalog, config.recurrence_window),
+        RecurrenceEnricher(store, xid_catalog, config.recurrence_window, record=not read_only),
         _prometheus(config, metrics),
         RelatedAlertsEnricher(store),
         _loki(config),

@@ -16,7 +16,6 @@ enricher judged a stale gauge (no kernel line in the window) is not recorded at 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -24,6 +23,7 @@ from typing import Literal
 
 from bot.enrich.base import EnrichmentRequest
 from bot.enrich.gpu import GpuIdentity, resolve_identity
+from bot.enrich.gpu_history import GpuHistory, ReadOnlyHistory, RecordingHistory, among
 from bot.evidence import (
     AlertCount,
     DecodedXidRecord,
@@ -45,7 +45,6 @@ NONFATAL_SUFFIX = ":nonfatal"
 # The kernel line behind an alert's Xid label precedes the alert's start by an exporter poll, a scrape and a rule
 # evaluation (a minute or two); the margin also absorbs clock skew between the GPU server and Prometheus.
 LABEL_XID_MATCH = timedelta(minutes=10)
-_STORED_TIME_PRECISION = timedelta(milliseconds=1)
 
 
 def xid_code(xid: int, nonfatal: bool = False) -> str:
@@ -90,52 +89,16 @@ def _history(target: GpuIdentity, stored: list[GpuEvent]) -> list[GpuEvent]:
     return sorted(seen.values(), key=lambda e: e.at)
 
 
-class _SharedHistories:
-    """The alerts of a batch record and read their GPUs' history together: requests made while one transaction is
-    under way go, in the order they came, into the next one (each still sees exactly what a transaction of its own
-    would: the ones before it, not the ones after)."""
-
-    def __init__(self, store: Store) -> None:
-        self._store = store
-        self._waiting: list[tuple[GpuHistoryRequest, asyncio.Future[list[GpuEvent]]]] = []
-        self._task: asyncio.Task[None] | None = None
-
-    async def record_and_read(self, request: GpuHistoryRequest) -> list[GpuEvent]:
-        future: asyncio.Future[list[GpuEvent]] = asyncio.get_running_loop().create_future()
-        self._waiting.append((request, future))
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._flush(), name="gpu-history")
-        return await future
-
-    async def _flush(self) -> None:
-        while self._waiting:
-            taken, self._waiting = self._waiting, []
-            try:
-                found = await self._store.record_and_read_gpu_histories([request for request, _ in taken])
-            except Exception as exc:
-                for _, future in taken:
-                    if not future.done():
-                        future.set_exception(exc)
-                continue
-            for (_, future), events in zip(taken, found, strict=True):
-                if not future.done():
-                    future.set_result(events)
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-
-
 class RecurrenceEnricher:
     name = "recurrence"
     title = "History of this GPU"
     source = ""
 
-    def __init__(self, store: Store, catalog: XidCatalog, window: float) -> None:
+    def __init__(self, store: Store, catalog: XidCatalog, window: float, *, record: bool = True) -> None:
+        """`record`: False reads the history without adding this alert's events to it (`explain`)."""
         self._catalog = catalog
         self._window = window
-        self._histories = _SharedHistories(store)
+        self._histories: GpuHistory = RecordingHistory(store) if record else ReadOnlyHistory(store)
 
     async def enrich(self, request: EnrichmentRequest) -> EnrichmentSection:
         alert = request.alert
@@ -173,7 +136,7 @@ class RecurrenceEnricher:
     ) -> _GpuSummary:
         """`own`: the Xid records this alert made for this GPU; an Xid nothing else recorded is its first."""
         found = incidents(xid_history(history), self._catalog.burst_window)
-        others = incidents(xid_history(e for e in history if not _among(e, own)), self._catalog.burst_window)
+        others = incidents(xid_history(e for e in history if not among(e, own)), self._catalog.burst_window)
         alert_episodes = {e.alert_key for e in history if e.kind == "alert" and e.code == alert.alertname}
         firsts = [f"Xid {code}" for code in codes if len(found.get(code, [])) == 1 and not others.get(code)]
         return _GpuSummary(
@@ -337,15 +300,6 @@ def _time(value: str | None) -> datetime | None:
     except ValueError:
         return None
     return parsed if parsed.tzinfo is not None else None
-
-
-def _among(event: GpuEvent, records: Sequence[GpuEvent]) -> bool:
-    """Whether a stored event is one of these records (the store keeps times to the microsecond, as a float)."""
-    return any(
-        (event.kind, event.code, event.alert_key) == (r.kind, r.code, r.alert_key)
-        and abs(event.at - r.at) < _STORED_TIME_PRECISION
-        for r in records
-    )
 
 
 def _identity_of(record: GpuEvent) -> GpuIdentity:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import yaml
 from pydantic import ValidationError
-from pydantic_core import ErrorDetails
 
 from bot.actions.registry import ACTIONS
+from bot.config.wording import plain_error
 from bot.gpu.xid_catalog import XidCatalog, XidCatalogError, load_catalog
 from bot.playbooks.base import PlaybookError
 from bot.playbooks.conditions import (
@@ -39,15 +39,6 @@ def _loc_text(loc: Sequence[str | int]) -> str:
     return text
 
 
-_PYDANTIC_MESSAGES = {"extra_forbidden": "unknown key", "missing": "required key missing"}
-
-
-def _error_text(error: ErrorDetails) -> str:
-    if error["type"] == "value_error" and "error" in error.get("ctx", {}):
-        return str(error["ctx"]["error"])
-    return _PYDANTIC_MESSAGES.get(error["type"], error["msg"])
-
-
 class _Problems:
     def __init__(self) -> None:
         self.items: list[str] = []
@@ -73,7 +64,8 @@ def _validate(document: Document, problems: _Problems) -> Playbook | None:
         playbook = Playbook.model_validate({**data, "name": document.path.stem})
     except ValidationError as exc:
         for error in exc.errors():
-            problems.add(document, error["loc"], _error_text(error))
+            extra, message = plain_error(error, unknown_key="unknown key")
+            problems.add(document, (*error["loc"], *extra), message)
         return None
     for loc, message in _playbook_problems(playbook):
         problems.add(document, loc, message)

@@ -17,8 +17,8 @@ from bot.playbooks.schema import GENERIC, ActionChoice, Advice, Case, Playbook, 
 from bot.playbooks.templating import fill, fill_command, template_values
 from bot.routing import LabelMatcher
 
-# Grafana UIDs of the community dashboards the seed imports: 12239 (NVIDIA DCGM Exporter) and 1860 (Node
-# Exporter Full). `playbooks.vars` overrides them when a site re-imported the dashboards under other UIDs.
+# Grafana UIDs of the community dashboards to import: 12239 (NVIDIA DCGM Exporter) and 1860 (Node Exporter Full).
+# `playbooks.vars` overrides them when a site re-imported the dashboards under other UIDs.
 DEFAULT_VARS: Mapping[str, str] = {"dcgm_dashboard_uid": "Oxed_c6Wz", "node_dashboard_uid": "rYdddlPWk"}
 
 

@@ -17,10 +17,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from bot.evidence import Enrichment, PrometheusEvidence, PrometheusSeries
 from bot.message import Message, format_duration
+from bot.render.graph_labels import Spot, place_labels
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.text import Annotation, Text
 
 Theme = Literal["light", "dark"]
 THEMES: tuple[Theme, ...] = ("light", "dark")
@@ -216,7 +219,7 @@ def build_figure(graph: AlertGraph, theme: Theme = "light") -> tuple[Figure, Axe
     figure = new_figure(height, theme)
     rows = figure.add_gridspec(2 if graph.panels else 1, 1, height_ratios=[3, 1.25] if graph.panels else [1])
     main = figure.add_subplot(rows[0])
-    _draw_main(main, graph, colours)
+    labels = _draw_main(main, graph, colours)
     if graph.panels:
         cells = rows[1].subgridspec(1, len(graph.panels), wspace=0.32)
         for index, panel in enumerate(graph.panels):
@@ -226,60 +229,76 @@ def build_figure(graph: AlertGraph, theme: Theme = "light") -> tuple[Figure, Axe
         0.01, 1 - 0.42 / height, graph.subtitle, ha="left", va="top", fontsize=10.5, color=colours.muted, **_AS_TEXT
     )
     figure.subplots_adjust(left=0.1, right=0.97, top=1 - 0.75 / height, bottom=0.35 / height + 0.04, hspace=0.55)
+    # Once the layout is final: where each label lands depends on where the plot and the series are drawn.
+    place_labels(main, labels.series, labels.movable, labels.fixed)
     return figure, main
 
 
-def _draw_main(axes: Axes, graph: AlertGraph, colours: _Colours) -> None:
+@dataclass
+class _MainLabels:
+    series: Line2D
+    movable: list[tuple[Annotation, list[Spot]]] = field(default_factory=list)
+    fixed: list[Text] = field(default_factory=list)
+
+
+def _draw_main(axes: Axes, graph: AlertGraph, colours: _Colours) -> _MainLabels:
     _style(axes, colours, graph.window)
     times, values = _columns(graph.points)
-    axes.plot(times, values, color=colours.series, linewidth=2.2, zorder=3)
+    [series] = axes.plot(times, values, color=colours.series, linewidth=2.2, zorder=3)
+    labels = _MainLabels(series)
     unit = f" {graph.unit}" if graph.unit and graph.unit != "ratio" else ""
     if graph.threshold is not None:
         axes.axhline(graph.threshold, color=THRESHOLD_COLOUR, linewidth=2.4, linestyle="-", zorder=2)
-        axes.annotate(
+        threshold = axes.annotate(
             f"fires {graph.comparison}{unit}",
             xy=(1, graph.threshold),
             xycoords=("axes fraction", "data"),
-            xytext=(-4, 4),
+            xytext=(0, 0),  # placed with the other labels (place_labels)
             textcoords="offset points",
-            ha="right",
-            va="bottom",
             fontsize=11.5,
             **_AS_TEXT,
             fontweight="bold",
             color=THRESHOLD_COLOUR,
         )
+        right, left = (1, graph.threshold), (0, graph.threshold)  # the ends of its line
+        spots = [Spot(right, "right", "bottom"), Spot(right, "right", "top"), Spot(left, "left", "bottom")]
+        labels.movable.append((threshold, [*spots, Spot(left, "left", "top")]))
     if graph.window[0] <= graph.started_at <= graph.window[1]:
         start = _when(graph.started_at)
         axes.axvline(start, color=colours.start, linewidth=1.6, linestyle="--", zorder=2)
-        axes.annotate(
+        fired = axes.annotate(
             f"fired {datetime.fromtimestamp(graph.started_at, UTC):%H:%M}",
             xy=(start, 1),
             xycoords=("data", "axes fraction"),
-            xytext=(4, -4),
+            xytext=(0, 0),
             textcoords="offset points",
-            va="top",
             fontsize=11,
             color=colours.start,
         )
+        top, bottom = (start, 1), (start, 0)  # the ends of its line
+        spots = [Spot(top, "left", "top"), Spot(top, "right", "top"), Spot(bottom, "left", "bottom")]
+        labels.movable.append((fired, [*spots, Spot(bottom, "right", "bottom")]))
     if graph.current is not None:
         last = times[-1]
         axes.plot([last], [graph.current], marker="o", markersize=8, color=colours.series, zorder=4)
-        axes.annotate(
-            f"now {graph.current_text}{unit}",
-            xy=(last, graph.current),
-            xytext=(-8, 10),
-            textcoords="offset points",
-            ha="right",
-            fontsize=12.5,
-            **_AS_TEXT,
-            fontweight="bold",
-            color=colours.text,
-            zorder=5,
+        labels.fixed.append(
+            axes.annotate(
+                f"now {graph.current_text}{unit}",
+                xy=(last, graph.current),
+                xytext=(-8, 10),
+                textcoords="offset points",
+                ha="right",
+                fontsize=12.5,
+                **_AS_TEXT,
+                fontweight="bold",
+                color=colours.text,
+                zorder=5,
+            )
         )
     _fit_y(axes, values, graph.threshold)
     axes.set_ylabel(graph.unit or "value", fontsize=12, color=colours.muted)
     axes.set_xlabel("UTC", fontsize=10, color=colours.muted, loc="right")
+    return labels
 
 
 def _draw_panel(axes: Axes, panel: Panel, graph: AlertGraph, colours: _Colours) -> None:

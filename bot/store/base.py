@@ -97,7 +97,19 @@ class Planner(Protocol):
     ) -> list[AlertDecision]: ...
 
 
+@dataclass(frozen=True)
+class SchemaChange:
+    """What opening the store did to its schema: the version it found (0: none yet, a new store) and the one it
+    left it at (`gpu-alert-bot migrate` says both)."""
+
+    found: int
+    now: int
+
+
 class Store(abc.ABC):
+    # Set by a store opened for writing; a read-only one never changes its schema.
+    schema: SchemaChange = SchemaChange(0, 0)
+
     # --- ingest: the only call on the webhook's hot path -------------------------------------------
     @abc.abstractmethod
     async def ingest(self, notification: IncomingNotification) -> IngestResult:
@@ -340,6 +352,11 @@ class Store(abc.ABC):
     async def import_rows(self, table: str, rows: Sequence[Mapping[str, Any]]) -> int:
         """Insert rows exported by any backend, in one transaction; a row the store already has is kept as it is.
         Returns how many were inserted."""
+
+    @abc.abstractmethod
+    async def running_bots(self) -> list[str]:
+        """The bot processes other than this one using the store now, as people name them (`store copy` warns
+        that a source still in use keeps changing under it); empty when none."""
 
     # --- several replicas on one store (PostgreSQL); a single-process store has nobody to share with ------
     async def hold_receiver(self, receiver: str, lease_seconds: float) -> bool:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from bot.config import ConfigError, StoreConfig, load_config
 from bot.store import open_store
-from bot.store.base import Store, StoreUnavailable
+from bot.store.base import SchemaChange, Store, StoreUnavailable
 from bot.store.core import COPIED_TABLES
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
@@ -54,6 +54,13 @@ async def store_copy_command(from_config: Path, to_config: Path) -> int:
     except StoreUnavailable as exc:
         print(f"cannot open the source store {_describe(source_config)}: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    running = await source.running_bots()
+    if running:
+        print(
+            f"warning: a bot still uses the source store {_describe(source_config)} ({', '.join(running)}): what it "
+            "records while the copy runs may be left behind; stop it, then run the copy again (copied rows are kept)",
+            file=sys.stderr,
+        )
     try:
         destination = await open_store(destination_config)
     except StoreUnavailable as exc:
@@ -84,5 +91,13 @@ async def migrate_command(config_path: Path | None) -> int:
         print(f"cannot migrate the store {_describe(config)}: {exc}", file=sys.stderr)
         return EXIT_FAILED
     await store.close()
-    print(f"the store {_describe(config)} is at this version's schema")
+    print(f"the store {_describe(config)}: {_schema_text(store.schema)}")
     return EXIT_OK
+
+
+def _schema_text(schema: SchemaChange) -> str:
+    if schema.found == 0:
+        return f"no schema yet (a new store): created it at schema version {schema.now}"
+    if schema.found == schema.now:
+        return f"found schema version {schema.found}, this version's: nothing to do"
+    return f"found schema version {schema.found}: migrated it to version {schema.now}"

@@ -10,6 +10,8 @@ import re
 import tomllib
 from pathlib import Path
 
+import yaml
+
 from tests.support.processes import REPO
 
 DOCKERFILE = REPO / "Dockerfile"
@@ -108,3 +110,16 @@ def _replaced(text: str, command: str, replacement: str) -> str:
     joined = re.sub(r"\\\n\s*", " ", text)
     assert command in joined
     return joined.replace(command, replacement)
+
+
+def test_the_bot_runs_as_uid_and_group_10001_which_the_compose_stacks_alertmanager_joins() -> None:
+    """The secret-file advice (group 10001 and mode 0440, or owner 10001 and 0400) holds in the image: its user
+    is uid 10001 in group 10001, and Alertmanager, which reads the same webhook token, is a member."""
+    [run] = [arguments for keyword, arguments in _stages(DOCKERFILE.read_text())[-1] if "useradd" in arguments]
+    assert "groupadd --system --gid 10001 gpu-alert-bot" in run
+    assert "useradd --system --uid 10001 --gid 10001 " in run
+    assert ("USER", "gpu-alert-bot") in _stages(DOCKERFILE.read_text())[-1]
+    compose = yaml.safe_load((REPO / "config" / "docker-compose.yml").read_text())
+    alertmanager = compose["services"]["alertmanager"]
+    assert "webhook_token" in alertmanager["secrets"]
+    assert alertmanager["group_add"] == ["10001"]

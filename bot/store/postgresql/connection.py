@@ -15,7 +15,7 @@ from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from bot.clock import SYSTEM_CLOCK, Clock
-from bot.store.base import IncomingNotification, IngestResult, Store, StoreUnavailable
+from bot.store.base import IncomingNotification, IngestResult, SchemaChange, Store, StoreUnavailable
 from bot.store.groupcommit import GroupCommit
 from bot.store.migrations import POSTGRESQL_MIGRATIONS, POSTGRESQL_SCHEMA_VERSION, refuse_newer
 from bot.store.validated import ValidatedPayloads
@@ -110,6 +110,7 @@ class PostgresConnection(Store):
             row = await (await conn.execute("SELECT max(version) AS version FROM schema_version")).fetchone()
             found = int(row["version"]) if row and row["version"] is not None else 0
             refuse_newer(found, POSTGRESQL_SCHEMA_VERSION, "the PostgreSQL store")
+            self.schema = SchemaChange(found, POSTGRESQL_SCHEMA_VERSION)
             for version, statements in POSTGRESQL_MIGRATIONS:
                 if version > found:
                     await conn.execute(statements.encode())

@@ -26,6 +26,9 @@ from bot.store.base import StoreStats, StoreUnavailable
 from bot.store.postgresql.pipeline import PostgresAlertPath
 from bot.store.postgresql.records import PostgresRecords
 
+# A replica's heartbeat (written by each /readyz) this recent, in seconds, says it runs.
+RUNNING_RECENTLY = 60.0
+
 
 class PostgresStore(PostgresAlertPath, PostgresRecords):
     # --- health and housekeeping -----------------------------------------------------------------------
@@ -37,6 +40,17 @@ class PostgresStore(PostgresAlertPath, PostgresRecords):
                 ON CONFLICT (replica) DO UPDATE SET at = excluded.at""",
             (self._replica, self._now()),
         )
+
+    async def running_bots(self) -> list[str]:
+        """Replicas holding a receiver's lease (renewed while they run) or seen writing within RUNNING_RECENTLY.
+        A reader (read-only) is none of them, whatever its replica name; a writer leaves itself out."""
+        rows = await self._fetchall(
+            """SELECT holder AS replica FROM receiver_leases WHERE until >= %(now)s
+               UNION SELECT replica FROM heartbeat WHERE at >= %(recent)s ORDER BY 1""",
+            {"now": self._now(), "recent": self._now() - RUNNING_RECENTLY},
+        )
+        me = None if self._read_only else self._replica
+        return [f"replica {row['replica']}" for row in rows if row["replica"] != me]
 
     async def export_rows(self, table: str) -> list[dict[str, Any]]:
         columns = sql.SQL(", ").join(map(sql.Identifier, core.copied_columns(table)))

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from bot.clock import SYSTEM_CLOCK, Clock
-from bot.store.base import IncomingNotification, IngestResult, Store, StoreSide, StoreUnavailable
+from bot.store.base import IncomingNotification, IngestResult, SchemaChange, Store, StoreSide, StoreUnavailable
 from bot.store.groupcommit import GroupCommit
 from bot.store.migrations import SQLITE_SCHEMA_VERSION, refuse_newer
 from bot.store.sqlite import inbox
@@ -141,9 +141,9 @@ class SqliteConnection(Store):
 
     def _set_up(self, conn: sqlite3.Connection) -> None:
         _configure(conn)
-        refuse_newer(
-            conn.execute("PRAGMA user_version").fetchone()[0], SQLITE_SCHEMA_VERSION, f"the store {self._path}"
-        )
+        found = conn.execute("PRAGMA user_version").fetchone()[0]
+        refuse_newer(found, SQLITE_SCHEMA_VERSION, f"the store {self._path}")
+        self.schema = SchemaChange(found, SQLITE_SCHEMA_VERSION)
         conn.executescript(_SCHEMA)
         conn.execute(f"PRAGMA user_version = {SQLITE_SCHEMA_VERSION}")
         _add_missing_short_ids(conn)

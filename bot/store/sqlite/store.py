@@ -21,7 +21,7 @@ from bot.store.core import copied_columns
 from bot.store.sqlite import inbox
 from bot.store.sqlite.pipeline import SqliteAlertPath
 from bot.store.sqlite.records import SqliteRecords
-from bot.store.sqlite.threads import _HEALTH
+from bot.store.sqlite.threads import _HEALTH, LOCK_SUFFIXES, lock_held
 
 # The readiness probe writes (and rolls back) this much: room for a typical large notification, so a full
 # disk shows as "not ready" even when a one-row heartbeat still fits in a page that is already allocated.
@@ -66,6 +66,12 @@ class SqliteStore(SqliteAlertPath, SqliteRecords):
             functools.partial(self._transaction, lambda conn: conn.executemany(insert, values), acknowledged=True)
         )
         return int(cursor.rowcount)
+
+    async def running_bots(self) -> list[str]:
+        if not self._read_only:
+            return []  # this process holds the locks: no other can
+        held = await self._run(lambda: any(lock_held(self._path, suffix) for suffix in LOCK_SUFFIXES["all"]))
+        return ["a gpu-alert-bot process"] if held else []
 
     async def stats(self) -> StoreStats:
         return await self._run(self._stats_sync)

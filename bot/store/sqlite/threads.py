@@ -97,6 +97,21 @@ def _lock_exclusively(store: Path, suffix: str) -> int:
     return fd
 
 
+def lock_held(store: Path, suffix: str) -> bool:
+    """Whether a process holds the lock `_lock_exclusively` takes (tried and let go at once, never created)."""
+    try:
+        fd = os.open(store.with_name(store.name + suffix), os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing lets go of the lock too
+    return False
+
+
 class _StoreThread:
     """The one thread that owns the connection. Unlike a one-worker ThreadPoolExecutor it takes work by
     priority, so a webhook's write never queues behind the worker's and the outbox's statements."""
