@@ -169,13 +169,13 @@ class Metrics:
             "Queries sent to each replica of an enrichment source (Prometheus per site), by result: ok, failed, or "
             "cancelled (another replica answered first).",
             ["source", "replica", "result"],
-            registry=r,
+            registry=worker,
         )
         self.source_replica_skipped = Gauge(
             f"{_PREFIX}_source_replica_skipped",
             "1 while a replica of an enrichment source is asked last after failing again and again.",
             ["source", "replica"],
-            registry=r,
+            registry=worker,
         )
         self.watchdog_age = Gauge(
             f"{_PREFIX}_watchdog_age_seconds",

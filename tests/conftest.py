@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 
 from bot.store.sqlite import SqliteStore
 from tests.fakes.slack import FakeSlack
@@ -21,8 +21,11 @@ from tests.support.store import Opener, postgres_store, slowed_stores, sqlite_st
 
 # CI must not fail on an example nobody has seen before: property tests replay the same examples
 # unless HYPOTHESIS_PROFILE=explore asks for fresh ones (run it locally to hunt for new failures).
-settings.register_profile("deterministic", derandomize=True, print_blob=True)
-settings.register_profile("explore", derandomize=False, max_examples=1000, print_blob=True)
+# Nor on a busy machine: an example's time is no property of the code under test (speed goals are bench/ figures),
+# so neither the per-example deadline nor the too-slow health check applies.
+_UNTIMED = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
+settings.register_profile("deterministic", derandomize=True, print_blob=True, **_UNTIMED)
+settings.register_profile("explore", derandomize=False, max_examples=1000, print_blob=True, **_UNTIMED)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
 
 
