@@ -36,7 +36,7 @@ def build_enrichers(
         GpuEnricher(host_labels),
         _workload(config, host_labels),
         XidEnricher(xid_catalog),
-        RecurrenceEnricher(store, xid_catalog, config.recurrence_window),
+        RecurrenceEnricher(store, xid_catalog, config.recurrence_window, metrics),
         _prometheus(config, metrics),
         RelatedAlertsEnricher(store),
         _loki(config),

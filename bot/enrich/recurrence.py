@@ -17,6 +17,7 @@ enricher judged a stale gauge (no kernel line in the window) is not recorded at 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -37,6 +38,7 @@ from bot.evidence import (
 from bot.gpu.nvrm import PciAddress
 from bot.gpu.xid_catalog import FOLLOWER_XIDS, XidCatalog, severity_rank
 from bot.gpu.xid_escalation import Verdict, escalate, incidents, window_text
+from bot.metrics import Metrics
 from bot.models import AlertState, GpuEvent, GpuHistoryRequest
 from bot.selftest.marking import is_selftest
 from bot.store.base import Store
@@ -95,8 +97,9 @@ class _SharedHistories:
     under way go, in the order they came, into the next one (each still sees exactly what a transaction of its own
     would: the ones before it, not the ones after)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, metrics: Metrics | None) -> None:
         self._store = store
+        self._metrics = metrics
         self._waiting: list[tuple[GpuHistoryRequest, asyncio.Future[list[GpuEvent]]]] = []
         self._task: asyncio.Task[None] | None = None
 
@@ -105,7 +108,12 @@ class _SharedHistories:
         self._waiting.append((request, future))
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._flush(), name="gpu-history")
-        return await future
+        started = time.perf_counter()
+        try:
+            return await future
+        finally:
+            if self._metrics is not None:
+                self._metrics.gpu_history_duration.observe(time.perf_counter() - started)
 
     async def _flush(self) -> None:
         while self._waiting:
@@ -132,10 +140,10 @@ class RecurrenceEnricher:
     title = "History of this GPU"
     source = ""
 
-    def __init__(self, store: Store, catalog: XidCatalog, window: float) -> None:
+    def __init__(self, store: Store, catalog: XidCatalog, window: float, metrics: Metrics | None = None) -> None:
         self._catalog = catalog
         self._window = window
-        self._histories = _SharedHistories(store)
+        self._histories = _SharedHistories(store, metrics)
 
     async def enrich(self, request: EnrichmentRequest) -> EnrichmentSection:
         alert = request.alert
