@@ -1,6 +1,7 @@
 """Replicas benchmark: SQLite, then 1 and 2 replicas on PostgreSQL, under the same load, on the same machine.
 
     .venv/bin/python -m bench.replicas [--duration 10] [--connections 32]
+    .venv/bin/python -m bench.replicas --rate 50 --new-alerts [--duration 30] [--replicas 2] [--gpus 800]
 
 Each run starts fresh `gpu-alert-bot serve` processes (console output discarded) and a closed-loop client with
 `--connections` connections posting 20-alert notifications, every one new, spread over the replicas as a load
@@ -8,6 +9,11 @@ balancer would. It prints acknowledged webhooks per second and the p99 time to a
 PostgreSQL server is Debian's (the one the tests start), on loopback, with its default durable settings. The
 replicas and PostgreSQL share the machine's CPUs: the figures compare the backends, they do not measure scale-out.
 It prints figures; it asserts nothing.
+
+`--new-alerts` (bench/replicas_history.py): `--replicas` replicas on one PostgreSQL, enrichment on, and an
+open-loop client posting `--rate` new GPU alerts a second (one a webhook, spread over the replicas); once the
+workers are done, how many stored alerts have their GPU history ("History of this GPU") and why the others do not,
+and the time each alert's GPU history took in the store (p50/p99, from the workers' metrics).
 """
 
 from __future__ import annotations
@@ -27,16 +33,17 @@ from typing import Any
 
 import aiohttp
 
-from bench.common import REPO, env_python, free_port, percentile, wait_ready, webhook_body
+from bench.common import HARNESS, REPO, free_port, percentile, wait_ready, webhook_body
 from tests.support.postgres import PostgresServer
 
 _JSON = {"Content-Type": "application/json"}
 
 
 @contextmanager
-def _bot(workdir: Path, store: dict[str, Any]) -> Iterator[str]:
+def _bot(workdir: Path, store: dict[str, Any], **settings: Any) -> Iterator[str]:
+    """A replica of this checkout's bot (first on PYTHONPATH, whatever the virtualenv's editable install says)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    config = {"store": store, "logging": {"level": "warning"}}
+    config = {"store": store, "logging": {"level": "warning"}, **settings}
     (workdir / "bot.yaml").write_text(json.dumps(config))
     port = free_port()
     args = [
@@ -50,7 +57,7 @@ def _bot(workdir: Path, store: dict[str, Any]) -> Iterator[str]:
         f"127.0.0.1:{port}",
     ]
     with (workdir / "stderr.log").open("wb") as stderr:
-        process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=stderr, cwd=REPO, env=env_python())
+        process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=stderr, cwd=REPO, env=HARNESS.env())
         try:
             wait_ready(f"http://127.0.0.1:{port}/healthz", process)
             yield f"http://127.0.0.1:{port}"
@@ -102,7 +109,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=10.0, help="seconds of load per run")
     parser.add_argument("--connections", type=int, default=32, help="concurrent client connections")
+    parser.add_argument("--new-alerts", action="store_true", help="GPU alerts at --rate, then their GPU history")
+    parser.add_argument("--rate", type=float, default=50.0, help="--new-alerts: new alerts a second")
+    parser.add_argument("--replicas", type=int, default=2, help="--new-alerts: replicas on one PostgreSQL")
+    parser.add_argument("--gpus", type=int, default=800, help="--new-alerts: GPUs the alerts are spread over")
+    parser.add_argument("--drain-limit", type=float, default=120.0, help="--new-alerts: seconds to wait for workers")
     args = parser.parse_args()
+    if args.new_alerts:
+        from bench.replicas_history import run_new_alerts
+
+        run_new_alerts(args, _bot)
+        return
     with tempfile.TemporaryDirectory(prefix="gpu-alert-bot-replicas-") as tmp:
         workdir = Path(tmp)
         _run("sqlite, 1 process", [{"path": str(workdir / "sqlite" / "bot.db")}], workdir / "sqlite", args)

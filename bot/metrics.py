@@ -158,6 +158,13 @@ class Metrics:
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5),
             registry=worker,
         )
+        self.gpu_history_duration = Histogram(
+            f"{_PREFIX}_gpu_history_duration_seconds",
+            "Time an alert's GPU history took in the store (recorded and read with its batch's, the wait for the "
+            "batch's turn included).",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 1.5, 2, 2.5, 3, 5),
+            registry=r,
+        )
         self.enrichment_results = Counter(
             f"{_PREFIX}_enrichment_results",
             "Enricher outcomes, by enricher and status.",

@@ -45,7 +45,7 @@ def build_enrichers(
         GpuEnricher(host_labels),
         _workload(config, host_labels, remediation),
         XidEnricher(xid_catalog),
-        RecurrenceEnricher(store, xid_catalog, config.recurrence_window, record=not read_only),
+        RecurrenceEnricher(store, xid_catalog, config.recurrence_window, metrics, record=not read_only),
         _prometheus(config, metrics),
         RelatedAlertsEnricher(store),
         _loki(config),

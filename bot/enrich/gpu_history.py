@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Protocol
 
+from bot.metrics import Metrics
 from bot.models import GpuEvent, GpuHistoryRequest
 from bot.store.base import Store
 
@@ -27,8 +29,9 @@ class RecordingHistory:
     under way go, in the order they came, into the next one (each still sees exactly what a transaction of its own
     would: the ones before it, not the ones after)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, metrics: Metrics | None = None) -> None:
         self._store = store
+        self._metrics = metrics
         self._waiting: list[tuple[GpuHistoryRequest, asyncio.Future[list[GpuEvent]]]] = []
         self._task: asyncio.Task[None] | None = None
 
@@ -37,7 +40,12 @@ class RecordingHistory:
         self._waiting.append((request, future))
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._flush(), name="gpu-history")
-        return await future
+        started = time.perf_counter()
+        try:
+            return await future
+        finally:
+            if self._metrics is not None:
+                self._metrics.gpu_history_duration.observe(time.perf_counter() - started)
 
     async def _flush(self) -> None:
         while self._waiting:

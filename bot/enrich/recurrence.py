@@ -37,6 +37,7 @@ from bot.evidence import (
 from bot.gpu.nvrm import PciAddress
 from bot.gpu.xid_catalog import FOLLOWER_XIDS, XidCatalog, severity_rank
 from bot.gpu.xid_escalation import Verdict, escalate, incidents, window_text
+from bot.metrics import Metrics
 from bot.models import AlertState, GpuEvent, GpuHistoryRequest
 from bot.selftest.marking import is_selftest
 from bot.store.base import Store
@@ -94,11 +95,13 @@ class RecurrenceEnricher:
     title = "History of this GPU"
     source = ""
 
-    def __init__(self, store: Store, catalog: XidCatalog, window: float, *, record: bool = True) -> None:
+    def __init__(
+        self, store: Store, catalog: XidCatalog, window: float, metrics: Metrics | None = None, *, record: bool = True
+    ) -> None:
         """`record`: False reads the history without adding this alert's events to it (`explain`)."""
         self._catalog = catalog
         self._window = window
-        self._histories: GpuHistory = RecordingHistory(store) if record else ReadOnlyHistory(store)
+        self._histories: GpuHistory = RecordingHistory(store, metrics) if record else ReadOnlyHistory(store)
 
     async def enrich(self, request: EnrichmentRequest) -> EnrichmentSection:
         alert = request.alert

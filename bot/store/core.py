@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from bot.models import AlertState, AmAlert, EventKind, GpuEvent, WebhookPayload
+from bot.models import AlertState, AmAlert, EventKind, GpuEvent, GpuHistoryRequest, WebhookPayload
 from bot.store.base import (
     ActionRun,
     AuditEntry,
@@ -313,6 +313,72 @@ def gpu_event_from_row(row: Row) -> GpuEvent:
     )
 
 
+GpuEventRow = tuple[str, str, str, str, str, str, float, str]
+_GPU_EVENT_COLUMNS = ("gpu_key", "host", "pci_bus_id", "uuid", "kind", "code", "at", "alert_key")
+
+
+def gpu_event_row(e: GpuEvent) -> GpuEventRow:
+    """A GPU event as stored: (gpu_key, host, pci_bus_id, uuid, kind, code, at, alert_key)."""
+    return (e.gpu_key, e.host, e.pci_bus_id, e.uuid, e.kind, e.code, e.at.timestamp(), e.alert_key)
+
+
+def gpu_event_identity(row: GpuEventRow) -> tuple[str, str, str, float, str]:
+    """What makes a GPU event one (the table's unique key): recorded again, it is kept once."""
+    gpu_key, _host, _pci_bus_id, _uuid, kind, code, at, alert_key = row
+    return (gpu_key, kind, code, at, alert_key)
+
+
+def gpu_events_to_record(requests: Sequence[GpuHistoryRequest]) -> list[GpuEventRow]:
+    """A batch's GPU events, each once (the first request's copy), in the order of their unique key: two replicas
+    recording overlapping events insert them in one order, so neither waits for a row the other waits for
+    (a deadlock)."""
+    rows: dict[tuple[str, str, str, float, str], GpuEventRow] = {}
+    for request in requests:
+        for event in request.events:
+            row = gpu_event_row(event)
+            rows.setdefault(gpu_event_identity(row), row)
+    return [rows[identity] for identity in sorted(rows)]
+
+
+def gpu_history_window(requests: Sequence[GpuHistoryRequest]) -> tuple[list[str], float]:
+    """What a batch reads of the stored GPU history: every GPU key a request asks for, since the earliest time."""
+    keys = sorted({key for request in requests for key in request.gpu_keys})
+    return keys, min((request.since.timestamp() for request in requests), default=0.0)
+
+
+def gpu_histories(requests: Sequence[GpuHistoryRequest], stored: Sequence[Row]) -> list[list[GpuEvent]]:
+    """Each request's history, oldest first, from one read of what was stored before the batch (its
+    `gpu_history_window`) and what the batch records: a request sees the stored events and those it and the
+    requests before it record, each once, and none that a later one records, as if each ran alone in turn."""
+    known: set[tuple[str, str, str, float, str]] = set()
+    by_gpu: dict[str, list[GpuEventRow]] = {}
+
+    def add(row: GpuEventRow) -> None:
+        identity = gpu_event_identity(row)
+        if identity not in known:
+            known.add(identity)
+            by_gpu.setdefault(row[0], []).append(row)
+
+    for stored_row in stored:
+        add(_stored_gpu_event_row(stored_row))
+    found: list[list[GpuEvent]] = []
+    for request in requests:
+        for event in request.events:
+            add(gpu_event_row(event))
+        since = request.since.timestamp()
+        rows = [row for key in dict.fromkeys(request.gpu_keys) for row in by_gpu.get(key, ()) if row[6] >= since]
+        rows.sort(key=lambda row: row[6])
+        found.append([gpu_event_from_row(dict(zip(_GPU_EVENT_COLUMNS, row, strict=True))) for row in rows])
+    return found
+
+
+def _stored_gpu_event_row(row: Row) -> GpuEventRow:
+    return (
+        row["gpu_key"], row["host"], row["pci_bus_id"], row["uuid"], row["kind"], row["code"], float(row["at"]),
+        row["alert_key"],
+    )  # fmt: skip
+
+
 def audit_from_row(row: Row) -> AuditEntry:
     return AuditEntry(
         at=datetime.fromtimestamp(row["at"], UTC),
@@ -430,7 +496,7 @@ COPIED_TABLES: dict[str, tuple[str, ...]] = {
         "silenced_until",
     ),
     "sink_state": ("receiver", "key", "value", "updated_at"),
-    "gpu_events": ("gpu_key", "host", "pci_bus_id", "uuid", "kind", "code", "at", "alert_key"),
+    "gpu_events": _GPU_EVENT_COLUMNS,
     "audit_log": ("at", "actor", "action", "target", "outcome", "detail"),
     "alert_short_ids": ("short_id", "alert_key"),
     # The dead man's switch goes on where it was (an alert it raised is cleared, not raised again), remediation

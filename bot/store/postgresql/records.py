@@ -120,7 +120,7 @@ class PostgresRecords(PostgresConnection):
     # --- GPU history -----------------------------------------------------------------------------------
     async def record_gpu_events(self, events: Sequence[GpuEvent]) -> None:
         async with self._transaction() as conn:
-            await conn.cursor().executemany(_INSERT_GPU_EVENT, [_gpu_event_row(e) for e in events])
+            await conn.cursor().executemany(_INSERT_GPU_EVENT, [core.gpu_event_row(e) for e in events])
 
     async def gpu_events(
         self, since: datetime, gpu_key: str | None = None, kind: str | None = None, code: str | None = None
@@ -143,22 +143,16 @@ class PostgresRecords(PostgresConnection):
         return found
 
     async def record_and_read_gpu_histories(self, requests: Sequence[GpuHistoryRequest]) -> list[list[GpuEvent]]:
-        found: list[list[GpuEvent]] = []
         if not requests:
-            return found
-        async with self._transaction() as conn:
-            for request in requests:
-                if request.events:
-                    await conn.cursor().executemany(_INSERT_GPU_EVENT, [_gpu_event_row(e) for e in request.events])
-                if not request.gpu_keys:
-                    found.append([])
-                    continue
-                cursor = await conn.execute(
-                    "SELECT * FROM gpu_events WHERE at >= %s AND gpu_key = ANY(%s) ORDER BY at",
-                    (request.since.timestamp(), list(request.gpu_keys)),
-                )
-                found.append([core.gpu_event_from_row(row) for row in await cursor.fetchall()])
-        return found
+            return []
+        keys, since = core.gpu_history_window(requests)
+        columns = list(zip(*core.gpu_events_to_record(requests), strict=True)) or [()] * 8
+        # One statement, its own transaction: the batch's events recorded (in their key order, see
+        # gpu_events_to_record) and its GPUs' history read as it was before them, in one round trip.
+        async with self._connection() as conn:
+            cursor = await conn.execute(_RECORD_AND_READ_GPU_EVENTS, [*map(list, columns), keys, since])
+            stored = await cursor.fetchall()
+        return core.gpu_histories(requests, stored)
 
     # --- audit log ------------------------------------------------------------------------------------
     async def record_audit(self, entry: AuditEntry) -> None:
@@ -291,5 +285,11 @@ _INSERT_GPU_EVENT = """INSERT INTO gpu_events (gpu_key, host, pci_bus_id, uuid, 
     VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"""
 
 
-def _gpu_event_row(e: GpuEvent) -> tuple[Any, ...]:
-    return (e.gpu_key, e.host, e.pci_bus_id, e.uuid, e.kind, e.code, e.at.timestamp(), e.alert_key)
+# The read does not see the rows the same statement inserts: it is the history as it was before the batch.
+_RECORD_AND_READ_GPU_EVENTS = b"""WITH recorded AS (
+        INSERT INTO gpu_events (gpu_key, host, pci_bus_id, uuid, kind, code, at, alert_key)
+        SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[],
+                             %s::double precision[], %s::text[])
+        ON CONFLICT DO NOTHING
+    )
+    SELECT * FROM gpu_events WHERE gpu_key = ANY(%s::text[]) AND at >= %s ORDER BY at"""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import sqlite3
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -172,26 +173,27 @@ class SqliteRecords(SqliteConnection):
     async def record_and_read_gpu_events(
         self, events: Sequence[GpuEvent], since: datetime, gpu_keys: Sequence[str]
     ) -> list[GpuEvent]:
-        rows = await self._run(self._record_and_read_gpu_events_sync, events, since, gpu_keys)
-        return [gpu_event_from_row(row) for row in rows]
-
-    def _record_and_read_gpu_events_sync(
-        self, events: Sequence[GpuEvent], since: datetime, gpu_keys: Sequence[str]
-    ) -> list[sqlite3.Row]:
-        [rows] = self._record_and_read_gpu_histories_sync([GpuHistoryRequest(events, since, gpu_keys)])
-        return rows
+        [found] = await self.record_and_read_gpu_histories([GpuHistoryRequest(events, since, gpu_keys)])
+        return found
 
     async def record_and_read_gpu_histories(self, requests: Sequence[GpuHistoryRequest]) -> list[list[GpuEvent]]:
         if not requests:
             return []
-        found = await self._run(self._record_and_read_gpu_histories_sync, list(requests))
-        return [[gpu_event_from_row(row) for row in rows] for rows in found]
+        return await self._run(self._record_and_read_gpu_histories_sync, list(requests))
 
-    def _record_and_read_gpu_histories_sync(self, requests: list[GpuHistoryRequest]) -> list[list[sqlite3.Row]]:
-        def each(conn: sqlite3.Connection) -> list[list[sqlite3.Row]]:
-            return [_record_and_read(conn, request) for request in requests]
+    def _record_and_read_gpu_histories_sync(self, requests: list[GpuHistoryRequest]) -> list[list[GpuEvent]]:
+        keys, since = core.gpu_history_window(requests)
 
-        return self._transaction(each)
+        def record_and_read(conn: sqlite3.Connection) -> list[sqlite3.Row]:
+            # The history as it was before the batch, then the batch's events: as PostgreSQL's one statement does.
+            stored: list[sqlite3.Row] = conn.execute(
+                "SELECT * FROM gpu_events WHERE at >= ? AND gpu_key IN (SELECT value FROM json_each(?)) ORDER BY at",
+                (since, json.dumps(keys)),
+            ).fetchall()
+            _insert_gpu_event_rows(conn, core.gpu_events_to_record(requests))
+            return stored
+
+        return core.gpu_histories(requests, self._transaction(record_and_read))
 
     # --- audit log ------------------------------------------------------------------------------------
     async def record_audit(self, entry: AuditEntry) -> None:
@@ -333,20 +335,12 @@ def _insert_note(conn: sqlite3.Connection, alert_key: str, text: str, now: float
 
 
 def _insert_gpu_events(conn: sqlite3.Connection, events: Sequence[GpuEvent]) -> None:
+    _insert_gpu_event_rows(conn, [core.gpu_event_row(e) for e in events])
+
+
+def _insert_gpu_event_rows(conn: sqlite3.Connection, rows: Sequence[core.GpuEventRow]) -> None:
     conn.executemany(
         """INSERT OR IGNORE INTO gpu_events (gpu_key, host, pci_bus_id, uuid, kind, code, at, alert_key)
            VALUES (?, ?, ?, ?, ?, ?, ?, ?)""",
-        [(e.gpu_key, e.host, e.pci_bus_id, e.uuid, e.kind, e.code, e.at.timestamp(), e.alert_key) for e in events],
+        rows,
     )
-
-
-def _record_and_read(conn: sqlite3.Connection, request: GpuHistoryRequest) -> list[sqlite3.Row]:
-    _insert_gpu_events(conn, request.events)
-    if not request.gpu_keys:
-        return []
-    marks = ", ".join("?" * len(request.gpu_keys))
-    rows: list[sqlite3.Row] = conn.execute(
-        f"SELECT * FROM gpu_events WHERE at >= ? AND gpu_key IN ({marks}) ORDER BY at",  # noqa: S608
-        [request.since.timestamp(), *request.gpu_keys],
-    ).fetchall()
-    return rows
