@@ -43,7 +43,8 @@ async def test_a_silent_site_raises_one_alert_naming_it_and_its_alertmanager(tmp
         assert bot.metric("gpu_alert_bot_deadman_alerting", {"replica": "site site=b"}) == 1
         for quiet in ("site site=a", AM_A, AM_B, "any"):
             assert bot.metric("gpu_alert_bot_deadman_alerting", {"replica": quiet}) == 0
-        assert status_line(await bot.runtime.store.watchdog_records()) == "Dead man's switch: armed, alerting for site b"
+        records = await bot.runtime.store.watchdog_records()
+        assert status_line(records) == "Dead man's switch: armed, alerting for site b"
 
         await watchdogs(bot, AM_B, "b")
         await checked(clock, 15)
