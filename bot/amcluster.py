@@ -3,8 +3,10 @@ this member's peer name and the peers it sees).
 
 A clustered pair shares its notification log: only one member sends each repeat of the Watchdog, so the dead man's
 switch (bot/deadman.py) expects the Watchdog from the cluster, not from each member. Each replica is asked at the
-URL its webhooks name (their `externalURL`). What a look found is remembered, so that a member that stops
-answering, or answers from outside the cluster it was in, is told apart from one that was never clustered.
+URL its webhooks name (their `externalURL`), and each of `alertmanager.urls` too: a standby that never sent the
+bot anything is still seen in its cluster before a failover. What a look found is remembered, so that a member
+that stops answering, or answers from outside the cluster it was in, is told apart from one that was never
+clustered.
 """
 
 from __future__ import annotations
@@ -47,12 +49,21 @@ class ClusterView:
         self._names: dict[str, str] = {}  # replica -> its peer name, once seen clustered
         self._clustered_with: dict[str, frozenset[str]] = {}  # replica -> the replicas it was last clustered with
 
-    async def look(self, replicas: Sequence[str]) -> dict[str, Member]:
-        answers = await asyncio.gather(*(self._status(replica) for replica in replicas))
-        statuses = dict(zip(replicas, answers, strict=True))
+    async def look(self, replicas: Sequence[str], configured: Sequence[str] = ()) -> dict[str, Member]:
+        """Each of `replicas` (the externalURLs the Watchdog came from) and of the `configured` URLs
+        (`alertmanager.urls`, which name a member the bot may never have heard from: a standby that sends
+        nothing while its peer does). A configured URL that is one of `replicas` under another name (the same
+        peer name) is left out."""
+        looked = list(dict.fromkeys([*replicas, *configured]))
+        answers = await asyncio.gather(*(self._status(replica) for replica in looked))
+        statuses = dict(zip(looked, answers, strict=True))
         for replica, status in statuses.items():
             if not isinstance(status, str) and status.cluster.status != DISABLED and status.cluster.name:
                 self._names[replica] = status.cluster.name
+        heard = {self._names[replica] for replica in replicas if replica in self._names}
+        for url in set(configured) - set(replicas):
+            if self._names.get(url) in heard:
+                del statuses[url]
         return {replica: self._member(replica, status, statuses) for replica, status in statuses.items()}
 
     def _member(self, replica: str, status: AmStatus | str, statuses: dict[str, AmStatus | str]) -> Member:

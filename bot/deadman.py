@@ -67,6 +67,8 @@ class Deadman:
         self._task: asyncio.Task[None] | None = None
         self._timer_started = False
         self._clusters = ClusterView(alertmanager)
+        # Looked at with the replicas heard from: a member that never sent anything yet (a clustered standby).
+        self._configured = [url.rstrip("/") for url in alertmanager.urls] if alertmanager is not None else []
         self.armed: bool | None = None  # None until the first check
         self._told: dict[str, Membership] = {}  # how each member out of its cluster was told (down or left)
         self._paths: dict[str, set[str]] = {}  # each site's timer -> the Alertmanagers that brought its Watchdog
@@ -116,7 +118,8 @@ class Deadman:
         members = await self._look(timers)
         # A member whose cluster's Watchdog arrives is not silent, and one that is down or out of its cluster is
         # told as such (below), not as a missing Watchdog.
-        excused = {replica for replica in quiet if _excused(members.get(replica), quiet)}
+        talking = {r.replica for r in timers} - quiet
+        excused = {replica for replica in quiet if _excused(members.get(replica), talking)}
         missing = quiet - excused
         # When no replica talks, one alert says so, not one per replica; when a site is silent, one alert names
         # it, not one per Alertmanager that brought only its Watchdog.
@@ -149,13 +152,17 @@ class Deadman:
         return "armed" if self.armed else NEVER_ARMED
 
     async def _look(self, timers: list[WatchdogRecord]) -> dict[str, Member]:
-        """Each Alertmanager's place in its cluster, when there are several to tell apart."""
+        """Each Alertmanager's place in its cluster, when there are several to tell apart: those heard from and
+        those `alertmanager.urls` names."""
         replicas = [
             r.replica
             for r in timers
             if r.replica not in (ANY_REPLICA, UNKNOWN_REPLICA) and not sites.is_site(r.replica)
         ]
-        return await self._clusters.look(replicas) if len(replicas) > 1 else {}
+        configured = [url for url in self._configured if url not in {r.rstrip("/") for r in replicas}]
+        if len(replicas) + len(configured) < 2 or not replicas:
+            return {}
+        return await self._clusters.look(replicas, configured)
 
     async def _tell_members(
         self, members: dict[str, Member], records: dict[str, WatchdogRecord], now: datetime
@@ -298,11 +305,11 @@ def status_line(records: Sequence[WatchdogRecord]) -> str:
     return f"Dead man's switch: armed, alerting for {', '.join(alerting)}" if alerting else "Dead man's switch: armed"
 
 
-def _excused(member: Member | None, quiet: set[str]) -> bool:
+def _excused(member: Member | None, talking: set[str]) -> bool:
     if member is None:
         return False
     if member.membership is Membership.IN_CLUSTER:
-        return any(peer not in quiet for peer in member.peers)
+        return any(peer in talking for peer in member.peers)
     return member.membership in (Membership.DOWN, Membership.LEFT)
 
 

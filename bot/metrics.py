@@ -2,6 +2,12 @@
 
 Labelled counters whose label values are known in advance start at 0: a series that appears with its first
 increment is invisible to increase() and rate(), so the first burst of errors would never alert.
+
+Each process exports only what it owns (docs/processes.md): the ingest process the webhooks, the dead man's switch,
+remediation and the worker's restarts; the worker process the pipeline, the queues, the deliveries and the
+enrichers. Both say who they are (`replica_info`) and count their own errors (`errors_total`, each its own kinds:
+`store_unavailable` in both, as both use the store). A metric a process does not own still works there, unexported,
+so that no process shows another's figures as stale zeros.
 """
 
 from __future__ import annotations
@@ -27,18 +33,18 @@ WebhookRefusal = Literal[
     "not_found",
     "body_timeout",
 ]
-ErrorKind = Literal[
-    WebhookRefusal,
-    "incomplete_body",
-    "store_unavailable",
-    "internal",
-    "worker",
-    "pipeline",
-    "outbox",
-    "delivery_failed",
-]
+IngestError = Literal[WebhookRefusal, "incomplete_body", "store_unavailable", "internal"]
+WorkerError = Literal["store_unavailable", "worker", "pipeline", "outbox", "delivery_failed"]
+ErrorKind = Literal[IngestError, WorkerError]
 WEBHOOK_REFUSALS: tuple[WebhookRefusal, ...] = get_args(WebhookRefusal)
 ERROR_KINDS: tuple[ErrorKind, ...] = get_args(ErrorKind)
+# Which process exports what (`Metrics(side=...)`); "all" is one process running both sides.
+Side = Literal["all", "ingest", "worker"]
+_ERROR_KINDS_OF: dict[Side, tuple[ErrorKind, ...]] = {
+    "all": ERROR_KINDS,
+    "ingest": get_args(IngestError),
+    "worker": get_args(WorkerError),
+}
 DeliveryOutcome = Literal["delivered", "retry", "failed"]
 DELIVERY_RESULTS: tuple[DeliveryOutcome, ...] = get_args(DeliveryOutcome)
 ALERT_STATUSES = ("firing", "resolved")
@@ -62,38 +68,46 @@ disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
 class Metrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, side: Side = "all") -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        # Where each metric is exported: a metric of the other side is kept out of this process's registry.
+        ingest = r if side != "worker" else None
+        worker = r if side != "ingest" else None
         self.notifications_received = Counter(
-            f"{_PREFIX}_notifications_received", "Webhook notifications durably accepted.", registry=r
+            f"{_PREFIX}_notifications_received", "Webhook notifications durably accepted.", registry=ingest
         )
         self.duplicates_dropped = Counter(
-            f"{_PREFIX}_duplicate_notifications", "Notifications dropped as copies (HA replica, retry).", registry=r
+            f"{_PREFIX}_duplicate_notifications",
+            "Notifications dropped as copies (HA replica, retry).",
+            registry=ingest,
         )
         self.alerts_received = Counter(
-            f"{_PREFIX}_alerts_received", "Alerts carried by accepted notifications, by status.", ["status"], registry=r
+            f"{_PREFIX}_alerts_received",
+            "Alerts carried by accepted notifications, by status.",
+            ["status"],
+            registry=ingest,
         )
         self.alerts_current = Gauge(
-            f"{_PREFIX}_alerts", "Alert episodes in the store, by current status.", ["status"], registry=r
+            f"{_PREFIX}_alerts", "Alert episodes in the store, by current status.", ["status"], registry=worker
         )
         self.ingest_latency = Histogram(
             f"{_PREFIX}_ingest_duration_seconds",
             "Time from request to acknowledgement of a webhook, durable write included.",
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
-            registry=r,
+            registry=ingest,
         )
         self.queue_depth = Gauge(
-            f"{_PREFIX}_queue_depth", "Work waiting in the store, by queue.", ["queue"], registry=r
+            f"{_PREFIX}_queue_depth", "Work waiting in the store, by queue.", ["queue"], registry=worker
         )
         self.failed_work = Gauge(
             f"{_PREFIX}_failed_work",
             "Work set aside after it kept failing (notifications, events, deliveries), by queue; see the log.",
             ["queue"],
-            registry=r,
+            registry=worker,
         )
         self.errors = Counter(f"{_PREFIX}_errors", "Errors, by kind.", ["kind"], registry=r)
-        for kind in ERROR_KINDS:
+        for kind in _ERROR_KINDS_OF[side]:
             self.errors.labels(kind)
         for status in ALERT_STATUSES:
             self.alerts_received.labels(status)
@@ -101,15 +115,18 @@ class Metrics:
             f"{_PREFIX}_unknown_payload_version",
             "Webhooks with a payload version other than 4, accepted because their fields validated.",
             ["version"],
-            registry=r,
+            registry=ingest,
         )
         self.events = Counter(
-            f"{_PREFIX}_events", "Events that went through the pipeline, by kind.", ["kind"], registry=r
+            f"{_PREFIX}_events", "Events that went through the pipeline, by kind.", ["kind"], registry=worker
         )
         for event_kind in EventKind:
             self.events.labels(event_kind.value)
         self.deliveries = Counter(
-            f"{_PREFIX}_deliveries", "Delivery attempts, by receiver and result.", ["receiver", "result"], registry=r
+            f"{_PREFIX}_deliveries",
+            "Delivery attempts, by receiver and result.",
+            ["receiver", "result"],
+            registry=worker,
         )
         self.delivery_duration = Histogram(
             f"{_PREFIX}_delivery_duration_seconds",
@@ -117,20 +134,20 @@ class Metrics:
             "notification_latency_seconds), by receiver.",
             ["receiver"],
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20),
-            registry=r,
+            registry=worker,
         )
         self.delivery_failures = Counter(
             f"{_PREFIX}_delivery_failures",
             "Deliveries given up for good, by receiver and reason.",
             ["receiver", "reason"],
-            registry=r,
+            registry=worker,
         )
         self.graphs = Counter(
             f"{_PREFIX}_graphs",
             "Pictures of an alert's history (or a storm's), by result: rendered, or failed, timeout, "
             "upload_failed (the message went as text alone).",
             ["result"],
-            registry=r,
+            registry=worker,
         )
         for graph_result in GRAPH_RESULTS:
             self.graphs.labels(graph_result)
@@ -139,13 +156,13 @@ class Metrics:
             "Time spent by each enricher.",
             ["enricher"],
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5),
-            registry=r,
+            registry=worker,
         )
         self.enrichment_results = Counter(
             f"{_PREFIX}_enrichment_results",
             "Enricher outcomes, by enricher and status.",
             ["enricher", "status"],
-            registry=r,
+            registry=worker,
         )
         self.source_requests = Counter(
             f"{_PREFIX}_source_requests",
@@ -164,36 +181,36 @@ class Metrics:
             f"{_PREFIX}_watchdog_age_seconds",
             "Seconds since the Watchdog last arrived, by Alertmanager replica (externalURL; `any`: from any).",
             ["replica"],
-            registry=r,
+            registry=ingest,
         )
         self.deadman_alerting = Gauge(
             f"{_PREFIX}_deadman_alerting",
             "1 while the dead man's switch says the Watchdog is missing, by replica; 0 otherwise.",
             ["replica"],
-            registry=r,
+            registry=ingest,
         )
         self.deadman_armed = Gauge(
             f"{_PREFIX}_deadman_armed",
             "1 once a Watchdog has arrived (the dead man's switch can page); 0 while it was never armed.",
-            registry=r,
+            registry=ingest,
         )
         self.cluster_member = Gauge(
             f"{_PREFIX}_alertmanager_cluster_member",
             "1 while an Alertmanager seen clustered answers from its cluster, 0 while it is down or has left it.",
             ["replica"],
-            registry=r,
+            registry=ingest,
         )
         self.remediation_steps = Counter(
             f"{_PREFIX}_remediation_steps",
             "Remediation steps, by action and outcome (requested, approved, refused, dry-run, done, failed, "
             "verified, escalated, expired).",
             ["action", "outcome"],
-            registry=r,
+            registry=ingest,
         )
         self.remediation_breaker_open = Gauge(
             f"{_PREFIX}_remediation_breaker_open",
             "1 while the remediation circuit breaker stops automatic actions (an admin resets it).",
-            registry=r,
+            registry=ingest,
         )
 
         self.replica_info = Gauge(
@@ -205,7 +222,7 @@ class Metrics:
         self.worker_restarts = Counter(
             f"{_PREFIX}_worker_restarts",
             "Times `serve --role all` restarted its worker process after it died.",
-            registry=r,
+            registry=ingest,
         )
 
     def graph(self, result: GraphResult) -> None:

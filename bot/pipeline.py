@@ -23,11 +23,11 @@ from bot.enrich.batch import BatchItem
 from bot.evidence import Enrichment
 from bot.message import Message
 from bot.metrics import Metrics
-from bot.models import AlertState, Event, EventRoute, NewDelivery
+from bot.models import AlertState, Event, EventKind, EventRoute, NewDelivery
 from bot.outbox import Outbox
 from bot.playbooks import Advice, Playbook, PlaybookSet
 from bot.routing import Router, RouteTrace
-from bot.selftest.marking import heard_after_its_run
+from bot.selftest.marking import heard_after_its_run, is_selftest
 from bot.store.base import Store
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,8 @@ class Pipeline:
         routed); a store failure is raised for the whole batch."""
         matched, unmatched = self._match(events)
         gathered = await self._gather([(event.alert, playbook) for event, playbook in matched])
-        routes, receivers, undecided = self._decide(matched, gathered)
+        unheard = await self._unheard_self_tests(events)
+        routes, receivers, undecided = self._decide(matched, gathered, unheard)
         await self._store.route_events(routes)
         routed = {route.event_id for route in routes}
         for event in events:
@@ -122,7 +123,7 @@ class Pipeline:
         return matched, failed
 
     def _decide(
-        self, matched: Sequence[tuple[Event, Playbook]], gathered: Sequence[Enrichment | None]
+        self, matched: Sequence[tuple[Event, Playbook]], gathered: Sequence[Enrichment | None], unheard: set[int]
     ) -> tuple[list[EventRoute], set[str], list[tuple[Event, Exception]]]:
         """Advise, compose and route each event (pure); one that fails is left out, the others go on."""
         routes: list[EventRoute] = []
@@ -137,11 +138,33 @@ class Pipeline:
             except Exception as exc:
                 failed.append((event, exc))
                 continue
-            told = () if _run_over(event.alert) else decision.receivers
+            told = () if event.id in unheard else decision.receivers
             deliveries = [NewDelivery(receiver=name, message=decision.message) for name in told]
             routes.append(EventRoute(event.id, stored, deliveries))
             receivers.update(told)
         return routes, receivers, failed
+
+    async def _unheard_self_tests(self, events: Sequence[Event]) -> set[int]:
+        """The self-test events to tell nobody: those of an alert the bot first heard of once its run was over,
+        and any later event (a resolve by hand, which carries no deadline) of one whose firing reached nobody."""
+        unheard: set[int] = set()
+        told_here: set[str] = set()  # alerts whose firing this batch tells
+        for event in events:
+            alert = event.alert
+            if not is_selftest(alert.labels):
+                continue
+            if heard_after_its_run(alert.labels, alert.annotations, alert.first_seen):
+                why = "a self-test alert arrived after its run was over: told to nobody"
+            elif event.kind is EventKind.FIRING:
+                told_here.add(alert.key)
+                continue
+            elif alert.key in told_here or await self._store.alert_deliveries(alert.key):
+                continue
+            else:
+                why = "a self-test alert whose firing reached nobody: its update is told to nobody either"
+            log.info(why, extra={"alert": alert.key, "event": event.kind.value})
+            unheard.add(event.id)
+        return unheard
 
     async def _gather(self, alerts: Sequence[tuple[AlertState, Playbook]]) -> list[Enrichment | None]:
         """Evidence is gathered once per alert episode (None: the alert has it already, and repeats and resolves
@@ -150,10 +173,3 @@ class Pipeline:
         enriched = await self._enrichers.run_batch([BatchItem(*alerts[i]) for i in fresh])
         found: dict[int, Enrichment] = dict(zip(fresh, enriched, strict=True))
         return [found.get(i) for i in range(len(alerts))]
-
-
-def _run_over(alert: AlertState) -> bool:
-    if not heard_after_its_run(alert.labels, alert.annotations, alert.first_seen):
-        return False
-    log.info("a self-test alert arrived after its run was over: told to nobody", extra={"alert": alert.key})
-    return True

@@ -8,14 +8,19 @@ from typing import Any
 from bot.deadman import ALERTNAME, ANY_REPLICA, BOT_CHECKED, MEMBER_ALERTNAME
 from tests.support.bot import RunningBot, eventually, running_bot
 from tests.support.cluster import StartPair, clustered
-from tests.support.processes import Alertmanager, webhook_alertmanager_config
+from tests.support.processes import Alertmanager, free_port, webhook_alertmanager_config
 
 CONFIG = {"deadman": {"repeat_interval": "1s", "timeout": "3s", "check_interval": "200ms"}}
 
 
-def watchdog_config(bot: RunningBot) -> dict[str, Any]:
+def watchdog_config(bot: RunningBot | str) -> dict[str, Any]:
+    """Alertmanager sending the Watchdog every second to the bot (or the bot's URL)."""
     return webhook_alertmanager_config(
-        bot.url, group_by=["alertname"], group_wait="0s", group_interval="1s", repeat_interval="1s"
+        bot if isinstance(bot, str) else bot.url,
+        group_by=["alertname"],
+        group_wait="0s",
+        group_interval="1s",
+        repeat_interval="1s",
     )
 
 
@@ -119,3 +124,34 @@ async def test_a_clustered_pair_is_expected_to_send_the_watchdog_once_between_th
 
 def member_missing(bot: RunningBot, event: str) -> list[dict[str, Any]]:
     return [e for e in bot.console_events() if e["alertname"] == MEMBER_ALERTNAME and e["event"] == event]
+
+
+async def test_a_clustered_pair_failing_over_to_a_standby_never_heard_from_raises_no_watchdog_missing(
+    tmp_path: Path, clustered_pair: StartPair
+) -> None:
+    """The standby sends nothing while its peer does, so only `alertmanager.urls` tells the bot it exists: seen
+    in its cluster from the start, the member that stops is down, not a missing Watchdog."""
+    port = free_port()
+    am_a, am_b = clustered_pair(watchdog_config(f"http://127.0.0.1:{port}"), peer_timeout="1s")
+    deadman = {"repeat_interval": "1s", "timeout": "6s", "check_interval": "200ms"}
+    config = {"deadman": deadman, "alertmanager": {"urls": [am_a.url, am_b.url]}}
+    async with running_bot(tmp_path, config, port=port) as bot:
+        await eventually(lambda: clustered([am_a, am_b]), timeout=30)
+        send_watchdog(am_a)  # B has none yet: it could not send it
+        await eventually(lambda: heard(bot, am_a), timeout=40)
+        await eventually(lambda: bot.metric("gpu_alert_bot_alertmanager_cluster_member", {"replica": am_b.url}))
+
+        am_a.stop()
+        send_watchdog(am_b)  # B takes over: Prometheus sends every alert to both
+        [down] = await eventually(lambda: member_missing(bot, "firing"), timeout=20)
+        assert down["labels"]["replica"] == am_a.url
+
+        def alerting_once_a_is_quiet() -> tuple[float] | None:
+            # Set by the same check that finds A quiet beyond the timeout.
+            if age(bot, am_a) <= 6:
+                return None
+            return (bot.metric("gpu_alert_bot_deadman_alerting", {"replica": am_a.url}),)
+
+        assert await eventually(alerting_once_a_is_quiet, timeout=30) == (0.0,)
+        assert await heard(bot, am_b)
+        assert missing(bot, "firing") == []

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import httpx
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from bot.dedup import plan_events
-from bot.metrics import Metrics
+from bot.metrics import ERROR_KINDS, Metrics
 from bot.service.heartbeat import STALE_AFTER, Heartbeat
 from bot.service.supervisor import WorkerSupervisor
 from bot.service.wakeup import WATCH_EVERY, CommitWatch
@@ -120,11 +121,33 @@ async def test_serve_runs_the_worker_in_a_process_of_its_own_which_stops_with_it
         await eventually(lambda: any('"event": "firing"' in line for line in bot.stdout.snapshot()), timeout=30)
         worker_metrics = httpx.get(f"http://127.0.0.1:{bot.worker_metrics_port}/metrics").text
         assert 'gpu_alert_bot_deliveries_total{receiver="console",result="delivered"} 1.0' in worker_metrics
+        assert_each_process_exports_what_it_owns(httpx.get(f"{bot.url}/metrics").text, worker_metrics)
     finally:
         assert bot.stop(signal.SIGTERM) == 0
     # SIGTERM stopped the worker process too: it logged its own shutdown before the group exited.
     assert any('"msg": "worker shutting down"' in line for line in bot.stderr.snapshot())
     assert not Path(f"/proc/{worker}").exists()
+
+
+def _series(text: str) -> dict[str, set[tuple[tuple[str, str], ...]]]:
+    """Each metric family of an exposition, with its series' labels."""
+    return {
+        family.name: {tuple(sorted(sample.labels.items())) for sample in family.samples}
+        for family in text_string_to_metric_families(text)
+    }
+
+
+def assert_each_process_exports_what_it_owns(ingest_text: str, worker_text: str) -> None:
+    """No process shows another's figures as stale zeros (both are scraped under one job): each name is exported
+    by one process only, but the replica's identity and the errors each process counts, of kinds its own."""
+    ingest, worker = _series(ingest_text), _series(worker_text)
+    assert set(ingest) & set(worker) == {"gpu_alert_bot_replica_info", "gpu_alert_bot_errors"}
+    assert "gpu_alert_bot_deadman_armed" in ingest and "gpu_alert_bot_alerts_received" in ingest
+    assert "gpu_alert_bot_deliveries" in worker and "gpu_alert_bot_queue_depth" in worker
+    # Both use the store; every other kind is counted by one process.
+    both = ingest["gpu_alert_bot_errors"] & worker["gpu_alert_bot_errors"]
+    assert both == {(("kind", "store_unavailable"),)}
+    assert ingest["gpu_alert_bot_errors"] | worker["gpu_alert_bot_errors"] == {(("kind", k),) for k in ERROR_KINDS}
 
 
 async def test_a_worker_process_that_keeps_dying_is_restarted_ever_more_slowly() -> None:

@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 
 from bot.commands.cli import main
-from bot.config import BotConfig
+from bot.config import BotConfig, load_config
 from bot.selftest.command import Options, selftest_command
 from tests.fakes.pagerduty import FakePagerDuty
 from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack
 from tests.support.bot import running_bot, write_config
-from tests.support.processes import Alertmanager, free_port, webhook_alertmanager_config
+from tests.support.postgres import store_section
+from tests.support.processes import Alertmanager, BotProcess, free_port, webhook_alertmanager_config
 
 ALERT_PATH = ["routing", "fire", "bot received", "resolve"]
 
@@ -61,6 +62,7 @@ async def test_a_correct_setup_passes_every_step_and_prints_the_table(
         assert code == 0, text
         for step in (
             "alertmanager",
+            "bot",
             "bot store",
             "slack slack-gpu",
             "routing",
@@ -74,7 +76,7 @@ async def test_a_correct_setup_passes_every_step_and_prints_the_table(
             "deliver resolve slack-gpu",
         ):
             assert any(line.startswith(f"[pass] {step}: ") for line in text.splitlines()), (step, text)
-        assert "step" in text and "result" in text and "self-test passed: 0 step(s) failed of 12" in text
+        assert "step" in text and "result" in text and "self-test passed: 0 step(s) failed of 13" in text
         # Marked as a test in every sink: the console line and the Slack message, updated in place on resolve.
         fired, resolved = [e for e in bot.console_events() if e["alertname"] == "GPUSelfTest"]
         assert fired["title"] == resolved["title"] == "[self-test] GPUSelfTest"
@@ -155,19 +157,39 @@ def test_alertmanager_down_fails_at_the_first_step_without_waiting(
     )
 
 
-async def test_a_bot_on_another_host_is_followed_through_its_metrics(
+async def test_a_bot_on_another_host_is_followed_through_the_metrics_of_its_two_processes(
     tmp_path: Path, alertmanager_factory: Any, slack: FakeSlack
 ) -> None:
-    async with running_bot(tmp_path, bot_config(tmp_path, slack)) as bot:
+    """`serve` as it runs: the ingest process counts the alerts received, its worker process the deliveries."""
+    worker_port = free_port()
+    config = {**bot_config(tmp_path, slack), "worker": {"metrics_listen": f"127.0.0.1:{worker_port}"}}
+    bot = BotProcess(write_config(tmp_path, config), worker_metrics_port=worker_port)
+    try:
         am = alertmanager_factory(bot.url)
         # The self-test's own configuration names no store it could read: only the bot's URL tells.
-        no_store = bot.config.store.model_copy(update={"path": tmp_path / "elsewhere.db"})
-        elsewhere = bot.config.model_copy(update={"store": no_store})
+        (tmp_path / "elsewhere").mkdir()
+        elsewhere = load_config(write_config(tmp_path / "elsewhere", config))
         code, steps, _ = await selftest(elsewhere, am.url, bot_url=bot.url)
-        assert code == 0, steps
-        [watched] = [s for s in steps if s["step"] == "bot metrics"]
-        assert watched["detail"] == f"reading {bot.url}/metrics"
-        assert outcomes(steps)["deliver resolve slack-gpu"] == "pass"
+    finally:
+        bot.stop()
+    assert code == 0, steps
+    [watched] = [s for s in steps if s["step"] == "bot metrics"]
+    assert watched["detail"] == f"reading {bot.url}/metrics and http://127.0.0.1:{worker_port}/metrics"
+    assert outcomes(steps)["deliver console"] == "pass"
+    assert outcomes(steps)["deliver resolve slack-gpu"] == "pass"
+
+
+async def test_a_bot_on_postgresql_is_followed_in_its_database(
+    tmp_path: Path, alertmanager_factory: Any, postgres_dsn: str
+) -> None:
+    config = {"store": store_section(tmp_path, postgres_dsn, "bot-a"), "deadman": {"enabled": False}}
+    async with running_bot(tmp_path, config) as bot:
+        am = alertmanager_factory(bot.url)
+        code, steps, _ = await selftest(bot.config, am.url)
+    assert code == 0, steps
+    [watched] = [s for s in steps if s["step"] == "bot store"]
+    assert watched["detail"] == "reading the PostgreSQL store (replica bot-a)"
+    assert outcomes(steps)["deliver resolve console"] == "pass"
 
 
 async def test_without_amtool_the_api_fires_the_alert_and_tells_where_alertmanager_routed_it(

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import signal
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -78,8 +80,11 @@ async def test_ctrl_c_while_waiting_resolves_the_alert_it_fired(tmp_path: Path) 
             am.stop()
 
 
-def self_test_alert(run_id: str, until: datetime, status: str = "firing") -> dict[str, Any]:
-    annotations = {"summary": "gpu-alert-bot self-test", UNTIL_ANNOTATION: until.isoformat()}
+def self_test_alert(run_id: str, until: datetime | None, status: str = "firing") -> dict[str, Any]:
+    """`until` None: as resolved by hand (`amtool alert add ... --end=now`), without the run's deadline."""
+    annotations = {"summary": "gpu-alert-bot self-test"}
+    if until is not None:
+        annotations[UNTIL_ANNOTATION] = until.isoformat()
     return am_alert("GPUSelfTest", status=status, annotations=annotations, selftest=run_id, severity="info")
 
 
@@ -94,6 +99,9 @@ async def test_the_bot_tells_nobody_of_a_self_test_alert_first_heard_after_its_r
         now = datetime.now(UTC)
         await post(bot, self_test_alert("over", now - timedelta(hours=1)))
         await post(bot, self_test_alert("over", now - timedelta(hours=1), "resolved"))
+        # Resolved by hand after its run: its firing reached nobody, so its resolve does not either.
+        await post(bot, self_test_alert("by-hand", now - timedelta(hours=1)))
+        await post(bot, self_test_alert("by-hand", None, "resolved"))
         await post(bot, self_test_alert("running", now + timedelta(minutes=5)))
 
         def told() -> list[str]:
@@ -213,7 +221,7 @@ async def test_a_receiver_failing_its_check_leaves_the_others_proven(
         code, steps = await run(bot.config, am, timeout=30)
     assert code == 1
     assert [s["step"] for s in steps if s["outcome"] == "FAIL"] == ["slack slack-gpu"]
-    assert {s["step"]: s["outcome"] for s in steps if s["step"] not in ("alertmanager", "bot store")} == {
+    assert {s["step"]: s["outcome"] for s in steps if s["step"] not in ("alertmanager", "bot", "bot store")} == {
         "slack slack-gpu": "FAIL",
         "routing": "pass",
         "fire": "pass",
@@ -227,3 +235,79 @@ async def test_a_receiver_failing_its_check_leaves_the_others_proven(
     }
     [unproven] = [s for s in steps if s["step"] == "deliver slack-gpu"]
     assert unproven["detail"] == "not proven: the check of slack-gpu failed above"
+
+
+async def test_a_webhook_url_without_the_bot_path_is_named_at_the_routing_step(tmp_path: Path) -> None:
+    async with running_bot(tmp_path, CONSOLE) as bot:
+        config = webhook_alertmanager_config(bot.url)
+        config["receivers"][0]["webhook_configs"][0]["url"] = f"{bot.url}/"
+        am = Alertmanager(tmp_path / "am", config)
+        try:
+            code, steps = await run(bot.config, am, timeout=600)
+        finally:
+            am.stop()
+    assert code == 1
+    [routing] = [s for s in steps if s["step"] == "routing"]
+    assert (routing["outcome"], routing["detail"]) == (
+        "FAIL",
+        f"alertname=GPUSelfTest goes to bot, which posts to {bot.url}/: the bot serves no such path, its webhook "
+        "is at /alertmanager",
+    )
+    assert routing["look"].startswith(f"set url: {bot.url}/alertmanager in Alertmanager's configuration")
+    assert "fire" not in [s["step"] for s in steps]  # nothing was sent
+
+
+async def test_a_bot_that_is_not_running_is_said_at_once(tmp_path: Path) -> None:
+    port = free_port()
+    async with running_bot(tmp_path, listening(tmp_path, port)) as bot:
+        config = bot.config  # it ran, so its store is there to read: only the bot itself is gone
+    am = nowhere(tmp_path)
+    try:
+        out = io.StringIO()
+        options = Options(alertmanager=am.url, timeout=3600, output="json")
+        assert await selftest_command(config, options, out) == 1
+    finally:
+        am.stop()
+    steps = json.loads(out.getvalue())["steps"]
+    [probe] = [s for s in steps if s["step"] == "bot"]
+    assert probe["outcome"] == "FAIL"
+    assert probe["detail"].startswith(f"nothing answers at http://127.0.0.1:{port} (server.listen): ConnectError")
+    assert "the bot is not running" in probe["cause"]
+    # The alert path never started: nothing waited for the hour-long timeout, nor blamed Alertmanager.
+    assert {s["step"]: s["outcome"] for s in steps if s["step"] in ("fire", "bot received")} == {
+        "fire": "skip",
+        "bot received": "skip",
+    }
+
+
+async def test_ctrl_c_ends_the_command_with_its_table_and_the_resolve_not_a_traceback(tmp_path: Path) -> None:
+    port = free_port()
+    async with running_bot(tmp_path, listening(tmp_path, port)) as bot:
+        am = nowhere(tmp_path)
+        command = [sys.executable, "-m", "bot", "selftest", "--config", str(tmp_path / "bot.yaml")]
+        command += ["--alertmanager", am.url, "--timeout", "1h"]
+        process = await asyncio.create_subprocess_exec(
+            *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        try:
+            assert process.stdout is not None
+            said: list[str] = []
+            while not said or not said[-1].startswith("[pass] fire: "):
+                line = await asyncio.wait_for(process.stdout.readline(), 60)
+                assert line, said  # the command ended before it fired
+                said.append(line.decode().rstrip("\n"))
+            assert firing_self_tests(am) != []
+            process.send_signal(signal.SIGINT)
+            rest, errors = await asyncio.wait_for(process.communicate(), 60)
+            assert firing_self_tests(am) == []
+        finally:
+            if process.returncode is None:
+                process.kill()
+            am.stop()
+    assert process.returncode == 130
+    assert b"Traceback" not in errors and b"KeyboardInterrupt" not in errors
+    output = rest.decode()
+    assert "[FAIL] bot received: interrupted (Ctrl-C)" in output
+    assert "[pass] resolve: amtool alert add alertname=GPUSelfTest" in output
+    assert "self-test FAILED: 1 step(s) failed of " in output
+    assert bot.console_events() == []

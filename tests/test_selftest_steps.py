@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 
-from bot.selftest.steps import StepFailed, Steps, as_json, table
+import pytest
+
+from bot.selftest.steps import StepFailed, Steps, as_json, duration, table
+from bot.selftest.watch import Wait
+from tests.support.bot import eventually
 from tests.support.clock import FakeClock
 
 
@@ -18,7 +23,7 @@ async def test_each_step_is_timed_on_the_clock_and_printed_as_it_ends() -> None:
 
     assert await steps.run("slow", slow)
     assert progress.getvalue() == "[pass] slow: took a while\n"
-    assert "slow  pass    1 min    took a while" in table(steps.results)
+    assert "slow  pass    1 min 15 s  took a while" in table(steps.results)
 
 
 async def test_a_failure_keeps_its_cause_and_where_to_look() -> None:
@@ -46,3 +51,55 @@ async def test_an_unexpected_error_fails_the_step_instead_of_ending_the_self_tes
         "FAIL",
         "unexpected error: ValueError: Expecting value: line 1 column 1 (char 0)",
     )
+
+
+@pytest.mark.parametrize(
+    ("seconds", "said"),
+    [
+        (0.04, "0.0 s"),
+        (12.34, "12.3 s"),
+        (59.97, "1 min"),
+        (299, "4 min 59 s"),
+        (299.6, "5 min"),
+        (5399.9, "1 h 30 min"),
+    ],
+)
+def test_a_duration_is_rounded_never_floored(seconds: float, said: str) -> None:
+    assert duration(seconds) == said
+
+
+async def test_a_wait_says_what_it_waits_for_and_for_how_long() -> None:
+    clock, said = FakeClock(), []
+    wait = Wait(clock, timeout=120, say=said.append)
+    delivered = asyncio.Event()
+
+    async def delivery() -> str | None:
+        return "delivered" if delivered.is_set() else None
+
+    task = asyncio.create_task(wait.until(delivery, "console to deliver the firing message", "a cause", "a look"))
+    for _ in range(int(12 / 0.25)):  # 12 s of polls
+        await eventually(lambda: clock.sleeping == 1)
+        await clock.advance(0.25)
+    delivered.set()
+    await clock.advance(0.25)
+    assert await task == "delivered"
+    assert said == [
+        "waiting for console to deliver the firing message: 5 s of 120 s",
+        "waiting for console to deliver the firing message: 10 s of 120 s",
+    ]
+
+
+async def test_a_wait_that_times_out_says_the_timeout() -> None:
+    clock = FakeClock()
+    wait = Wait(clock, timeout=1, say=lambda line: None)
+
+    async def never() -> str | None:
+        return None
+
+    task = asyncio.create_task(wait.until(never, "the bot to receive the firing alert", "a cause", "a look"))
+    for _ in range(4):
+        await eventually(lambda: clock.sleeping == 1)
+        await clock.advance(0.25)
+    with pytest.raises(StepFailed) as failed:
+        await task
+    assert failed.value.detail == "timed out waiting for the bot to receive the firing alert (--timeout 1.0 s)"

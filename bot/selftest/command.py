@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import sys
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
@@ -42,19 +43,19 @@ from bot.selftest.path import (
     delivered,
     find_amtool,
     fire,
+    misdirected,
 )
+from bot.selftest.reach import bot_url, probe_bot, read_only_store, store_name, worker_metrics_url
 from bot.selftest.steps import StepFailed, Steps, as_json, table
-from bot.selftest.watch import BotWatch, MetricsWatch, StoreWatch, until
-from bot.store.sqlite import SqliteStore
+from bot.selftest.watch import BotWatch, MetricsWatch, StoreWatch, Wait
 
 EXIT_PASSED = 0
 EXIT_FAILED = 1
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a command ended by Ctrl-C
 _ALERT_PATH = ("routing", "fire", "bot received", "resolve")
-_ESSENTIAL = ("alertmanager", "bot store", "bot metrics")
+_ESSENTIAL = ("alertmanager", "bot", "bot store", "bot metrics")
 # Beyond Alertmanager's timeout, for amtool to start and finish the resolve of an early end.
 _CLEANUP_MARGIN = 10.0
-# A bot listening on every address is reached on loopback.
-_WILDCARDS = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}  # noqa: S104 (read, not bound)
 
 
 @dataclass(frozen=True)
@@ -72,9 +73,43 @@ async def selftest_command(
 ) -> int:
     out = out or sys.stdout
     steps = Steps(clock, sys.stderr if options.output == "json" else out)
-    await SelfTest(config, options, steps, clock).run()
+    run = asyncio.ensure_future(SelfTest(config, options, steps, clock).run())
+    with _ctrl_c_ends(run) as interrupted:
+        try:
+            await run
+        except asyncio.CancelledError:
+            if not interrupted:
+                raise  # cancelled from outside, not by Ctrl-C: the caller goes on cancelling
     print(as_json(steps.results) if options.output == "json" else "\n" + table(steps.results), file=out)
+    if interrupted:
+        return EXIT_INTERRUPTED
     return EXIT_FAILED if steps.failed else EXIT_PASSED
+
+
+@contextlib.contextmanager
+def _ctrl_c_ends(run: asyncio.Future[None]) -> Iterator[list[bool]]:
+    """Ctrl-C (SIGINT) ends `run` like any early end (the alert path resolves what it fired), and the self-test
+    then prints its table and exits EXIT_INTERRUPTED instead of dying of a KeyboardInterrupt. Yields a list that
+    holds True once Ctrl-C came. Where the loop cannot take signals (not the main thread), Ctrl-C stays Python's."""
+    interrupted: list[bool] = []
+
+    def stop() -> None:
+        interrupted.append(True)
+        run.cancel()
+
+    loop = asyncio.get_running_loop()
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        loop.add_signal_handler(signal.SIGINT, stop)
+    except (RuntimeError, ValueError, NotImplementedError):
+        yield interrupted
+        return
+    try:
+        yield interrupted
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 class SelfTest:
@@ -126,12 +161,8 @@ class SelfTest:
         return AlertmanagerClient.from_config(self._config.alertmanager.model_copy(update={"urls": urls}))
 
     def _bot_url(self) -> str:
-        """Where the bot's /metrics are: --bot, or the address the bot listens on."""
-        if self._options.bot_url:
-            return self._options.bot_url
-        server = self._config.server
-        host = _WILDCARDS.get(server.host, server.host)
-        return f"http://{f'[{host}]' if ':' in host else host}:{server.port}"
+        """Where the bot's ingest process answers (/healthz, /metrics): --bot, or the address it listens on."""
+        return bot_url(self._config, self._options.bot_url)
 
     def _am_timeout(self) -> float:
         return self._config.alertmanager.timeout if self._config.alertmanager else 5.0
@@ -142,20 +173,23 @@ class SelfTest:
         return checks.describe_status(self._status)
 
     async def _bot(self, stack: contextlib.AsyncExitStack) -> BotWatch | None:
-        """Where the self-test sees what the bot did: its store, or the /metrics of a bot elsewhere."""
+        """Where the self-test sees what the bot did: its store, or the /metrics of a bot elsewhere; once the bot
+        answers at all (a stopped bot is said in seconds, not blamed on Alertmanager at the timeout)."""
         found: list[BotWatch] = []
+        http = await stack.enter_async_context(httpx.AsyncClient(timeout=self._am_timeout()))
+        if not await self._steps.run("bot", partial(probe_bot, http, self._bot_url(), self._options.bot_url)):
+            return None
 
         async def from_store() -> str:
-            store = await stack.enter_async_context(_read_only_store(self._config))
+            store = await stack.enter_async_context(read_only_store(self._config))
             found.append(StoreWatch(store))
-            return f"reading {self._config.store.path}"
+            return f"reading {store_name(self._config)}"
 
         async def from_metrics(bot_url: str) -> str:
-            http = await stack.enter_async_context(httpx.AsyncClient(timeout=self._am_timeout()))
-            watch = MetricsWatch(bot_url, http)
-            await watch.samples()
+            watch = MetricsWatch(bot_url, worker_metrics_url(self._config, bot_url), http)
+            await watch.mark()
             found.append(watch)
-            return f"reading {watch.url}"
+            return f"reading {watch.url} and {watch.worker_url}"
 
         if self._options.bot_url:
             await self._steps.run("bot metrics", partial(from_metrics, self._options.bot_url))
@@ -191,7 +225,7 @@ class SelfTest:
 
     # --- steps 2 and 3 -------------------------------------------------------------------------------
     async def _alert_path(self, client: AlertmanagerClient, watch: BotWatch, http: httpx.AsyncClient) -> None:
-        deadline = self._clock.monotonic() + self._options.timeout
+        wait = Wait(self._clock, self._options.timeout, self._steps.say)
         amtool = find_amtool()
         assert self._status is not None
         am_url = self._status.url  # the replica that answered: with an HA pair, the first may be down
@@ -201,17 +235,18 @@ class SelfTest:
             else bot_receivers(self._status.config.original, self._options.bot_url)
         )
         alert = self._alert
+        wrong_path = {} if self._options.receiver else misdirected(self._status.config.original, self._bot_url())
 
         async def routing() -> str:
             # amtool answers before anything is sent; without it, the receivers Alertmanager gave the alert.
             routed = await (amtool_routes(amtool, am_url, alert) if amtool else api_routes(client, alert))
-            return check_routes(routed, expected, am_url, alert)
+            return check_routes(routed, expected, am_url, alert, wrong_path)
 
         if amtool is not None and not await self._steps.run("routing", routing):
             return
         figures = PathFigures(http, am_url, self._bot_url())
         try:
-            await self._fire_and_follow(client, watch, figures, deadline, amtool, am_url, routing)
+            await self._fire_and_follow(client, watch, figures, wait, amtool, am_url, routing)
         finally:
             # A failure, the timeout or Ctrl-C (a cancellation) must not leave the alert firing in Alertmanager.
             if self._firing_in is not None:
@@ -222,7 +257,7 @@ class SelfTest:
         client: AlertmanagerClient,
         watch: BotWatch,
         figures: PathFigures,
-        deadline: float,
+        wait: Wait,
         amtool: str | None,
         am_url: str,
         routing: Callable[[], Awaitable[str]],
@@ -236,7 +271,7 @@ class SelfTest:
         if amtool is None and not await self._steps.run("routing", routing):
             return
         receivers = Router(self._config.routing).route(alert.labels).receivers
-        if not await self._received(watch, figures, deadline, "firing"):
+        if not await self._received(watch, figures, wait, "firing"):
             return
         if not receivers:
             self._steps.run_failed(
@@ -246,14 +281,14 @@ class SelfTest:
                 "gpu-alert-bot explain PAYLOAD.json --config FILE",
             )
             return
-        await self._deliveries(watch, deadline, EventKind.FIRING, receivers)
+        await self._deliveries(watch, wait, EventKind.FIRING, receivers)
         await watch.mark()
         await figures.mark()
         if not await self._steps.run("resolve", partial(fire, amtool, client, am_url, alert, self._clock.now())):
             return
         self._firing_in = None
-        if await self._received(watch, figures, deadline, "resolved"):
-            await self._deliveries(watch, deadline, EventKind.RESOLVED, receivers)
+        if await self._received(watch, figures, wait, "resolved"):
+            await self._deliveries(watch, wait, EventKind.RESOLVED, receivers)
 
     async def _resolve_after_failure(self, amtool: str | None, client: AlertmanagerClient, am_url: str) -> None:
         self._firing_in = None
@@ -273,7 +308,7 @@ class SelfTest:
 
         await self._steps.run("resolve", resolved)
 
-    async def _received(self, watch: BotWatch, figures: PathFigures, deadline: float, status: AlertStatus) -> bool:
+    async def _received(self, watch: BotWatch, figures: PathFigures, wait: Wait, status: AlertStatus) -> bool:
         if status == "firing":
             step = "bot received"
             cause = (
@@ -287,47 +322,25 @@ class SelfTest:
             look = "amtool config show | grep -n send_resolved"
         what = partial(watch.received, self._alert, status)
         waiting_for = f"the bot to receive the {status} alert"
-        return await self._steps.run(
-            step, partial(until, self._clock, deadline, what, waiting_for, cause, look, figures.cause)
-        )
+        return await self._steps.run(step, partial(wait.until, what, waiting_for, cause, look, figures.cause))
 
-    async def _deliveries(self, watch: BotWatch, deadline: float, kind: EventKind, receivers: tuple[str, ...]) -> None:
+    async def _deliveries(self, watch: BotWatch, wait: Wait, kind: EventKind, receivers: tuple[str, ...]) -> None:
         prefix = "deliver" if kind is EventKind.FIRING else "deliver resolve"
         for name in receivers:
             if name in self._unproven:
                 # Its delivery would only be retried until the timeout: the others are proven meanwhile.
                 self._steps.skip(f"{prefix} {name}", f"not proven: the check of {name} failed above")
                 continue
-            await self._steps.run(f"{prefix} {name}", partial(self._delivered, watch, deadline, kind, name))
+            await self._steps.run(f"{prefix} {name}", partial(self._delivered, watch, wait, kind, name))
 
-    async def _delivered(self, watch: BotWatch, deadline: float, kind: EventKind, receiver: str) -> str:
-        record = await until(
-            self._clock,
-            deadline,
+    async def _delivered(self, watch: BotWatch, wait: Wait, kind: EventKind, receiver: str) -> str:
+        record = await wait.until(
             partial(watch.delivery, kind, receiver),
             f"{receiver} to deliver the {kind.value} message",
             "the receiver keeps failing and the outbox retries (see its check above and the bot's log)",
             f"gpu_alert_bot_deliveries_total{{receiver=\"{receiver}\"}} on the bot's /metrics; the bot's log",
         )
         return delivered(record, receiver)
-
-
-@contextlib.asynccontextmanager
-async def _read_only_store(config: BotConfig) -> AsyncIterator[SqliteStore]:
-    store = SqliteStore(config.store.path, read_only=True)
-    try:
-        await store.open()
-    except Exception as exc:
-        await store.close()
-        raise StepFailed(
-            f"cannot open the bot's store {config.store.path}: {exc}",
-            "the bot does not run with this configuration (another store.path), or never started",
-            "run the self-test with the bot's own --config (or --bot URL for a bot on another host)",
-        ) from None
-    try:
-        yield store
-    finally:
-        await store.close()
 
 
 async def _text(text: str) -> str:

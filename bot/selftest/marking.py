@@ -13,7 +13,8 @@ LABEL = "selftest"
 PAGE_LABEL = "selftest_pagerduty"
 TITLE_PREFIX = "[self-test] "
 # When the run that fired the alert is over (ISO 8601): an alert the bot first hears of later is not told, so a
-# failed run's alert that Alertmanager delivers once the path is fixed reaches nobody.
+# failed run's alert that Alertmanager delivers once the path is fixed reaches nobody; nor is any later update of
+# it, such as a resolve by hand that carries no deadline (bot/pipeline.py: its firing reached nobody).
 UNTIL_ANNOTATION = "selftest_until"
 # The bot's clock and the self-test's may differ a little (another host).
 CLOCK_SKEW = timedelta(seconds=30)

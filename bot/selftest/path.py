@@ -70,6 +70,27 @@ def _dicts(value: Any) -> list[dict[str, Any]]:
     return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
 
 
+def misdirected(config_text: str, bot_url: str) -> dict[str, str]:
+    """Receivers whose webhook posts to the bot's port on a path it does not serve (`http://host:9095/`), with
+    that URL: why no receiver posts to this bot, when none does."""
+    try:
+        config = yaml.safe_load(config_text)
+        port = urlsplit(bot_url).port
+    except (yaml.YAMLError, ValueError):
+        return {}
+    found = {}
+    for receiver in _dicts(config.get("receivers") if isinstance(config, dict) else None):
+        for webhook in _dicts(receiver.get("webhook_configs")):
+            url = str(webhook.get("url", ""))
+            try:
+                target = urlsplit(url)
+                if target.port == port and target.path.rstrip("/") != WEBHOOK_PATH:
+                    found[str(receiver.get("name"))] = url
+            except ValueError:  # not a URL at all
+                continue
+    return found
+
+
 def _posts_to_bot(url: str, bot_url: str | None) -> bool:
     try:
         target = urlsplit(url)
@@ -84,9 +105,22 @@ def routes_test_command(am_url: str, alert: SyntheticAlert) -> str:
     return f"amtool config routes test --alertmanager.url={am_url} {' '.join(alert.label_args())}"
 
 
-def check_routes(routed: set[str], expected: set[str], am_url: str, alert: SyntheticAlert) -> str:
+def check_routes(
+    routed: set[str], expected: set[str], am_url: str, alert: SyntheticAlert, wrong_path: dict[str, str]
+) -> str:
+    """`wrong_path`: the receivers posting to the bot's port on a path it does not serve (`misdirected`)."""
     if routed & expected:
         return f"alertname={ALERTNAME} goes to {', '.join(sorted(routed))}"
+    if not expected and routed & set(wrong_path):
+        name = sorted(routed & set(wrong_path))[0]
+        url = wrong_path[name]
+        right = urlsplit(url)._replace(path=WEBHOOK_PATH, query="", fragment="").geturl()
+        raise StepFailed(
+            f"alertname={ALERTNAME} goes to {name}, which posts to {url}: the bot serves no such path, its "
+            f"webhook is at {WEBHOOK_PATH}",
+            f"the url of {name}'s webhook_configs lacks the bot's path: Alertmanager's webhooks would be refused (404)",
+            f"set url: {right} in Alertmanager's configuration; amtool config show | grep -n 'url:'",
+        )
     wanted = (
         ", ".join(sorted(expected))
         or "the bot (no receiver's webhook url ends in /alertmanager: name it with --receiver)"

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Literal, TextIO
 
 from bot.clock import Clock
-from bot.message import format_duration
 
 Outcome = Literal["pass", "FAIL", "skip"]
 
@@ -56,6 +56,9 @@ class Steps:
             detail = await check()
         except StepFailed as exc:
             result = StepResult(step, "FAIL", self._since(started), exc.detail, exc.cause, exc.look)
+        except asyncio.CancelledError:  # Ctrl-C: the step is not over, but the run is; the table says where
+            self._record(StepResult(step, "FAIL", self._since(started), "interrupted (Ctrl-C)"))
+            raise
         except Exception as exc:  # whatever a service answered, the self-test reports it and goes on
             detail = f"unexpected error: {type(exc).__name__}: {exc}"
             result = StepResult(step, "FAIL", self._since(started), detail, "a bug or an unexpected answer")
@@ -71,6 +74,10 @@ class Steps:
     def skip(self, step: str, why: str) -> None:
         self._record(StepResult(step, "skip", 0.0, why))
 
+    def say(self, line: str) -> None:
+        """A progress line that is no step's result (what a step waits for)."""
+        print(f"       {line}", file=self._progress, flush=True)
+
     def _since(self, started: float) -> float:
         return round(self._clock.monotonic() - started, 3)
 
@@ -82,10 +89,10 @@ class Steps:
 def table(results: list[StepResult]) -> str:
     """Step, outcome, time, detail; under each failure its likely cause and where to look."""
     width = max([len(r.step) for r in results] + [4])
-    lines = [f"{'step':<{width}}  result  time     detail", f"{'-' * width}  ------  -------  ------"]
+    lines = [f"{'step':<{width}}  result  time        detail", f"{'-' * width}  ------  ----------  ------"]
     for r in results:
-        lines.append(f"{r.step:<{width}}  {r.outcome:<6}  {_time(r):<7}  {r.detail}")
-        indent = " " * (width + 19)
+        lines.append(f"{r.step:<{width}}  {r.outcome:<6}  {_time(r):<10}  {r.detail}")
+        indent = " " * (width + 22)
         if r.cause:
             lines.append(f"{indent}likely cause: {r.cause}")
         if r.look:
@@ -97,9 +104,18 @@ def table(results: list[StepResult]) -> str:
 
 
 def _time(result: StepResult) -> str:
-    if result.outcome == "skip":
-        return "-"
-    return f"{result.seconds:.1f} s" if result.seconds < 60 else format_duration(result.seconds)
+    return "-" if result.outcome == "skip" else duration(result.seconds)
+
+
+def duration(seconds: float) -> str:
+    """Tenths of a second under a minute, then to the nearest second ("4 min 59 s", never a floored "4 min")."""
+    if seconds < 59.95:
+        return f"{seconds:.1f} s"
+    minutes, rest = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {rest} s" if rest else f"{minutes} min"
+    hours, minutes = divmod(round(seconds / 60), 60)
+    return f"{hours} h {minutes} min" if minutes else f"{hours} h"
 
 
 def as_json(results: list[StepResult]) -> str:

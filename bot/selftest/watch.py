@@ -11,13 +11,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bot.clock import Clock
 from bot.models import AlertStatus, EventKind
+from bot.selftest.diagnose import Samples
 from bot.selftest.marking import ALERTNAME, LABEL
 from bot.selftest.path import SyntheticAlert
-from bot.selftest.steps import StepFailed
+from bot.selftest.steps import StepFailed, duration
 from bot.store.base import DeliveryRecord, Store, StoreUnavailable
 
 T = TypeVar("T")
 _POLL = 0.25
+PROGRESS_EVERY = 5.0
 _ALERTS = "gpu_alert_bot_alerts_received_total"
 _DELIVERIES = "gpu_alert_bot_deliveries_total"
 
@@ -58,42 +60,45 @@ class StoreWatch:
 
 
 class MetricsWatch:
-    """The bot's counters moving since the mark: alerts received, deliveries per receiver. Another alert arriving
-    at the same moment can be taken for the self-test's; on day one there is none."""
+    """The bot's counters moving since the mark: alerts received (the ingest process's /metrics), deliveries per
+    receiver (the worker process's). Another alert arriving at the same moment can be taken for the self-test's;
+    on day one there is none."""
 
-    def __init__(self, bot_url: str, http: httpx.AsyncClient) -> None:
+    def __init__(self, bot_url: str, worker_url: str, http: httpx.AsyncClient) -> None:
         self.url = f"{bot_url.rstrip('/')}/metrics"
+        self.worker_url = f"{worker_url.rstrip('/')}/metrics"
         self._http = http
-        self._marked: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        self._marked: dict[str, Samples] = {}
 
     async def mark(self) -> None:
-        self._marked = await self.samples()
+        self._marked = {url: await self.samples(url) for url in (self.url, self.worker_url)}
 
     async def received(self, alert: SyntheticAlert, status: AlertStatus) -> str | None:
-        if await self._moved(_ALERTS, status=status):
+        if await self._moved(self.url, _ALERTS, status=status):
             return f'{_ALERTS}{{status="{status}"}} went up on {self.url}'
         return None
 
     async def delivery(self, kind: EventKind, receiver: str) -> DeliveryRecord | None:
         for result in ("delivered", "failed"):
-            if await self._moved(_DELIVERIES, receiver=receiver, result=result):
+            if await self._moved(self.worker_url, _DELIVERIES, receiver=receiver, result=result):
                 error = None if result == "delivered" else "given up; the bot's log says why"
                 return DeliveryRecord(kind, receiver, result, 1, error)
         return None
 
-    async def _moved(self, name: str, **labels: str) -> bool:
+    async def _moved(self, url: str, name: str, **labels: str) -> bool:
         key = (name, tuple(sorted(labels.items())))
-        return (await self.samples()).get(key, 0.0) > self._marked.get(key, 0.0)
+        return (await self.samples(url)).get(key, 0.0) > self._marked.get(url, {}).get(key, 0.0)
 
-    async def samples(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    async def samples(self, url: str) -> Samples:
         try:
-            response = await self._http.get(self.url)
+            response = await self._http.get(url)
             response.raise_for_status()
         except httpx.HTTPError as exc:
+            whose = "the bot's worker process is down or its /metrics is elsewhere (worker.metrics_listen)"
             raise StepFailed(
-                f"cannot read {self.url}: {type(exc).__name__}: {exc}",
-                "the bot is down or not at this URL (--bot)",
-                f"curl -s {self.url} | grep gpu_alert_bot_",
+                f"cannot read {url}: {type(exc).__name__}: {exc}",
+                "the bot is down or not at this URL (--bot)" if url == self.url else whose,
+                f"curl -s {url} | grep gpu_alert_bot_",
             ) from None
         return {
             (sample.name, tuple(sorted(sample.labels.items()))): sample.value
@@ -102,27 +107,46 @@ class MetricsWatch:
         }
 
 
-async def until(
-    clock: Clock,
-    deadline: float,
-    what: Callable[[], Awaitable[T | None]],
-    waiting_for: str,
-    cause: str,
-    look: str,
-    known_cause: Callable[[], Awaitable[StepFailed | None]] | None = None,
-) -> T:
-    """Poll `what` until it gives something, or fail when the self-test's time is up, or as soon as `known_cause`
-    tells why it will not come."""
-    while True:
-        try:
-            found = await what()
-        except StoreUnavailable as exc:
-            raise StepFailed(f"cannot read the bot's store: {exc}", "the store path is not the bot's", look) from None
-        if found is not None:
-            return found
-        failure = await known_cause() if known_cause is not None else None
-        if failure is not None:
-            raise failure
-        if clock.monotonic() >= deadline:
-            raise StepFailed(f"timed out waiting for {waiting_for}", cause, look)
-        await clock.sleep(_POLL)
+class Wait:
+    """The alert path's waits, all within the run's `--timeout` (one deadline on the clock), each saying every
+    PROGRESS_EVERY seconds what it waits for and how long it has waited."""
+
+    def __init__(self, clock: Clock, timeout: float, say: Callable[[str], None]) -> None:
+        self._clock = clock
+        self._timeout = timeout
+        self._deadline = clock.monotonic() + timeout
+        self._say = say
+
+    async def until(
+        self,
+        what: Callable[[], Awaitable[T | None]],
+        waiting_for: str,
+        cause: str,
+        look: str,
+        known_cause: Callable[[], Awaitable[StepFailed | None]] | None = None,
+    ) -> T:
+        """Poll `what` until it gives something, or fail when the self-test's time is up, or as soon as
+        `known_cause` tells why it will not come."""
+        said = self._clock.monotonic()
+        while True:
+            try:
+                found = await what()
+            except StoreUnavailable as exc:
+                raise StepFailed(
+                    f"cannot read the bot's store: {exc}", "the store path is not the bot's", look
+                ) from None
+            if found is not None:
+                return found
+            failure = await known_cause() if known_cause is not None else None
+            if failure is not None:
+                raise failure
+            now = self._clock.monotonic()
+            if now >= self._deadline:
+                raise StepFailed(
+                    f"timed out waiting for {waiting_for} (--timeout {duration(self._timeout)})", cause, look
+                )
+            if now - said >= PROGRESS_EVERY:
+                said = now
+                spent = self._timeout - (self._deadline - now)
+                self._say(f"waiting for {waiting_for}: {spent:.0f} s of {self._timeout:.0f} s")
+            await self._clock.sleep(_POLL)

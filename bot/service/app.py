@@ -22,6 +22,7 @@ from bot.metrics import Metrics
 from bot.playbooks import PlaybookSet
 from bot.server import request_deadlines
 from bot.service.heartbeat import heartbeat_checks
+from bot.service.readiness import StoreQuestions
 from bot.store import Store, StoreUnavailable, open_store
 
 if TYPE_CHECKING:
@@ -204,6 +205,7 @@ WEBHOOK_KEY = web.AppKey("webhook", WebhookHandler)
 STORE_INFO_KEY = web.AppKey("store_info", dict[str, str])
 CLOCK_KEY = web.AppKey("clock", Clock)
 READY_TIMEOUT_KEY = web.AppKey("ready_timeout", float)
+READY_QUESTIONS_KEY = web.AppKey("ready_questions", StoreQuestions)
 WORKER_PROCESS_KEY: web.AppKey[Callable[[], str | None]] = web.AppKey("worker_process")
 
 
@@ -226,6 +228,7 @@ def build_app(
     app[CLOCK_KEY] = clock
     app[WORKER_PROCESS_KEY] = worker_process or _runs_in_this_process
     app[READY_TIMEOUT_KEY] = config.server.ready_timeout
+    app[READY_QUESTIONS_KEY] = questions = StoreQuestions()
     metrics.replica_info.labels(config.store.replica, config.store.backend).set(1)
     auth = WebhookAuth(config.server.auth)
 
@@ -241,6 +244,7 @@ def build_app(
             runtime.deadman.observe if runtime.deadman is not None else None,
         )
         yield
+        await questions.close()
         await runtime.close()
 
     app.cleanup_ctx.append(lifecycle)
@@ -273,18 +277,19 @@ async def _healthz(request: web.Request) -> web.Response:
 async def _readyz(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME_KEY]
     budget = request.app[READY_TIMEOUT_KEY]
+    questions = request.app[READY_QUESTIONS_KEY]
     # One deadline for every store answer, asked at once: a store that hangs costs `budget`, not a sum of waits.
     deadline = asyncio.get_running_loop().time() + budget
     checks: dict[str, str] = {}
     if runtime.processing is not None:
-        checks["store"] = await _store_check(runtime.store, deadline, budget)
+        checks["store"] = await _store_check(questions, runtime.store, deadline, budget)
         checks["worker"] = "running" if runtime.processing.worker.running else "stopped"
         checks["outbox"] = "running" if runtime.processing.outbox.running else "stopped"
     else:
         replica, clock = request.app[STORE_INFO_KEY]["replica"], request.app[CLOCK_KEY]
         store, beats = await asyncio.gather(
-            _store_check(runtime.store, deadline, budget),
-            _worker_process_checks(runtime.store, replica, clock, deadline, budget),
+            _store_check(questions, runtime.store, deadline, budget),
+            _worker_process_checks(questions, runtime.store, replica, clock, deadline, budget),
         )
         checks["store"] = store
         checks |= beats
@@ -300,10 +305,9 @@ async def _readyz(request: web.Request) -> web.Response:
     return web.json_response(body, status=200 if ready else 503)
 
 
-async def _store_check(store: Store, deadline: float, budget: float) -> str:
+async def _store_check(questions: StoreQuestions, store: Store, deadline: float, budget: float) -> str:
     try:
-        async with asyncio.timeout_at(deadline):
-            await store.check_writable()
+        await questions.answer("writable", store.check_writable, deadline)
         return "writable"
     except TimeoutError:
         return f"not writable: no answer within {budget:g} s (server.ready_timeout)"
@@ -312,11 +316,10 @@ async def _store_check(store: Store, deadline: float, budget: float) -> str:
 
 
 async def _worker_process_checks(
-    store: Store, replica: str, clock: Clock, deadline: float, budget: float
+    questions: StoreQuestions, store: Store, replica: str, clock: Clock, deadline: float, budget: float
 ) -> dict[str, str]:
     try:
-        async with asyncio.timeout_at(deadline):
-            return await heartbeat_checks(store, replica, clock.now())
+        return await questions.answer("heartbeat", lambda: heartbeat_checks(store, replica, clock.now()), deadline)
     except TimeoutError:
         unknown = f"unknown: the store did not answer within {budget:g} s"
         return {"worker": unknown, "outbox": unknown}

@@ -78,7 +78,7 @@ async def serve_ingest(config: BotConfig, playbooks: PlaybookSet, worker: Sequen
             "set server.auth (bearer_token_file or basic) to accept a remote Alertmanager",
             extra={"requested": config.server.host, "listening": host},
         )
-    metrics = Metrics()
+    metrics = Metrics(side="ingest")
     stop = asyncio.Event()
     supervisor = None
     if worker is not None:
@@ -121,7 +121,7 @@ class CannotStart(Exception):
 
 async def serve_worker(config: BotConfig, playbooks: PlaybookSet, parent_pipe: int | None) -> None:
     """Run the worker side until SIGTERM, SIGINT or, with `parent_pipe`, the death of the supervising parent."""
-    metrics = Metrics()
+    metrics = Metrics(side="worker")
     metrics.replica_info.labels(config.store.replica, config.store.backend).set(1)
     runner = web.AppRunner(build_metrics_app(metrics), access_log=None, handle_signals=False)
     await runner.setup()

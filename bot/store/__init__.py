@@ -40,5 +40,9 @@ async def open_store(
         clock=clock,
         side=side,
     )
-    await store.open()
+    try:
+        await store.open()
+    except BaseException:
+        await store.close()  # its thread, and whatever it opened before the failure
+        raise
     return store

@@ -19,6 +19,7 @@ from bot.config import BotConfig, load_config
 from bot.metrics import Metrics
 from bot.playbooks import PlaybookSet
 from bot.service.app import RUNTIME_KEY, Runtime, build_app
+from tests.support.processes import free_port
 
 
 @dataclass
@@ -65,9 +66,18 @@ async def running_bot(
     worker_process: Callable[[], str | None] | None = None,
 ) -> AsyncIterator[RunningBot]:
     """Start the bot from a config dict (written to a real file and loaded like `serve --config` does), on `port`
-    (any free one by default). `side="ingest"`: without its worker and outbox, as `serve --role ingest`;
-    `worker_process` then says why a supervised worker process is not running (as `serve --role all`'s does)."""
-    loaded = load_config(write_config(tmp_path, config or {}))
+    (that of `server.listen`, or any free one, then written into `server.listen`). `side="ingest"`: without its
+    worker and outbox, as `serve --role ingest`; `worker_process` then says why a supervised worker process is not
+    running (as `serve --role all`'s does)."""
+    config = dict(config or {})
+    server = dict(config.get("server", {}))
+    if "listen" in server:
+        port = port or int(str(server["listen"]).rsplit(":", 1)[1])
+    else:
+        # Where the configuration says the bot listens: where the self-test looks for it.
+        port = port or free_port()
+        config["server"] = {**server, "listen": f"127.0.0.1:{port}"}
+    loaded = load_config(write_config(tmp_path, config))
     playbooks = PlaybookSet.load(loaded.playbooks.dir, loaded.playbooks.vars)
     metrics = Metrics()
     console = io.StringIO()
@@ -76,7 +86,6 @@ async def running_bot(
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", port)
     await site.start()
-    port = runner.addresses[0][1]
     try:
         yield RunningBot(f"http://127.0.0.1:{port}", loaded, metrics, app, console)
     finally:
