@@ -141,10 +141,14 @@ def sources(
             yield Layout({ONE_SITE: range(hosts)}, {ONE_SITE: one}), Layout(parts, servers), loki
 
 
-def enrichment_settings(layout: Layout, loki: FakeLoki) -> dict[str, Any]:
+def enrichment_settings(layout: Layout, loki: FakeLoki, budget: float) -> dict[str, Any]:
     if list(layout.sites) == [ONE_SITE]:
         [server] = layout.servers[ONE_SITE]
-        return {"prometheus": {"url": server.url}, "loki": {"url": loki.url, "tenant_id": ONE_SITE}}
+        return {
+            "budget": budget,
+            "prometheus": {"url": server.url},
+            "loki": {"url": loki.url, "tenant_id": ONE_SITE},
+        }
     # The default source answers nothing: an alert enriched from it, not from its site's, says "unavailable".
     nowhere = f"http://127.0.0.1:{free_port()}"
     prometheus_sites = [
@@ -160,6 +164,7 @@ def enrichment_settings(layout: Layout, loki: FakeLoki) -> dict[str, Any]:
         {"name": site, "match": {"labels": {"site": site}}, "url": loki.url, "tenant_id": site} for site in layout.sites
     ]
     return {
+        "budget": budget,
         "prometheus": {"url": nowhere, "sites": prometheus_sites},
         "loki": {"url": loki.url, "tenant_id": "nobody", "sites": loki_sites},
     }
@@ -213,9 +218,11 @@ def bound(hosts: int) -> dict[str, int]:
     return {"prometheus": 2 * 1 + TEMPLATES * math.ceil(hosts / HOSTS_PER_QUERY), "loki": math.ceil(hosts / 50)}
 
 
-def lost_evidence(db: Path, site: str) -> dict[str, int]:
-    """Of `site`'s alerts: how many have a Prometheus section, and how many of those are not "ok"."""
-    alerts = lost = 0
+def lost_evidence(db: Path, site: str) -> dict[str, Any]:
+    """Of `site`'s alerts: how many, how many lack their Prometheus evidence, and why (the budget spent on a busy
+    machine is not the replica's doing: a stopped replica's alerts would name it)."""
+    alerts = 0
+    why: Counter[str] = Counter()
     with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
         for labels_text, stored in conn.execute("SELECT labels, enrichment FROM alerts"):
             if json.loads(labels_text).get("site") != site:
@@ -223,13 +230,14 @@ def lost_evidence(db: Path, site: str) -> dict[str, int]:
             alerts += 1
             sections = json.loads(stored or "{}").get("sections", [])
             prometheus = [s for s in sections if s["name"] == "prometheus"]
-            lost += not prometheus or prometheus[0]["status"] != "ok"
-    return {"alerts": alerts, "without_prometheus_evidence": lost}
+            if not prometheus or prometheus[0]["status"] != "ok":
+                why[prometheus[0].get("reason") or prometheus[0]["status"] if prometheus else "no section"] += 1
+    return {"alerts": alerts, "without_prometheus_evidence": sum(why.values()), "why": dict(why)}
 
 
 def throughput(layout: Layout, loki: FakeLoki, args: argparse.Namespace) -> dict[str, Any]:
     gpus = args.alerts // args.hosts
-    settings = {"enrichment": enrichment_settings(layout, loki)}
+    settings = {"enrichment": enrichment_settings(layout, loki, args.budget)}
     with tempfile.TemporaryDirectory(prefix="gpu-alert-bot-sites-") as tmp:
         workdir = Path(tmp)
         with serve(workdir, settings, "--role", "ingest") as (url, _process):
@@ -239,6 +247,8 @@ def throughput(layout: Layout, loki: FakeLoki, args: argparse.Namespace) -> dict
         asked = Asked(layout, loki)
         with serve(workdir, settings):
             result = drain(workdir / "bot.db", stored, args.drain_limit, gpus)
+        if result["processed"] < stored:  # what the bot said about it
+            result["stderr_tail"] = (workdir / "stderr.log").read_text().splitlines()[-5:]
         result["queries"] = asked.since()
         result["sections"] = section_statuses(workdir / "bot.db")
     return result
@@ -253,7 +263,7 @@ async def to_slack(layout: Layout, loki: FakeLoki, args: argparse.Namespace, sto
         with tempfile.TemporaryDirectory(prefix="gpu-alert-bot-sites-") as tmp:
             workdir = Path(tmp)
             config = slack_bot_config(workdir, slack.api_url, DEFAULT_TOKEN, "warning", messages_per_second=1.0)
-            settings = {**json.loads(config.read_text()), "enrichment": enrichment_settings(layout, loki)}
+            settings = {**json.loads(config.read_text()), "enrichment": enrichment_settings(layout, loki, args.budget)}
             with serve(workdir, settings) as (url, _process):
                 asked = Asked(layout, loki)
                 started = time.monotonic()
@@ -289,6 +299,7 @@ def main() -> None:
     parser.add_argument("--sites", type=int, default=3)
     parser.add_argument("--drain-limit", type=float, default=180.0)
     parser.add_argument("--history", type=parse_duration, default=0.0, help="samples written into Prometheus first")
+    parser.add_argument("--budget", type=parse_duration, default=3.0, help="enrichment.budget (a busy machine)")
     parser.add_argument("--slack", action="store_true", help="time until the last alert is visible in Slack")
     parser.add_argument("--stop-replica", action="store_true", help="with --slack: stop one replica of the pair")
     args = parser.parse_args()
