@@ -12,7 +12,7 @@ the first site's pair that is asked first once half the webhooks are posted, and
 alerts lost their Prometheus evidence (goal 0).
 
     .venv/bin/python -m bench.sites [--alerts 2400] [--hosts 300] [--sites 3] [--history 30m] [--slack]
-        [--stop-replica] [--drain-limit 180]
+        [--stop-replica] [--drain-limit 180] [--budget 3s] [--source-timeout 2s]
 
 It prints figures; it asserts nothing. The machine's load from other processes counts in them.
 """
@@ -141,13 +141,15 @@ def sources(
             yield Layout({ONE_SITE: range(hosts)}, {ONE_SITE: one}), Layout(parts, servers), loki
 
 
-def enrichment_settings(layout: Layout, loki: FakeLoki, budget: float) -> dict[str, Any]:
+def enrichment_settings(layout: Layout, loki: FakeLoki, args: argparse.Namespace) -> dict[str, Any]:
+    """`enrichment.budget` and every source's `timeout` from the command line (a busy machine needs more)."""
+    timeout = args.source_timeout
     if list(layout.sites) == [ONE_SITE]:
         [server] = layout.servers[ONE_SITE]
         return {
-            "budget": budget,
-            "prometheus": {"url": server.url},
-            "loki": {"url": loki.url, "tenant_id": ONE_SITE},
+            "budget": args.budget,
+            "prometheus": {"url": server.url, "timeout": timeout},
+            "loki": {"url": loki.url, "tenant_id": ONE_SITE, "timeout": timeout},
         }
     # The default source answers nothing: an alert enriched from it, not from its site's, says "unavailable".
     nowhere = f"http://127.0.0.1:{free_port()}"
@@ -157,16 +159,18 @@ def enrichment_settings(layout: Layout, loki: FakeLoki, budget: float) -> dict[s
             "match": {"labels": {"site": site}},
             "url": servers[0].url,
             "replicas": [s.url for s in servers[1:]],
+            "timeout": timeout,
         }
         for site, servers in layout.servers.items()
     ]
     loki_sites = [
-        {"name": site, "match": {"labels": {"site": site}}, "url": loki.url, "tenant_id": site} for site in layout.sites
+        {"name": site, "match": {"labels": {"site": site}}, "url": loki.url, "tenant_id": site, "timeout": timeout}
+        for site in layout.sites
     ]
     return {
-        "budget": budget,
-        "prometheus": {"url": nowhere, "sites": prometheus_sites},
-        "loki": {"url": loki.url, "tenant_id": "nobody", "sites": loki_sites},
+        "budget": args.budget,
+        "prometheus": {"url": nowhere, "sites": prometheus_sites, "timeout": timeout},
+        "loki": {"url": loki.url, "tenant_id": "nobody", "sites": loki_sites, "timeout": timeout},
     }
 
 
@@ -237,7 +241,7 @@ def lost_evidence(db: Path, site: str) -> dict[str, Any]:
 
 def throughput(layout: Layout, loki: FakeLoki, args: argparse.Namespace) -> dict[str, Any]:
     gpus = args.alerts // args.hosts
-    settings = {"enrichment": enrichment_settings(layout, loki, args.budget)}
+    settings = {"enrichment": enrichment_settings(layout, loki, args)}
     with tempfile.TemporaryDirectory(prefix="gpu-alert-bot-sites-") as tmp:
         workdir = Path(tmp)
         with serve(workdir, settings, "--role", "ingest") as (url, _process):
@@ -263,7 +267,7 @@ async def to_slack(layout: Layout, loki: FakeLoki, args: argparse.Namespace, sto
         with tempfile.TemporaryDirectory(prefix="gpu-alert-bot-sites-") as tmp:
             workdir = Path(tmp)
             config = slack_bot_config(workdir, slack.api_url, DEFAULT_TOKEN, "warning", messages_per_second=1.0)
-            settings = {**json.loads(config.read_text()), "enrichment": enrichment_settings(layout, loki, args.budget)}
+            settings = {**json.loads(config.read_text()), "enrichment": enrichment_settings(layout, loki, args)}
             with serve(workdir, settings) as (url, _process):
                 asked = Asked(layout, loki)
                 started = time.monotonic()
@@ -300,6 +304,7 @@ def main() -> None:
     parser.add_argument("--drain-limit", type=float, default=180.0)
     parser.add_argument("--history", type=parse_duration, default=0.0, help="samples written into Prometheus first")
     parser.add_argument("--budget", type=parse_duration, default=3.0, help="enrichment.budget (a busy machine)")
+    parser.add_argument("--source-timeout", type=parse_duration, default=2.0, help="each source's timeout")
     parser.add_argument("--slack", action="store_true", help="time until the last alert is visible in Slack")
     parser.add_argument("--stop-replica", action="store_true", help="with --slack: stop one replica of the pair")
     args = parser.parse_args()
