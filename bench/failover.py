@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import tempfile
 import time
 from collections import Counter
@@ -39,6 +40,7 @@ from tests.support.processes import BotProcess
 
 _JSON = {"Content-Type": "application/json"}
 _RETRY = 0.25
+_ADDRESS = re.compile(r"0x[0-9a-f]+")  # a Python object's address in a library's message
 _GIVE_UP = 120.0
 
 
@@ -159,7 +161,7 @@ def _log_lines(replica: BotProcess, since: int) -> dict[str, int]:
     """Warning and error lines logged from line `since` on, per message (its first line, shortened)."""
     lines = [json.loads(line) for line in replica.stderr.snapshot()[since:] if line.startswith("{")]
     said = Counter(
-        f"{line['level']}: {line['msg'].splitlines()[0][:100]}"
+        f"{line['level']}: {_ADDRESS.sub('0x...', line['msg'].splitlines()[0])[:100]}"
         for line in lines
         if line.get("level") in ("warning", "error")
     )
@@ -180,12 +182,14 @@ def _pending(dsn: str) -> int:
 def _settle(replicas: list[BotProcess], acknowledged: set[str], dsn: str, limit: float) -> int:
     """Until every acknowledged alert is delivered, or the store has nothing pending, or `limit` seconds passed
     (a loaded machine drains the backlog slowly); returns what is still pending."""
-    give_up = time.monotonic() + limit
+    started = time.monotonic()
+    give_up = started + limit
     pending = _pending(dsn)
     while time.monotonic() < give_up and pending and not acknowledged <= set(_delivered(replicas)):
         time.sleep(1.0)
         pending = _pending(dsn)
     time.sleep(3.0)  # a delivery handed to the console sink as the last pending one went
+    print(f"backlog drained {time.monotonic() - started:.0f} s after the load ended", flush=True)
     return pending
 
 
