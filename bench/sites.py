@@ -8,8 +8,9 @@ Printed per run: enriched alerts/s (bench/fleet.py's method: stored by an ingest
 another), the queries each Prometheus received (its own `prometheus_http_requests_total`) and each Loki tenant,
 and the stored sections' statuses. `--slack` times instead how long until every alert is visible in the Slack
 fake (1 post/s, storm control on) after the first webhook. `--stop-replica` (with `--slack`) stops the replica of
-the first site's pair that is asked first once half the webhooks are posted, and prints how many of that site's
-alerts lost their Prometheus evidence (goal 0).
+the first site's pair that is asked first once half the webhooks are posted and it has answered a query of the
+incident, then posts the other half, and prints how many of that site's alerts lost their Prometheus evidence
+(goal 0).
 
     .venv/bin/python -m bench.sites [--alerts 2400] [--hosts 300] [--sites 3] [--history 30m] [--slack]
         [--stop-replica] [--drain-limit 180] [--budget 3s] [--source-timeout 2s]
@@ -271,8 +272,12 @@ async def to_slack(layout: Layout, loki: FakeLoki, args: argparse.Namespace, sto
             with serve(workdir, settings) as (url, _process):
                 asked = Asked(layout, loki)
                 started = time.monotonic()
+                before = prometheus_requests(stop.url) if stop is not None else 0
                 await post_all(f"{url}/alertmanager", notifications[:half])
                 if stop is not None:
+                    with contextlib.suppress(TimeoutError):  # until it has answered this incident (it is asked first)
+                        async with asyncio.timeout(60):
+                            await until(lambda: prometheus_requests(stop.url) > before)
                     asked.since()  # what the replica had answered until it stops
                     await asyncio.to_thread(stop.stop)
                 await post_all(f"{url}/alertmanager", notifications[half:])
