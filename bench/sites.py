@@ -219,7 +219,7 @@ class Asked:
 
 
 def bound(hosts: int) -> dict[str, int]:
-    """Issue 21's bound for one source's share of an incident on `hosts` hosts."""
+    """The query bound of one source's share of a stored incident on `hosts` hosts (one batch)."""
     return {"prometheus": 2 * 1 + TEMPLATES * math.ceil(hosts / HOSTS_PER_QUERY), "loki": math.ceil(hosts / 50)}
 
 
