@@ -216,8 +216,7 @@ class Deadman:
         )
         # The notification first, the mark second: a crash in between raises it again after the restart rather
         # than losing it (a copy within the dedup window when the timer did not move, else a second message).
-        summary = self._summary(record.replica, silence)
-        await self._write(ALERTNAME, record.replica, record.last_seen, None, summary)
+        await self._write(ALERTNAME, record.replica, record.last_seen, None, self._summary(record.replica, silence))
         await self._store.watchdog_alerting(record.replica, record.last_seen)
 
     async def _clear(self, record: WatchdogRecord, now: datetime, covered: bool) -> None:
