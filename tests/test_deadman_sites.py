@@ -54,6 +54,25 @@ async def test_a_silent_site_raises_one_alert_naming_it_and_its_alertmanager(tmp
         assert cleared["summary"].startswith(f"the Watchdog from site b (Alertmanager {AM_B}) arrives again")
 
 
+async def test_a_site_served_by_a_pair_that_falls_silent_is_one_alert_naming_both(tmp_path: Path) -> None:
+    """Two unclustered Alertmanagers bring site b's Watchdog; both fall silent with the site: one alert, not three."""
+    clock = FakeClock()
+    am_c = "http://am-c:9093"
+    async with running_bot(tmp_path, CONFIG, clock) as bot:
+        await checked(clock)
+        await watchdogs(bot, AM_B, "b")
+        await watchdogs(bot, am_c, "b")
+        for _ in range(10):
+            await watchdogs(bot, AM_A, "a")
+            await checked(clock, 30)
+        await settled(bot)
+        [event] = missing(bot)
+        assert event["labels"]["site"] == "b"
+        assert event["summary"].startswith(f"no Watchdog from site b (Alertmanagers {AM_B}, {am_c}) for 3 min")
+        for replica in (AM_B, am_c):
+            assert bot.metric("gpu_alert_bot_deadman_alerting", {"replica": replica}) == 0
+
+
 async def test_one_alertmanager_for_every_site_still_tells_which_site_went_silent(tmp_path: Path) -> None:
     """A global Alertmanager keeps sending (site a's Watchdog): it is not silent, site b is."""
     clock = FakeClock()
