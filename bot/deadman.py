@@ -7,8 +7,11 @@ it (its `externalURL`) and of `any` replica. A check every `deadman.check_interv
 pair while another still talks raises it for that replica, unless the replica is a member of an Alertmanager
 cluster whose Watchdog arrives (one member notifies for the cluster, bot/amcluster.py). A member that is down or
 has left its cluster raises AlertmanagerClusterMemberMissing instead. When the Watchdog returns, the alert resolves
-(the all-clear). The alert is a notification the bot writes into its own store, so it takes the normal path (worker,
-routing, outbox) and is told once, resolved once, and survives restarts; the timers live in the store too.
+(the all-clear). A Watchdog carrying a site's external labels (`deadman.site_labels`) restarts that site's timer
+too: a silent site raises one WatchdogMissing naming it and the Alertmanagers that brought its Watchdog, instead of
+one per Alertmanager (bot/deadman_sites.py). The alert is a notification the bot writes into its own store, so it
+takes the normal path (worker, routing, outbox) and is told once, resolved once, and survives restarts; the timers
+live in the store too.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
+from bot import deadman_sites as sites
 from bot.amcluster import ClusterView, Member, Membership
 from bot.clock import Clock
 from bot.config import AlertmanagerConfig, DeadmanConfig
@@ -67,21 +71,31 @@ class Deadman:
         self._configured = [url.rstrip("/") for url in alertmanager.urls] if alertmanager is not None else []
         self.armed: bool | None = None  # None until the first check
         self._told: dict[str, Membership] = {}  # how each member out of its cluster was told (down or left)
+        self._paths: dict[str, set[str]] = {}  # each site's timer -> the Alertmanagers that brought its Watchdog
 
     # --- heartbeats ----------------------------------------------------------------------------------
     def carries_watchdog(self, payload: WebhookPayload) -> bool:
-        return any(
-            alert.status == "firing" and alert.labels.get("alertname") == self._config.alertname
-            for alert in payload.alerts
-        )
+        return bool(self._watchdogs(payload))
+
+    def _watchdogs(self, payload: WebhookPayload) -> list[dict[str, str]]:
+        """The labels of each firing Watchdog in the payload (a global Alertmanager may group several sites')."""
+        name = self._config.alertname
+        return [a.labels for a in payload.alerts if a.status == "firing" and a.labels.get("alertname") == name]
 
     async def observe(self, payload: WebhookPayload) -> None:
-        """Called for every webhook the bot took (accepted or a copy): a Watchdog in it restarts the timers."""
-        if not self.carries_watchdog(payload):
+        """Called for every webhook the bot took (accepted or a copy): a Watchdog in it restarts the timers of
+        any replica, of the Alertmanager that sent it, and of each site whose Watchdog it carries."""
+        watchdogs = self._watchdogs(payload)
+        if not watchdogs:
             return
         replica = payload.external_url or UNKNOWN_REPLICA
+        keys = [ANY_REPLICA, replica]
+        for labels in watchdogs:
+            site = sites.site_key(labels, self._config.site_labels)
+            if site is not None and site not in keys:
+                keys += [site, sites.path_key(replica, site)]
         try:
-            await self._store.watchdog_seen([ANY_REPLICA, replica], self._clock.now())
+            await self._store.watchdog_seen(keys, self._clock.now())
         except StoreUnavailable as exc:
             # The webhook itself is stored; the next Watchdog, a minute later, will restart the timer.
             log.warning("cannot record the Watchdog", extra={"reason": str(exc)})
@@ -95,7 +109,8 @@ class Deadman:
             await self._resume(now)
             self._timer_started = True
         records = [r for r in await self._store.watchdog_records() if r.replica != BOT_CHECKED]
-        timers = [r for r in records if not r.replica.startswith(MEMBER)]
+        self._paths = sites.paths(r.replica for r in records)
+        timers = [r for r in records if not r.replica.startswith(MEMBER) and not sites.is_path(r.replica)]
         self._arm(is_armed(records))
         # A switch that never heard a Watchdog proves nothing by its silence: it does not page (the self-test
         # proves the path on day one), and says so in /readyz, /gpu status and its metric.
@@ -106,8 +121,9 @@ class Deadman:
         talking = {r.replica for r in timers} - quiet
         excused = {replica for replica in quiet if _excused(members.get(replica), talking)}
         missing = quiet - excused
-        # When no replica talks, one alert says so, not one per replica.
-        raise_for = {ANY_REPLICA} if ANY_REPLICA in quiet else missing
+        # When no replica talks, one alert says so, not one per replica; when a site is silent, one alert names
+        # it, not one per Alertmanager that brought only its Watchdog.
+        raise_for = {ANY_REPLICA} if ANY_REPLICA in quiet else missing - sites.explained(missing, self._paths)
         for record in timers:
             if record.alerted_since is None and record.replica in raise_for:
                 await self._raise(record, now)
@@ -138,7 +154,11 @@ class Deadman:
     async def _look(self, timers: list[WatchdogRecord]) -> dict[str, Member]:
         """Each Alertmanager's place in its cluster, when there are several to tell apart: those heard from and
         those `alertmanager.urls` names."""
-        replicas = [r.replica for r in timers if r.replica not in (ANY_REPLICA, UNKNOWN_REPLICA)]
+        replicas = [
+            r.replica
+            for r in timers
+            if r.replica not in (ANY_REPLICA, UNKNOWN_REPLICA) and not sites.is_site(r.replica)
+        ]
         configured = [url for url in self._configured if url not in {r.rstrip("/") for r in replicas}]
         if len(replicas) + len(configured) < 2 or not replicas:
             return {}
@@ -217,8 +237,10 @@ class Deadman:
             "unreachable)"
         )
 
-    @staticmethod
-    def _who(replica: str) -> str:
+    def _who(self, replica: str) -> str:
+        if sites.is_site(replica):
+            brought = sorted(self._paths.get(replica, ()))
+            return f"{sites.display(replica)} (Alertmanager{'s' if len(brought) > 1 else ''} {', '.join(brought)})"
         return "any Alertmanager" if replica == ANY_REPLICA else f"Alertmanager {replica}"
 
     async def _write(
@@ -264,14 +286,21 @@ class Deadman:
 
 def is_armed(records: Sequence[WatchdogRecord]) -> bool:
     """Whether a Watchdog ever arrived: a timer of some Alertmanager beside `any` and the bot's own."""
-    return any(r.replica not in (ANY_REPLICA, BOT_CHECKED) and not r.replica.startswith(MEMBER) for r in records)
+    return any(
+        r.replica not in (ANY_REPLICA, BOT_CHECKED)
+        and not r.replica.startswith(MEMBER)
+        and not sites.is_path(r.replica)
+        for r in records
+    )
 
 
 def status_line(records: Sequence[WatchdogRecord]) -> str:
     """The switch in `/gpu status`."""
     if not is_armed(records):
         return f"Dead man's switch: {NEVER_ARMED}"
-    alerting = sorted(r.replica for r in records if r.alerted_since is not None and not r.replica.startswith(MEMBER))
+    alerting = sorted(
+        sites.display(r.replica) for r in records if r.alerted_since is not None and not r.replica.startswith(MEMBER)
+    )
     return f"Dead man's switch: armed, alerting for {', '.join(alerting)}" if alerting else "Dead man's switch: armed"
 
 
@@ -301,7 +330,9 @@ def _notification(
     alertname: str, replica: str, starts_at: datetime, ends_at: datetime | None, summary: str
 ) -> WebhookPayload:
     severity = "critical" if alertname == ALERTNAME else "warning"
-    labels = {"alertname": alertname, "severity": severity, "replica": replica}
+    # A site's alert carries the site's labels (routed like the site's other alerts), an Alertmanager's its URL.
+    where = sites.site_labels(replica) if sites.is_site(replica) else {"replica": replica}
+    labels = {"alertname": alertname, "severity": severity, **where}
     group_labels = {"alertname": alertname, "replica": replica}
     status = "firing" if ends_at is None else "resolved"
     alert = {

@@ -7,8 +7,9 @@ import asyncio
 from typing import Any
 
 import httpx
+import pytest
 
-from bot.enrich.queryapi import Deadline, body_text
+from bot.enrich.queryapi import Deadline, QueryError, body_text
 from bot.enrich.replicas import ReplicaSet
 from bot.metrics import Metrics
 from tests.support.clock import FakeClock
@@ -80,4 +81,23 @@ async def test_a_replica_that_keeps_failing_is_asked_last_until_its_cooldown_end
     latency_free = await _get(replicas)
     assert fake.asked[0] == A and latency_free == A  # its cooldown over, it is asked first again
     assert metrics.registry.get_sample_value("gpu_alert_bot_source_replica_skipped", skipped) == 0
+    await replicas.close()
+
+
+async def test_when_no_replica_answers_the_error_says_what_each_said() -> None:
+    """The first refused at once, the second did not answer in time: the refusal alone would hide the timeout."""
+    clock, metrics, fake = FakeClock(), Metrics(), Replicas()
+    replicas = fake.set(clock, metrics, hedge_after=0.3)
+    fake.down.add(A)
+    fake.hanging.add(B)
+    asking = asyncio.create_task(
+        replicas.send("GET", "/api/v1/query", Deadline(1.0), service="Prometheus", error_text=body_text)
+    )
+    while B not in fake.asked:
+        await asyncio.sleep(0)
+    await clock.advance(1.0)
+    with pytest.raises(QueryError) as failed:
+        await asking
+    assert failed.value.reason == "timeout"
+    assert f"Prometheus ({A})" in failed.value.detail and f"no answer from Prometheus ({B})" in failed.value.detail
     await replicas.close()

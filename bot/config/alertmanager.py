@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import re
 import urllib.parse
 from typing import Annotated
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from bot.config.base import StrictModel
 from bot.config.duration import Duration
 from bot.config.secrets import SecretFile
+
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
 def _http_url(value: str) -> str:
@@ -38,6 +41,17 @@ class DeadmanConfig(StrictModel):
     # Silence longer than this raises WatchdogMissing; by default 3 x repeat_interval.
     timeout: Duration | None = None
     check_interval: Duration = Field(default=15.0, gt=0)
+    # The Watchdog's labels that name its site (its Prometheus' external labels): each site's Watchdog is expected
+    # on its own, and a silent site raises one WatchdogMissing naming it. A Watchdog with none of them has no site.
+    site_labels: list[str] = Field(default_factory=lambda: ["site", "cluster"])
+
+    @field_validator("site_labels")
+    @classmethod
+    def _label_names(cls, names: list[str]) -> list[str]:
+        wrong = [name for name in names if not _LABEL_NAME.fullmatch(name)]
+        if wrong:
+            raise ValueError(f"not label names: {', '.join(wrong)}")
+        return names
 
     @model_validator(mode="after")
     def _timeout_spans_a_repeat(self) -> DeadmanConfig:

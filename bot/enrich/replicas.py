@@ -38,6 +38,14 @@ class _Replica:
     latencies: deque[float] = field(default_factory=lambda: deque(maxlen=_RECENT))
 
 
+def _all_failed(failures: list[QueryError]) -> QueryError:
+    """What every replica said, each naming itself: the first refusal alone would hide the other's timeout."""
+    if len(failures) == 1:
+        return failures[0]
+    last = failures[-1]
+    return QueryError(last.reason, "; ".join(f.detail for f in failures), retryable=last.retryable)
+
+
 class ReplicaSet:
     def __init__(
         self,
@@ -63,7 +71,7 @@ class ReplicaSet:
         self, method: str, path: str, deadline: Deadline, *, service: str, error_text: Callable[[httpx.Response], str],
         **request: Any,
     ) -> httpx.Response:  # fmt: skip
-        """The first replica's 2xx answer; QueryError (the first replica's) when none answers."""
+        """The first replica's 2xx answer; QueryError (what each replica said) when none answers."""
         if len(self._replicas) == 1:  # no choice to make: the retries of `send` within the deadline
             return await send(self._replicas[0].client, method, path, deadline, service=service, error_text=error_text,
                               **request)  # fmt: skip
@@ -99,7 +107,7 @@ class ReplicaSet:
                     if not isinstance(failure, QueryError):
                         raise failure
                     failures.append(failure)
-            raise failures[0]
+            raise _all_failed(failures)
         finally:
             for task, replica in running.items():
                 task.cancel()
