@@ -92,7 +92,8 @@ class PrometheusSource(StrictModel):
     # fails or is slower than `hedge_after` (by default from the source's recent latencies).
     replicas: list[HttpUrlText] = Field(default_factory=list)
     hedge_after: Duration | None = None
-    # A replica that failed this many times in a row is asked last for `replica_cooldown`.
+    # A replica that failed this many times in a row is skipped for `replica_cooldown`: asked only once every other
+    # replica failed, never as a hedge.
     replica_failures: int = Field(default=3, ge=1)
     replica_cooldown: Duration = 30.0
     bearer_token_file: SecretFile | None = None

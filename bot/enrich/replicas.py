@@ -4,7 +4,8 @@ deadline.
 
 The hedge delay is the source's `hedge_after`, or else twice the median of its recent answers (at least 50 ms,
 at most a third of the deadline), so a healthy pair costs one query and a replica that hangs costs one delay. A
-replica that failed `replica_failures` times in a row is asked last for `replica_cooldown`, and
+replica whose last query failed is asked after those whose last did not; one that failed `replica_failures` times
+in a row is skipped for `replica_cooldown` (asked only once every other replica has failed, never as a hedge), and
 `gpu_alert_bot_source_replica_skipped` says so; `gpu_alert_bot_source_requests_total` counts each replica's
 queries by result.
 """
@@ -92,9 +93,12 @@ class ReplicaSet:
         running: dict[asyncio.Task[httpx.Response], _Replica] = {}
         failures: list[QueryError] = []
         waiting = list(order)
+        now = self._clock.monotonic()
         try:
             while waiting or running:
-                if waiting and (not running or await self._hedge_due(running, deadline)):
+                # A skipped replica is no hedge: it is asked only once every other has failed.
+                hedge = waiting and waiting[0].skipped_until <= now
+                if waiting and (not running or (hedge and await self._hedge_due(running, deadline))):
                     replica = waiting.pop(0)
                     running[attempt(replica)] = replica
                     continue
@@ -132,13 +136,15 @@ class ReplicaSet:
         return min(max(_MIN_HEDGE, 2 * statistics.median(timed)), deadline.seconds / 3)
 
     def _order(self) -> list[_Replica]:
-        """Replicas not skipped first, the quickest first; the skipped ones last, still asked if all else fails."""
+        """Replicas not skipped first: those whose last answer was no failure, the quickest first (one never timed
+        counts as quick, so that it gets timed), then those failing now; the skipped ones last, still asked if all
+        else fails."""
         now = self._clock.monotonic()
 
-        def rank(replica: _Replica) -> tuple[bool, float]:
+        def rank(replica: _Replica) -> tuple[bool, bool, float]:
             skipped = replica.skipped_until > now
             latency = statistics.median(replica.latencies) if replica.latencies else 0.0
-            return skipped, latency
+            return skipped, replica.failures > 0, latency
 
         return sorted(self._replicas, key=rank)
 
