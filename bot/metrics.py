@@ -180,7 +180,8 @@ class Metrics:
         )
         self.source_replica_skipped = Gauge(
             f"{_PREFIX}_source_replica_skipped",
-            "1 while a replica of an enrichment source is skipped (asked only once the others failed) after failing again and again.",
+            "1 while a replica of an enrichment source is skipped (asked only once the others failed) after failing "
+            "again and again.",
             ["source", "replica"],
             registry=worker,
         )
