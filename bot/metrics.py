@@ -39,7 +39,7 @@ ErrorKind = Literal[
 ]
 WEBHOOK_REFUSALS: tuple[WebhookRefusal, ...] = get_args(WebhookRefusal)
 ERROR_KINDS: tuple[ErrorKind, ...] = get_args(ErrorKind)
-DeliveryOutcome = Literal["delivered", "retry", "failed"]
+DeliveryOutcome = Literal["delivered", "retry", "held", "failed"]
 DELIVERY_RESULTS: tuple[DeliveryOutcome, ...] = get_args(DeliveryOutcome)
 ALERT_STATUSES = ("firing", "resolved")
 # `graphs_total{result}`: a picture drawn, or the message sent without one (drawing failed, too slow, upload failed).

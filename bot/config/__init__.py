@@ -20,6 +20,7 @@ from bot.config.base import (
 )
 from bot.config.duration import Duration, parse_duration
 from bot.config.enrichment import BUNDLED_PLAYBOOKS, EnrichmentConfig, LokiConfig, PlaybooksConfig, PrometheusConfig
+from bot.config.incidents import IncidentsConfig
 from bot.config.interactivity import DEFAULT_PERMISSIONS, InteractivityConfig, SlackRole
 from bot.config.loading import ConfigError, load_config
 from bot.config.receivers import (
@@ -58,6 +59,7 @@ __all__ = [
     "BotConfig",
     "CircuitBreakerConfig",
     "ConfigError",
+    "IncidentsConfig",
     "ConfigPath",
     "ConsoleReceiver",
     "DeadmanConfig",
