@@ -225,9 +225,7 @@ class Outbox:
 
     async def _attempt(self, sink: Sink, lane: Lane, delivery: Delivery) -> DeliveryResult:
         """One attempt and, when it delivered, its record: shielded, so that stop() cannot cut between them."""
-        attempt = asyncio.create_task(
-            self._attempt_and_record(sink, lane, delivery), name=f"delivery-{delivery.id}"
-        )
+        attempt = asyncio.create_task(self._attempt_and_record(sink, lane, delivery), name=f"delivery-{delivery.id}")
         self._attempts.add(attempt)
         attempt.add_done_callback(self._attempts.discard)
         return await asyncio.shield(attempt)

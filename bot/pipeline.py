@@ -1,9 +1,12 @@
-"""The path of one alert, stage by stage: ingest -> dedup -> enrich -> advise -> route -> deliver.
+"""The path of one alert, stage by stage: ingest -> dedup -> incidents -> enrich -> advise -> route -> deliver.
 
 Ingest (bot/ingest.py) has already written the webhook to the store before Alertmanager got its 2xx. The
 worker (bot/worker.py) calls `dedup` for stored notifications, then `handle_batch` for the events that are ready
-together: their evidence is gathered at once (queries the alerts share are sent once, bot/enrich/batch.py), then
-each event is advised, composed and routed on its own, and the batch's deliveries are written in one transaction.
+together: the incident stage (bot/incident/stage.py) says which of them belong to an incident, their evidence is
+gathered at once (queries the alerts share are sent once, bot/enrich/batch.py; an alert told only as a line of an
+incident gets its local evidence only), then each event is advised, composed and routed on its own, each incident
+the batch changed gets its new version for the receivers its alerts go to, and the batch's deliveries are written
+in one transaction.
 `decide` (enrich, advise, compose, route) writes nothing: `explain` calls it too, to show what would happen; it
 enriches a batch of one through the same code.
 """
@@ -21,6 +24,7 @@ from bot.dedup import plan_events
 from bot.enrich.base import EnrichmentRunner
 from bot.enrich.batch import BatchItem
 from bot.evidence import Enrichment
+from bot.incident.stage import Attribution, IncidentStage
 from bot.message import Message
 from bot.metrics import Metrics
 from bot.models import AlertState, Event, EventRoute, NewDelivery
@@ -81,9 +85,11 @@ class Pipeline:
         outbox: Outbox,
         metrics: Metrics,
         *,
+        incidents: IncidentStage,
         late_copy_window: float,
     ) -> None:
         self._store = store
+        self._incidents = incidents
         self._enrichers = enrichers
         self._playbooks = playbooks
         self._router = router
@@ -101,9 +107,13 @@ class Pipeline:
         wake the receivers' senders. Returns the events that could not be decided, with why (the others are
         routed); a store failure is raised for the whole batch."""
         matched, unmatched = self._match(events)
-        gathered = await self._gather([(event.alert, playbook) for event, playbook in matched])
-        routes, receivers, undecided = self._decide(matched, gathered)
-        await self._store.route_events(routes)
+        attribution = await self._incidents.attribute(matched)
+        gathered = await self._gather(matched, attribution)
+        routes, decided, undecided = self._decide(matched, gathered, attribution)
+        incidents = await self._incidents.routes(attribution, decided)
+        await self._store.route_events(routes, incidents)
+        receivers = {d.receiver for route in routes for d in route.deliveries}
+        receivers.update(d.receiver for incident in incidents for d in incident.deliveries)
         routed = {route.event_id for route in routes}
         for event in events:
             if event.id in routed:
@@ -122,11 +132,12 @@ class Pipeline:
         return matched, failed
 
     def _decide(
-        self, matched: Sequence[tuple[Event, Playbook]], gathered: Sequence[Enrichment | None]
-    ) -> tuple[list[EventRoute], set[str], list[tuple[Event, Exception]]]:
-        """Advise, compose and route each event (pure); one that fails is left out, the others go on."""
+        self, matched: Sequence[tuple[Event, Playbook]], gathered: Sequence[Enrichment | None], attribution: Attribution
+    ) -> tuple[list[EventRoute], list[tuple[Event, Playbook, Sequence[str]]], list[tuple[Event, Exception]]]:
+        """Advise, compose and route each event (pure); one that fails is left out, the others go on. An event
+        told only as part of its incident gets no delivery of its own; its receivers are the incident's."""
         routes: list[EventRoute] = []
-        receivers: set[str] = set()
+        decided: list[tuple[Event, Playbook, Sequence[str]]] = []
         failed: list[tuple[Event, Exception]] = []
         for (event, playbook), found in zip(matched, gathered, strict=True):
             try:
@@ -138,18 +149,27 @@ class Pipeline:
                 failed.append((event, exc))
                 continue
             told = () if _run_over(event.alert) else decision.receivers
-            deliveries = [NewDelivery(receiver=name, message=decision.message) for name in told]
-            routes.append(EventRoute(event.id, stored, deliveries))
-            receivers.update(told)
-        return routes, receivers, failed
+            own = told if attribution.told_alone(event) else ()
+            routes.append(
+                EventRoute(event.id, stored, [NewDelivery(receiver=n, message=decision.message) for n in own])
+            )
+            decided.append((event, playbook, told))
+        return routes, decided, failed
 
-    async def _gather(self, alerts: Sequence[tuple[AlertState, Playbook]]) -> list[Enrichment | None]:
+    async def _gather(
+        self, matched: Sequence[tuple[Event, Playbook]], attribution: Attribution
+    ) -> list[Enrichment | None]:
         """Evidence is gathered once per alert episode (None: the alert has it already, and repeats and resolves
-        show what was found then); the alerts that need it are enriched together."""
-        fresh = [i for i, (alert, _) in enumerate(alerts) if alert.enrichment is None]
-        enriched = await self._enrichers.run_batch([BatchItem(*alerts[i]) for i in fresh])
-        found: dict[int, Enrichment] = dict(zip(fresh, enriched, strict=True))
-        return [found.get(i) for i in range(len(alerts))]
+        show what was found then); the alerts that need it are enriched together, those told only as lines of an
+        incident with the local enrichers alone."""
+        fresh = [i for i, (event, _) in enumerate(matched) if event.alert.enrichment is None]
+        alone = [i for i in fresh if attribution.told_alone(matched[i][0])]
+        lines = [i for i in fresh if not attribution.told_alone(matched[i][0])]
+        found: dict[int, Enrichment] = {}
+        for indexes, remote in ((alone, True), (lines, False)):
+            items = [BatchItem(matched[i][0].alert, matched[i][1]) for i in indexes]
+            found.update(zip(indexes, await self._enrichers.run_batch(items, remote=remote), strict=True))
+        return [found.get(i) for i in range(len(matched))]
 
 
 def _run_over(alert: AlertState) -> bool:

@@ -89,6 +89,7 @@ def start_processing(
     # Imported here: an ingest process (serve --role ingest) never builds the worker side, whose sinks,
     # enrichers and their clients (slack_sdk, httpx, aiosmtplib) would cost it tens of MB.
     from bot.enrich import build_enrichers
+    from bot.incident.stage import IncidentStage
     from bot.interact.service import slack_controls
     from bot.outbox import Outbox
     from bot.pipeline import Pipeline
@@ -107,6 +108,7 @@ def start_processing(
         Router(config.routing),
         outbox,
         metrics,
+        incidents=IncidentStage(store, config.incidents),
         late_copy_window=config.store.late_copy_window,
     )
     worker = Worker(pipeline, store, config.worker, config.store, metrics, clock)

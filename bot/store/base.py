@@ -129,7 +129,9 @@ class Store(abc.ABC):
 
     # --- incidents (bot/incident/) -----------------------------------------------------------------
     @abc.abstractmethod
-    async def attribute_incidents(self, arrivals: Sequence[IncidentArrival], rule: IncidentRule) -> dict[str, Membership]:
+    async def attribute_incidents(
+        self, arrivals: Sequence[IncidentArrival], rule: IncidentRule
+    ) -> dict[str, Membership]:
         """In one transaction: the incident each arriving alert belongs to (by its key; none: alone), opening and
         joining incidents as `bot.store.incidents.decide_memberships` says."""
 

@@ -180,7 +180,9 @@ SUPERSEDE = """UPDATE deliveries SET state = 'superseded', finished_at = {p}
 # A held delivery's newer versions wait as long (an email digest's interval holds the incident, not one version).
 HOLD = """UPDATE deliveries SET next_attempt_at = {p}, error = {p}
  WHERE receiver = {p} AND alert_key = {p} AND state = 'pending' AND id >= {p}"""
-PENDING_DUE = "SELECT MAX(next_attempt_at) AS due FROM deliveries WHERE receiver = {p} AND alert_key = {p} AND state = 'pending'"
+PENDING_DUE = (
+    "SELECT MAX(next_attempt_at) AS due FROM deliveries WHERE receiver = {p} AND alert_key = {p} AND state = 'pending'"
+)
 
 
 def lane_condition(lane: Lane, not_blocked: str) -> str:

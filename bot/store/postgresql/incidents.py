@@ -35,7 +35,9 @@ async def insert_incident_routes(conn: Conn, incidents: Sequence[IncidentRoute],
         ).fetchone()
         assert event is not None
         for delivery in incident.deliveries:
-            row = await (await conn.execute(_q(shared.PENDING_DUE), (delivery.receiver, incident.incident_key))).fetchone()
+            row = await (
+                await conn.execute(_q(shared.PENDING_DUE), (delivery.receiver, incident.incident_key))
+            ).fetchone()
             due = max(now, (row or {}).get("due") or now)
             await conn.execute(
                 """INSERT INTO deliveries (event_id, alert_key, receiver, message, next_attempt_at, created_at)
@@ -45,7 +47,9 @@ async def insert_incident_routes(conn: Conn, incidents: Sequence[IncidentRoute],
 
 
 class PostgresIncidents(PostgresConnection):
-    async def attribute_incidents(self, arrivals: Sequence[IncidentArrival], rule: IncidentRule) -> dict[str, Membership]:
+    async def attribute_incidents(
+        self, arrivals: Sequence[IncidentArrival], rule: IncidentRule
+    ) -> dict[str, Membership]:
         if not arrivals:
             return {}
         async with self._transaction() as conn:

@@ -34,19 +34,24 @@ def insert_incident_routes(conn: sqlite3.Connection, incidents: Sequence[Inciden
             row = conn.execute(_q(shared.PENDING_DUE), (delivery.receiver, incident.incident_key)).fetchone()
             due = max(now, row["due"] or now)
             conn.execute(
-                """INSERT OR IGNORE INTO deliveries (event_id, alert_key, receiver, message, next_attempt_at, created_at)
+                """INSERT OR IGNORE INTO deliveries
+                       (event_id, alert_key, receiver, message, next_attempt_at, created_at)
                    VALUES (?, ?, ?, ?, ?, ?)""",
                 (event_id, incident.incident_key, delivery.receiver, delivery.message.model_dump_json(), due, now),
             )
 
 
 class SqliteIncidents(SqliteConnection):
-    async def attribute_incidents(self, arrivals: Sequence[IncidentArrival], rule: IncidentRule) -> dict[str, Membership]:
+    async def attribute_incidents(
+        self, arrivals: Sequence[IncidentArrival], rule: IncidentRule
+    ) -> dict[str, Membership]:
         if not arrivals:
             return {}
         return await self._run(self._transaction, lambda conn: self._attribute(conn, list(arrivals), rule))
 
-    def _attribute(self, conn: sqlite3.Connection, arrivals: list[IncidentArrival], rule: IncidentRule) -> dict[str, Membership]:
+    def _attribute(
+        self, conn: sqlite3.Connection, arrivals: list[IncidentArrival], rule: IncidentRule
+    ) -> dict[str, Membership]:
         now = self._now()
         known: dict[str, Membership] = {}
         for arrival in arrivals:

@@ -1,0 +1,157 @@
+"""The incident stage of the pipeline: does a batch's event open an incident, join one, or stay alone?
+
+After each event is matched to its playbook, `attribute` asks the store (one transaction, so replicas agree) which
+incident each event's alert belongs to (bot/store/incidents.py has the rule: more than `incidents.threshold` new
+alerts of one alertname within `incidents.window`). An alert told only as part of an incident gets no message of
+its own (`told_alone`), so it needs no evidence of its own from Prometheus or Loki: the pipeline gathers only its
+local evidence (GPU identity, Xid, recurrence); `explain --enrich` fetches the rest when someone asks. Once the
+batch is decided, `routes` makes each incident the batch changed into its new version: the incident-level evidence
+gathered when it opens (and again when its hosts grow by half), then its whole view delivered to every receiver its
+alerts would have gone to. Alerts told on their own before the incident opened keep
+their own messages; their changes update the incident too.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from bot import deadman
+from bot.config import IncidentsConfig
+from bot.incident.model import incident_key
+from bot.incident.view import build_view
+from bot.message import Message
+from bot.models import AlertState, Event, EventKind, IncidentRoute, NewDelivery
+from bot.playbooks import Playbook
+from bot.selftest.marking import is_selftest
+from bot.store.base import Store
+from bot.store.incidents import IncidentArrival, IncidentRecord, IncidentRule, Membership
+
+log = logging.getLogger(__name__)
+
+# The incident-level evidence of an incident (JSON: traits, signals, companions, cause, fleet sizes), from its
+# record, its playbook and the alerts firing now; None when it cannot be gathered now.
+Analyse = Callable[[IncidentRecord, Playbook, Sequence[AlertState]], Awaitable[dict[str, Any] | None]]
+
+# The bot's own alerts tell of the alert path itself: each keeps its messages, never an incident's line.
+_OWN_ALERTS = frozenset({deadman.ALERTNAME, deadman.MEMBER_ALERTNAME})
+# Event kinds that change what an incident shows (a repeat changes nothing).
+_CHANGES = frozenset({EventKind.FIRING, EventKind.REFIRING, EventKind.RESOLVED, EventKind.ACK, EventKind.NOTE})
+# Analysed again when the incident has this many times the hosts it had when last analysed.
+_REANALYSE_GROWTH = 1.5
+# Read when gathering an incident's evidence: other alerts firing on its hosts are named as evidence.
+_FIRING_READ = 20_000
+
+
+def stands_alone(alert: AlertState) -> bool:
+    """The bot's own alerts and self-test alerts never join an incident."""
+    return alert.labels.get("alertname", "") in _OWN_ALERTS or is_selftest(alert.labels)
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """The incident of each event of a batch (by event id) that belongs to one."""
+
+    memberships: Mapping[int, Membership]
+
+    def told_alone(self, event: Event) -> bool:
+        """Whether the event gets its alert's own messages (outside an incident, or told before it opened)."""
+        membership = self.memberships.get(event.id)
+        return membership is None or membership.alone
+
+
+class IncidentStage:
+    def __init__(self, store: Store, config: IncidentsConfig, analyse: Analyse | None = None) -> None:
+        self._store = store
+        self._config = config
+        self._rule = IncidentRule(config.threshold, config.window)
+        self._analyse = analyse
+
+    async def attribute(self, matched: Sequence[tuple[Event, Playbook]]) -> Attribution:
+        if not self._config.enabled:
+            return Attribution({})
+        arrivals = [
+            IncidentArrival(
+                alert_key=event.alert.key,
+                alertname=event.alert.labels.get("alertname", ""),
+                playbook=playbook.name,
+                new=event.kind is EventKind.FIRING,
+            )
+            for event, playbook in matched
+            if not stands_alone(event.alert) and event.kind is not EventKind.INCIDENT
+        ]
+        by_key = await self._store.attribute_incidents(arrivals, self._rule)
+        opened = sorted({m.incident_id for m in by_key.values() if m.opened})
+        if opened:
+            log.warning("incident opened: its alerts are told as one", extra={"incidents": opened})
+        return Attribution({event.id: by_key[event.alert.key] for event, _ in matched if event.alert.key in by_key})
+
+    async def routes(
+        self,
+        attribution: Attribution,
+        decided: Sequence[tuple[Event, Playbook, Sequence[str]]],
+    ) -> list[IncidentRoute]:
+        """Each incident the batch changed, at its new version, for the receivers its changed alerts go to."""
+        receivers: dict[str, set[str]] = {}
+        playbooks: dict[str, Playbook] = {}
+        for event, playbook, told in decided:
+            membership = attribution.memberships.get(event.id)
+            if membership is None or event.kind not in _CHANGES:
+                continue
+            receivers.setdefault(membership.incident_id, set()).update(told)
+            playbooks.setdefault(membership.incident_id, playbook)
+        if not receivers:
+            return []
+        analyses = {incident_id: await self._analysis(incident_id, playbooks[incident_id]) for incident_id in receivers}
+        routes = []
+        for record in await self._store.advance_incidents(analyses):
+            message = incident_message(record)
+            routes.append(
+                IncidentRoute(
+                    incident_key=message.alert_key,
+                    deliveries=[NewDelivery(receiver=name, message=message) for name in sorted(receivers[record.id])],
+                )
+            )
+        return routes
+
+    async def _analysis(self, incident_id: str, playbook: Playbook) -> dict[str, Any] | None:
+        """New incident-level evidence when the incident has none yet or its hosts grew; None keeps what it has."""
+        if self._analyse is None:
+            return None
+        record = await self._store.get_incident(incident_id)
+        if record is None or record.state != "open":
+            return None
+        hosts = build_view(record).scope.hosts
+        analysed_hosts = (record.analysis or {}).get("analysed_hosts", 0)
+        if record.analysis is not None and hosts < analysed_hosts * _REANALYSE_GROWTH:
+            return None
+        firing = await self._store.list_alerts("firing", _FIRING_READ)
+        found = await self._analyse(record, playbook, firing)
+        return None if found is None else {**found, "analysed_hosts": hosts}
+
+
+def incident_message(record: IncidentRecord) -> Message:
+    """The neutral message of an incident's version: every sink renders its `incident` view its own way."""
+    view = build_view(record)
+    scope = view.scope
+    summary = f"{scope.firing} of {scope.alerts} alerts firing on {scope.hosts} hosts"
+    if view.cause is not None:
+        summary += f"; likely cause: {view.cause.title}"
+    return Message(
+        alert_key=incident_key(record.id),
+        fingerprint=record.id,
+        group_key=incident_key(record.id),
+        event="incident",
+        status="firing" if view.status == "open" else "resolved",
+        severity=view.severity,
+        alert_severity=view.severity,
+        title=view.title,
+        summary=summary,
+        alertname=record.alertname,
+        starts_at=scope.since,
+        resolved_at=view.resolved_at,
+        labels={"alertname": record.alertname, "severity": view.severity},
+        incident=view,
+    )
