@@ -1,0 +1,174 @@
+"""`gpu-alert-bot report INCIDENT`: an incident's record as Markdown, and its heat map as an image beside it.
+
+The timeline reads the store: the first alert, when the bot told it as one incident, the peak, what the affected
+hosts shared and the stated cause (the incident-level evidence as last gathered), the actions asked for on its
+alerts with who approved them, the acknowledgements and silences, and the resolution.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from bot.config import BotConfig
+from bot.incident.model import IncidentView, incident_key
+from bot.incident.view import alert_value, build_view
+from bot.message import format_duration
+from bot.models import host_from_labels, short_id
+from bot.store import StoreUnavailable, open_store
+from bot.store.base import ActionRun, AuditEntry
+from bot.store.incidents import IncidentRecord
+
+
+@dataclass(frozen=True)
+class Moment:
+    at: datetime
+    text: str
+
+
+def _time(at: datetime) -> str:
+    return at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _value(value: float | None, unit: str) -> str:
+    return "?" if value is None else f"{value:g}{' ' + unit if unit else ''}"
+
+
+def timeline(record: IncidentRecord, runs: Sequence[ActionRun], audit: Sequence[AuditEntry]) -> list[Moment]:
+    """What happened, oldest first: the first alert, the opening, the peak, actions, acks, silences, resolution."""
+    view = build_view(record)
+    alerts = [m.alert for m in record.members]
+    first = min(alerts, key=lambda a: (a.starts_at, a.key))
+    moments = [
+        Moment(first.starts_at, f"First alert: {_alert_words(first.labels, first.key)}"),
+        Moment(record.opened_at, f"Told as one incident ({view.title}, {len(alerts)} alerts by then or later)"),
+    ]
+    valued = [(v, a) for a in alerts if (v := alert_value(a)[0]) is not None]
+    if valued:
+        peak, peak_alert = max(valued, key=lambda pair: (pair[0], pair[1].key))
+        moments.append(
+            Moment(peak_alert.starts_at, f"Peak {_value(peak, view.scope.unit)}: {_alert_words(peak_alert.labels, peak_alert.key)}")
+        )
+    for alert in alerts:
+        if alert.acked_by and alert.acked_at:
+            moments.append(Moment(alert.acked_at, f"Acknowledged by {alert.acked_by}: `{short_id(alert.key)}`"))
+        if alert.silence_id and alert.silenced_by:
+            until = f" until {_time(alert.silenced_until)}" if alert.silenced_until else ""
+            moments.append(
+                Moment(alert.last_seen, f"Silenced by {alert.silenced_by}{until}: `{short_id(alert.key)}`")
+            )
+    for run in runs:
+        approved = f", approved by {', '.join(run.approvals)}" if run.approvals else ""
+        moments.append(
+            Moment(
+                run.requested_at,
+                f"Action `{run.action}` on {run.target}{' GPU ' + run.gpu if run.gpu else ''} asked by "
+                f"{run.requested_by}{approved}: {run.state}{' (' + run.detail + ')' if run.detail else ''}",
+            )
+        )
+    for entry in audit:
+        moments.append(Moment(entry.at, f"{entry.actor}: {entry.action} {entry.target}: {entry.outcome}"))
+    if record.resolved_at is not None:
+        lasted = format_duration((record.resolved_at - view.scope.since).total_seconds())
+        moments.append(Moment(record.resolved_at, f"All {len(alerts)} alerts resolved after {lasted}"))
+    return sorted(moments, key=lambda m: m.at)
+
+
+def _alert_words(labels: dict[str, str], key: str) -> str:
+    host = host_from_labels(labels) or "unknown host"
+    gpu = f" GPU {labels['gpu']}" if labels.get("gpu") else ""
+    return f"{labels.get('alertname', '')} on `{host}`{gpu} (`{short_id(key)}`)"
+
+
+def report_markdown(
+    record: IncidentRecord, runs: Sequence[ActionRun], audit: Sequence[AuditEntry], picture: str | None
+) -> str:
+    view = build_view(record)
+    lines = [f"# Incident {record.id}: {view.title}", "", *_summary(view), ""]
+    lines += ["## What the affected hosts share", ""]
+    lines += [
+        f"- {t.affected} of {t.affected_total} affected hosts have {t.label}=\"{t.value}\"; {t.fleet} of the fleet's "
+        f"{t.fleet_total} do (chance alone: p = {t.p_value:.1e})"
+        for t in view.traits
+    ] or ["- Nothing stated: the affected hosts do not differ from the fleet enough to say so."]
+    lines += ["", "## What moved with them", ""]
+    lines += [
+        f"- {s.title}: moved on {s.moved} of {s.affected_total} affected hosts in the {format_duration(s.window_seconds)} "
+        f"before (median {s.affected_change:+.1f}{' ' + s.unit if s.unit else ''}; rest of the fleet "
+        f"{'no data' if s.rest_change is None else f'{s.rest_change:+.1f}'})"
+        for s in view.signals
+    ] + [f"- {c.alertname} firing on {c.hosts} of its hosts" for c in view.companions] or ["- Nothing found."]
+    lines += ["", "## Stated cause", ""]
+    if view.cause is None:
+        lines.append("- None stated." if view.analysed else "- Not gathered.")
+    else:
+        lines += [f"**{view.cause.title}**: {view.cause.reason}", ""]
+        lines += [f"{n}. {step}" for n, step in enumerate(view.cause.steps, 1)]
+        if view.cause.runbook_url:
+            lines.append(f"\nRunbook: {view.cause.runbook_url}")
+    lines += ["", "## Timeline", "", "| time | what |", "| --- | --- |"]
+    lines += [f"| {_time(m.at)} | {m.text.replace('|', '/')} |" for m in timeline(record, runs, audit)]
+    if picture:
+        lines += ["", "## Alerts by host over time", "", f"![alerts by host and start time]({picture})"]
+    lines += ["", "## Hosts", "", "| host | GPUs | value | firing | resolved |", "| --- | --- | --- | --- | --- |"]
+    lines += [
+        f"| `{h.host}` | {', '.join(h.gpus) or '-'} | {_range(h.value_min, h.value_max, view.scope.unit)} | "
+        f"{h.firing} | {h.resolved} |"
+        for h in view.hosts
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _summary(view: IncidentView) -> list[str]:
+    scope = view.scope
+    share = (
+        f" ({scope.hosts} of {scope.fleet_hosts} hosts, {scope.gpus} of {scope.fleet_gpus} GPUs)"
+        if scope.fleet_hosts and scope.fleet_gpus
+        else ""
+    )
+    status = "resolved" if view.status == "resolved" else f"open, {scope.firing} firing"
+    lasted = (
+        f", lasted {format_duration((view.resolved_at - scope.since).total_seconds())}" if view.resolved_at else ""
+    )
+    return [
+        f"- **Status:** {status}{lasted}",
+        f"- **Scope:** {scope.alerts} alerts on {scope.gpus} GPUs of {scope.hosts} hosts{share}",
+        f"- **Since:** {_time(scope.since)}; told as one incident at {_time(view.opened_at)}",
+        f"- **Value:** {_range(scope.value_min, scope.value_max, scope.unit)}; peak {_value(view.peak, scope.unit)}",
+        f"- **Key:** `{incident_key(view.id)}`",
+    ]
+
+
+def _range(low: float | None, high: float | None, unit: str) -> str:
+    if low is None or high is None:
+        return "-"
+    return _value(low, unit) if low == high else f"{low:g} to {_value(high, unit)}"
+
+
+async def report_command(config: BotConfig, incident_id: str, out: Path | None) -> int:
+    try:
+        store = await open_store(config.store, read_only=True)
+    except StoreUnavailable as exc:
+        print(f"gpu-alert-bot report: cannot read the store: {exc}", file=sys.stderr)
+        return 1
+    try:
+        record = await store.get_incident(incident_id)
+        if record is None:
+            print(f"gpu-alert-bot report: no incident {incident_id!r} in the store", file=sys.stderr)
+            return 1
+        keys = {m.alert.key for m in record.members} | {incident_key(record.id)}
+        ids = {short_id(k) for k in keys} | {record.id}
+        runs = [r for r in await store.action_runs(record.opened_at) if r.alert_key in keys]
+        audit = [e for e in await store.audit_log(record.opened_at, 100_000) if e.target in ids]
+    finally:
+        await store.close()
+    path = out or Path(f"incident-{record.id}.md")
+    picture = _write_heat_map(record, path)
+    path.write_text(report_markdown(record, runs, audit, picture.name if picture else None))
+    print(path)
+    if picture:
+        print(picture)
+    return 0
