@@ -36,6 +36,9 @@ SEED_GPU_RULES = {
     ),
 }
 
+# Rules beyond the seed's: GPU memory temperature and a temperature climbing towards GPUTempCritical.
+NEW_GPU_RULES = {"GPUMemoryTempHigh", "GPUTemperatureRising"}
+
 # The rules about gpu-alert-bot itself (monitoring-alerts.yml, group gpu-alert-bot).
 BOT_RULES = {
     "GPUAlertBotDown",
@@ -124,7 +127,15 @@ def assert_firing_and_silent_cases(fixture: str, alertnames: Iterable[str]) -> N
 
 
 def test_each_gpu_rule_has_a_firing_and_a_non_firing_case() -> None:
-    assert_firing_and_silent_cases("gpu-alerts.test.yml", SEED_GPU_RULES)
+    assert_firing_and_silent_cases("gpu-alerts.test.yml", [*SEED_GPU_RULES, *NEW_GPU_RULES])
+
+
+def test_the_memory_temperature_rules_leave_out_the_exporters_unsupported_values() -> None:
+    """0 (no memory sensor) is below any threshold; DCGM's blank (2147483632 and above) is above the bound."""
+    rules = [rule for rule in shipped_rules() if rule["alert"] == "GPUMemoryTempHigh"]
+    assert {rule["labels"]["severity"] for rule in rules} == {"warning", "critical"}
+    for rule in rules:
+        assert "DCGM_FI_DEV_MEMORY_TEMP < 200" in rule["expr"]
 
 
 def test_each_rule_about_the_bot_has_a_firing_and_a_non_firing_case() -> None:

@@ -144,7 +144,8 @@ async def test_the_example_alertmanager_delivers_to_the_bot_with_its_token(tmp_p
 @pytest.mark.realstack
 def test_a_critical_alert_mutes_only_the_warning_about_the_same_filesystem_or_sensor(tmp_path: Path) -> None:
     """The shipped inhibit rules in a real Alertmanager: the critical PrometheusDiskFilling on / mutes the warning
-    on /, not the one on /data; the critical inlet alert mutes only its own sensor's warning."""
+    on /, not the one on /data; the critical inlet alert mutes only its own sensor's warning, the critical GPU memory
+    temperature only its own GPU's."""
     config = load(ALERTMANAGER)
     config["receivers"][0]["webhook_configs"][0]["http_config"]["authorization"]["credentials_file"] = str(
         tmp_path / "unused_token"
@@ -153,6 +154,7 @@ def test_a_critical_alert_mutes_only_the_warning_about_the_same_filesystem_or_se
     start = f"--start={datetime.now(UTC).isoformat()}"
     disk = ["alertname=PrometheusDiskFilling", "instance=node-exporter:9100"]
     inlet = ["alertname=InletTemperatureHigh", "instance=k-ai-01.lan:9290"]
+    memory = ["alertname=GPUMemoryTempHigh", "instance=k-ai-01.lan:9400"]
     try:
         for labels in (
             [*disk, "mountpoint=/", "severity=critical"],
@@ -161,17 +163,23 @@ def test_a_critical_alert_mutes_only_the_warning_about_the_same_filesystem_or_se
             [*inlet, "name=Inlet Temp", "severity=critical"],
             [*inlet, "name=Inlet Temp", "severity=warning"],
             [*inlet, "name=Ambient Temp", "severity=warning"],
+            [*memory, "gpu=0", "severity=critical"],
+            [*memory, "gpu=0", "severity=warning"],
+            [*memory, "gpu=1", "severity=warning"],
         ):
             am.amtool("alert", "add", *labels, start)
         alerts = httpx.get(f"{am.url}/api/v2/alerts", timeout=5).json()
     finally:
         am.stop()
     muted = {
-        (a["labels"].get("mountpoint") or a["labels"]["name"], a["labels"]["severity"])
+        (
+            a["labels"].get("mountpoint") or a["labels"].get("name") or "GPU " + a["labels"]["gpu"],
+            a["labels"]["severity"],
+        )
         for a in alerts
         if a["status"]["inhibitedBy"]
     }
-    assert muted == {("/", "warning"), ("Inlet Temp", "warning")}
+    assert muted == {("/", "warning"), ("Inlet Temp", "warning"), ("GPU 0", "warning")}
 
 
 # --- Prometheus -------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from bot.playbooks.conditions import (
     SeriesCondition,
     VerdictCondition,
 )
+from bot.playbooks.incident import SignalCondition
 from bot.playbooks.schema import GENERIC, ActionChoice, Case, Playbook
 from bot.playbooks.templating import text_template_problems
 from bot.querytemplate import query_template_problems
@@ -93,6 +94,7 @@ def _playbook_problems(playbook: Playbook) -> Iterator[tuple[Loc, str]]:
     yield from _judgement_problems(playbook)
     for index, choice in enumerate(playbook.actions):
         yield from _action_problems(index, choice)
+    yield from _incident_problems(playbook)
 
 
 def _text_problems(playbook: Playbook) -> Iterator[tuple[Loc, str]]:
@@ -149,6 +151,36 @@ def _action_problems(index: int, choice: ActionChoice) -> Iterator[tuple[Loc, st
         yield ("actions", index), f"unknown action {choice.name!r} (known: {', '.join(ACTIONS)})"
     elif choice.safety is not None and _SAFETY_ORDER[choice.safety] < _SAFETY_ORDER[spec.safety]:
         yield ("actions", index, "safety"), f"{choice.name} is {spec.safety}; a playbook cannot make it {choice.safety}"
+
+
+def _incident_problems(playbook: Playbook) -> Iterator[tuple[Loc, str]]:
+    section = playbook.incident
+    if section is None:
+        return
+    for name, signal in section.signals.items():
+        for problem in query_template_problems(signal.query):
+            yield ("incident", "signals", name, "query"), f"bad query: {problem}"
+        if re.search(r"\{[A-Za-z_]\w*\}", signal.query):
+            yield ("incident", "signals", name, "query"), "a signal is fleet-wide: its query has no placeholder"
+    for index, cause in enumerate(section.causes):
+        loc: Loc = ("incident", "causes", index)
+        for key in ("when", "unless"):
+            for position, condition in enumerate(getattr(cause, key)):
+                if isinstance(condition, SignalCondition) and condition.signal not in section.signals:
+                    known = ", ".join(sorted(section.signals)) or "none"
+                    yield (*loc, key, position, "signal"), f"no signal named {condition.signal!r} (signals: {known})"
+        allowed = cause.placeholders()
+        texts: list[tuple[Loc, str]] = [((*loc, "reason"), cause.reason), ((*loc, "title"), cause.title)]
+        texts += [((*loc, "steps", i), step) for i, step in enumerate(cause.steps)]
+        for text_loc, text in texts:
+            for problem in text_template_problems(text):
+                yield text_loc, problem
+        for text_loc, text in texts[:1] + texts[2:]:
+            for name in sorted(set(re.findall(r"(?<!\{)\{([A-Za-z_]\w*)\}", text)) - allowed):
+                yield text_loc, f"{{{name}}} is not known here (known: {', '.join(sorted(allowed))})"
+        for position, action in enumerate(cause.actions):
+            if action not in ACTIONS:
+                yield (*loc, "actions", position), f"unknown action {action!r} (known: {', '.join(ACTIONS)})"
 
 
 def load_playbooks(directory: Path) -> tuple[list[Playbook], XidCatalog]:

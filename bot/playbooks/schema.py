@@ -13,6 +13,7 @@ from bot.config import Duration, Matcher
 from bot.message import ActionRef, Link, Safety
 from bot.playbooks.base import FileModel
 from bot.playbooks.conditions import Condition, Evidence, Judgement
+from bot.playbooks.incident import IncidentSection
 from bot.playbooks.templating import IDENTIFIER
 
 GENERIC = "generic"
@@ -116,6 +117,8 @@ class Playbook(FileModel):
     cases: list[Case] = Field(default_factory=list)
     actions: list[Annotated[ActionChoice, BeforeValidator(_name_or_mapping("name"))]] = Field(default_factory=list)
     links: list[LinkTemplate] = Field(default_factory=list)
+    # What to measure and which likely cause to claim when many of these alerts are one incident.
+    incident: IncidentSection | None = None
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -252,10 +252,16 @@ def wait_scraped(url: str, metric: str, series: int, timeout: float = 60.0) -> N
     raise TimeoutError(f"Prometheus did not scrape {series} series of {metric}")
 
 
-def backfill(workdir: Path, series: dict[str, float], start: float, end: float, interval: float = 15.0) -> None:
+def backfill(
+    workdir: Path,
+    series: Mapping[str, float | Callable[[float], float]],
+    start: float,
+    end: float,
+    interval: float = 15.0,
+) -> None:
     """Write gauge samples every `interval` seconds over [start, end] into the TSDB a Prometheus(workdir) will
     open, with `promtool tsdb create-blocks-from openmetrics`: history without waiting for it. `series` maps an
-    exposition-format series (`name{labels}`) to its constant value."""
+    exposition-format series (`name{labels}`) to its constant value, or to its value at a time (Unix seconds)."""
     times = [start + index * interval for index in range(int((end - start) // interval) + 1)]
     lines: list[str] = []
     # OpenMetrics: each family once, its TYPE first, then its samples in time order.
@@ -263,7 +269,7 @@ def backfill(workdir: Path, series: dict[str, float], start: float, end: float, 
         lines.append(f"# TYPE {name} gauge")
         for text, value in series.items():
             if text.split("{", 1)[0] == name:
-                lines.extend(f"{text} {value} {at:.3f}" for at in times)
+                lines.extend(f"{text} {value(at) if callable(value) else value} {at:.3f}" for at in times)
     exposition = workdir / "backfill.om"
     workdir.mkdir(parents=True, exist_ok=True)
     exposition.write_text("\n".join([*lines, "# EOF", ""]))
