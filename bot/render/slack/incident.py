@@ -73,7 +73,7 @@ def incident_card(view: IncidentView, controls: Controls = Controls()) -> Payloa
             "(`/gpu ack ID`, `/gpu list` work on each)."
         )
     )
-    fallback = clip(f"{title}: {_scope_line(view)}", FALLBACK_BUDGET)
+    fallback = clip(f"{escape(title)}: {_scope_line(view)}", FALLBACK_BUDGET)
     colour = RESOLVED_COLOUR if resolved else severity_colour(view.severity)
     return {
         "text": fallback,

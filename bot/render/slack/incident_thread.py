@@ -89,7 +89,7 @@ def hosts_reply(view: IncidentView, hosts: Sequence[str], first: int) -> Payload
     lines = [host_line(by_name[h], view.scope.unit, view.severity) for h in shown]
     text = "\n".join(lines) or "_(no host)_"
     last = first + len(lines) - 1
-    fallback = clip(f"Hosts {first} to {last} of {view.title}", FALLBACK_BUDGET)
+    fallback = clip(f"Hosts {first} to {last} of {escape(view.title)}", FALLBACK_BUDGET)
     return {
         "text": fallback,
         "blocks": [section_block(chunk) for chunk in split_text(text, 10_000)],
