@@ -22,8 +22,8 @@ from bot.sinks.slack import SlackSink
 from bot.store.sqlite import SqliteStore
 from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack, SlackMessage
 from tests.support.clock import FakeClock, running
+from tests.support.fleet_incidents import fleet_view, incident_delivery
 from tests.support.graphs import stored_alert_delivery
-from tests.support.incidents import fleet_view, incident_delivery
 from tests.support.slack_receiver import slack_receiver
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

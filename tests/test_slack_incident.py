@@ -14,7 +14,7 @@ from bot.render.slack import Controls
 from bot.render.slack.incident import INCIDENT_ACTION
 from bot.sinks.base import DeliveryResult
 from tests.fakes.slack import FakeSlack, SlackMessage
-from tests.support.incidents import fleet_view, host_name, incident_delivery
+from tests.support.fleet_incidents import fleet_view, host_name, incident_delivery
 from tests.test_slack_sink import SinkFactory, alert, delivery, fake, make_sink
 
 __all__ = ["fake", "make_sink"]  # the sink fixtures, used by name (`store` is conftest.py's)

@@ -23,7 +23,7 @@ from bot.render.slack import (
 from bot.render.slack.incident import incident_card
 from bot.render.slack.incident_thread import HOSTS_PER_REPLY, gpus_text, hosts_reply
 from tests.fakes.slack import block_kit_errors
-from tests.support.incidents import fleet_view
+from tests.support.fleet_incidents import fleet_view
 
 STARTED = datetime(2026, 11, 29, 13, 30, tzinfo=UTC)
 

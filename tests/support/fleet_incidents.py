@@ -1,5 +1,5 @@
-"""Incidents as their deliveries carry them (bot/incident/model.py): a fleet of hosts with 8 GPUs each, every GPU
-alerting, for sink tests that need no pipeline."""
+"""A fleet incident as its deliveries carry it (bot/incident/model.py): hosts of 8 GPUs each, every GPU alerting,
+with real short ids and start times, for the Slack sink tests that need no pipeline."""
 
 from __future__ import annotations
 
