@@ -248,3 +248,22 @@ async def test_the_fake_takes_slack_sdks_own_three_step_upload_and_answers_its_e
     fake.member_of = set()
     with pytest.raises(SlackApiError, match="not_in_channel"):
         await client.files_completeUploadExternal(files=[{"id": pending["file_id"]}], channel_id=channel, thread_ts=ts)
+
+
+async def test_1200_gpus_on_150_hosts_are_5_posts_the_list_and_the_heat_map(
+    fake: FakeSlack, make_sink: SinkFactory
+) -> None:
+    """The whole life of the incident: opened, analysed, recovered. Each chat.update shows a change."""
+    sink = make_sink()
+    for view in (
+        fleet_view(),
+        fleet_view(version=2, analysed=True),
+        fleet_view(version=3, analysed=True),  # nothing new to show
+        fleet_view(version=4, analysed=True, resolved=True),
+    ):
+        assert await sink.deliver(incident_delivery(view)) == DeliveryResult.ok()
+    [card] = fake.top_level()
+    assert len(fake.calls_of("chat.postMessage")) == 5  # the card, 3 replies of host lines, the recovery
+    assert [f["mimetype"] for f in fake.files_in_thread(card)] == ["text/plain", "image/png"]
+    # The card when analysed and when recovered; the 3 replies when their hosts recovered.
+    assert len(fake.calls_of("chat.update")) == 5

@@ -6,15 +6,20 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
+from bot.config import SlackReceiver
 from bot.deadman import ALERTNAME
 from bot.metrics import Metrics
 from bot.models import short_id
 from bot.render.slack import Controls
 from bot.render.slack.incident import INCIDENT_ACTION
 from bot.sinks.base import DeliveryResult
+from bot.sinks.slack import SlackRendering
+from bot.store.sqlite import SqliteStore
 from tests.fakes.slack import FakeSlack, SlackMessage
 from tests.support.fleet_incidents import fleet_view, host_name, incident_delivery
+from tests.support.slack_receiver import slack_receiver
 from tests.test_slack_sink import SinkFactory, alert, delivery, fake, make_sink
 
 __all__ = ["fake", "make_sink"]  # the sink fixtures, used by name (`store` is conftest.py's)
@@ -136,8 +141,8 @@ async def test_fleet_action_buttons_carry_the_incident_and_the_action(fake: Fake
     assert "80 GPUs" in button["text"]["text"] and "approved" in button["confirm"]["text"]["text"]
 
 
-async def test_an_ack_of_an_alert_of_the_incident_is_a_line_in_its_thread(
-    fake: FakeSlack, make_sink: SinkFactory
+async def test_an_ack_or_a_note_about_an_alert_of_the_incident_is_a_line_in_its_thread(
+    fake: FakeSlack, make_sink: SinkFactory, store: SqliteStore
 ) -> None:
     sink = make_sink()
     view = fleet_view(hosts=5)
@@ -145,12 +150,43 @@ async def test_an_ack_of_an_alert_of_the_incident_is_a_line_in_its_thread(
     member = view.alerts[3]
     acked = alert(1, "ack", alert_key=member.alert_key, acked_by="alice", title="GPUTempCritical on k-ai-000 GPU 3")
     assert await sink.deliver(delivery(acked)) == DeliveryResult.ok()
+    note = alert(1, "note", alert_key=member.alert_key, note="silenced by bob for 2 h", note_id=7)
+    assert await sink.deliver(delivery(note)) == DeliveryResult.ok()
     assert await sink.deliver(delivery(alert(1, "repeat", alert_key=member.alert_key))) == DeliveryResult.ok()
     assert await sink.deliver(delivery(alert(1, "resolved", alert_key=member.alert_key))) == DeliveryResult.ok()
     card = the_card(fake)
     assert len(fake.top_level()) == 1  # the incident tells its alerts' repeats and resolves
     [told] = [r for r in fake.replies(card) if "acknowledged by" in r.rendered_text()]
     assert f"(id {short_id(member.alert_key)})" in told.rendered_text() and "alice" in told.rendered_text()
+    [silenced] = [r for r in fake.replies(card) if "silenced by bob" in r.rendered_text()]
+    assert f"(id {short_id(member.alert_key)})" in silenced.rendered_text()
+    # `/gpu silence` links a silence to the alert's message: for an alert of an incident, the card.
+    record = await store.get_sink_state("slack", f"alert:{member.alert_key}")
+    assert record is not None and (record["channel"], record["ts"]) == (card.channel, card.ts)
+
+
+async def test_an_alert_of_an_incident_firing_again_once_it_is_over_is_shown_anew(
+    fake: FakeSlack, make_sink: SinkFactory, store: SqliteStore
+) -> None:
+    sink = make_sink()
+    await sink.deliver(incident_delivery(fleet_view(hosts=2)))
+    key = fleet_view(hosts=2).alerts[0].alert_key
+    await sink.deliver(delivery(alert(1, "refiring", alert_key=key)))  # still open: its line tells it
+    assert len(fake.top_level()) == 1
+    await sink.deliver(incident_delivery(fleet_view(hosts=2, version=2, resolved=True)))
+    assert await sink.deliver(delivery(alert(1, "refiring", alert_key=key))) == DeliveryResult.ok()
+    assert len(fake.top_level()) == 2
+    # A record from the version that listed alerts in storms reads as an alert told as a line.
+    await store.put_sink_states("slack", {f"alert:{alert(2).alert_key}": {"mode": "storm", "storm": "1", "seq": 4}})
+    assert await sink.deliver(delivery(alert(2, "resolved"))) == DeliveryResult.ok()
+    assert await sink.deliver(delivery(alert(2, "refiring"))) == DeliveryResult.ok()
+    assert len(fake.top_level()) == 3
+
+
+def test_explain_previews_the_card(tmp_path: Path, fake: FakeSlack) -> None:
+    receiver = SlackReceiver.model_validate(slack_receiver(tmp_path, fake), context={"base_dir": tmp_path})
+    preview = SlackRendering(receiver).preview(incident_delivery(fleet_view(hosts=3)))
+    assert preview["channel"] == "#gpu-alerts" and "GPUTempCritical on 3 hosts" in preview["payload"]["text"]
 
 
 async def test_the_bots_own_alerts_keep_their_own_message_during_an_incident(

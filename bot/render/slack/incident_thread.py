@@ -44,21 +44,21 @@ def host_line(host: HostLine, unit: str, severity: str) -> str:
 
 
 def _with_ids(line: str, short_ids: Sequence[str]) -> str:
-    """The line with as many of the host's alert ids as fit; the rest are counted (all are in the list)."""
+    """The line with as many of the host's alert ids as fit; the others are counted (all are in the list)."""
+    shown = 0
+    while shown < len(short_ids) and text_length(_ids_line(line, short_ids, shown + 1)) <= _HOST_LINE_BUDGET:
+        shown += 1
+    return clip(_ids_line(line, short_ids, shown), _HOST_LINE_BUDGET)
+
+
+def _ids_line(line: str, short_ids: Sequence[str], shown: int) -> str:
+    ids = " ".join(f"`{escape(sid)}`" for sid in short_ids[:shown])
+    hidden = len(short_ids) - shown
     if not short_ids:
-        return clip(line, _HOST_LINE_BUDGET)
-    shown: list[str] = []
-    for index, sid in enumerate(short_ids):
-        rest = len(short_ids) - index - 1
-        more = f" +{rest} in the list" if rest else ""
-        candidate = f"{line} · ids {' '.join([*shown, f'`{escape(sid)}`'])}{more}"
-        if text_length(candidate) > _HOST_LINE_BUDGET:
-            break
-        shown.append(f"`{escape(sid)}`")
+        return line
     if not shown:
-        return clip(f"{line} · {len(short_ids)} ids in the list", _HOST_LINE_BUDGET)
-    hidden = len(short_ids) - len(shown)
-    return f"{line} · ids {' '.join(shown)}" + (f" +{hidden} in the list" if hidden else "")
+        return f"{line} · {hidden} id{'s' if hidden != 1 else ''} in the list"
+    return f"{line} · id{'s' if len(short_ids) != 1 else ''} {ids}" + (f" +{hidden} in the list" if hidden else "")
 
 
 def gpus_text(gpus: Sequence[str]) -> str:

@@ -12,7 +12,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from bot.message import Message
 from bot.render.slack import shrink_for_slack
@@ -65,6 +65,13 @@ class AlertRecord(BaseModel):
     told_ack: str = ""
     incident: str = ""
     graph: Upload | None = None
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _listed_in_a_storm(cls, value: object) -> object:
+        """A record written by a version that listed alerts in storms: told as a line, like an incident's alert
+        whose incident is gone (its thread is no longer written to; firing again, it is shown anew)."""
+        return "incident" if value == "storm" else value
 
 
 class ChannelState(BaseModel):
