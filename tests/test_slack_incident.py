@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import UTC, datetime
 from pathlib import Path
 
 from bot.config import SlackReceiver
@@ -18,6 +19,7 @@ from bot.sinks.base import DeliveryResult
 from bot.sinks.slack import SlackRendering
 from bot.store.sqlite import SqliteStore
 from tests.fakes.slack import FakeSlack, SlackMessage
+from tests.support.clock import FakeClock, running
 from tests.support.fleet_incidents import fleet_view, host_name, incident_delivery
 from tests.support.slack_receiver import slack_receiver
 from tests.test_slack_sink import SinkFactory, alert, delivery, fake, make_sink
@@ -73,27 +75,33 @@ async def test_a_storms_thread_has_one_line_per_host_and_every_alert_id_in_the_a
     assert "InletTemperatureHigh on 147 hosts" in text
 
 
-async def test_the_card_is_posted_once_and_updated_in_place_only_when_it_changes(
-    fake: FakeSlack, make_sink: SinkFactory
-) -> None:
-    sink = make_sink()
-    await sink.deliver(incident_delivery(fleet_view(hosts=20, version=1)))
-    for version in range(2, 6):  # hosts join: the card is updated, never posted again
-        changed = fleet_view(hosts=20 + version, version=version)
-        assert await sink.deliver(incident_delivery(changed)) == DeliveryResult.ok()
-    card = the_card(fake)
-    assert len(fake.top_level()) == 1 and len(card.versions) == 4
-    assert "25 of 1,000 hosts" in card.rendered_text()
-    updates = len(fake.calls_of("chat.update"))
-    # The same version again, and an older one: nothing to send.
-    await sink.deliver(incident_delivery(fleet_view(hosts=25, version=5)))
-    await sink.deliver(incident_delivery(fleet_view(hosts=22, version=2)))
+async def test_the_card_is_posted_once_and_edited_in_place_at_a_pace(fake: FakeSlack, make_sink: SinkFactory) -> None:
+    """New hosts' lines show at once; an edit of figures alone waits until 5 s after the last edit (the delivery
+    is held, and the newest version comes back); the first complete version and the recovery do not wait."""
+    async with running(FakeClock(datetime.now(UTC))) as clock:
+        sink = make_sink(clock=clock)
+        assert await sink.deliver(incident_delivery(fleet_view(hosts=20))) == DeliveryResult.ok()
+        card = the_card(fake)
+        held = await sink.deliver(incident_delivery(fleet_view(hosts=22, version=2)))
+        assert held.held and held.delay is not None and 4 < held.delay <= 5
+        assert len(card.versions) == 0 and len(host_lines(fake, card)) == 22
+        await clock.advance(5)
+        assert await sink.deliver(incident_delivery(fleet_view(hosts=25, version=3))) == DeliveryResult.ok()
+        assert len(card.versions) == 1 and "25 of 1,000 hosts" in card.rendered_text()
+        analysed = fleet_view(hosts=25, version=4, analysed=True)
+        assert await sink.deliver(incident_delivery(analysed)) == DeliveryResult.ok()
+        assert len(card.versions) == 2 and "Likely cause" in card.rendered_text()
+        updates = len(fake.calls_of("chat.update"))
+        # The same version again, and an older one: nothing to send.
+        await clock.advance(5)
+        assert await sink.deliver(incident_delivery(analysed)) == DeliveryResult.ok()
+        assert await sink.deliver(incident_delivery(fleet_view(hosts=22, version=2))) == DeliveryResult.ok()
     assert len(fake.calls_of("chat.update")) == updates
     assert len(fake.top_level()) == 1
     assert [_HOST.search(line).group(1) for line in host_lines(fake, card)] == [  # type: ignore[union-attr]
         host_name(n) for n in range(25)
     ]
-    assert len(fake.calls_of("chat.postMessage")) == 2  # the card, one reply of host lines (updated as hosts join)
+    assert len(fake.calls_of("chat.postMessage")) == 2  # the card, one reply of host lines (edited as hosts join)
 
 
 async def test_a_restart_during_the_cards_post_is_still_one_card(fake: FakeSlack, make_sink: SinkFactory) -> None:

@@ -40,10 +40,19 @@ log = logging.getLogger(__package__)
 # when the incident is over, for the list).
 _RENEW_AFTER = 300.0
 _SHARE_ATTEMPTS = 3
+# An incident's card and lines are edited at most this often for figures alone (Slack's chat.update is about
+# 50 a minute per workspace); the put-off edit comes with the next version, or with this one shown again.
+_EDIT_INTERVAL = 5.0
+_MIN_WAIT = 0.1
 
 
 def digest(payload: object) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _stage(view: IncidentView) -> str:
+    """What makes an edit urgent when it changes: the evidence found, the cause, open or over."""
+    return f"{view.analysed}:{view.cause.key if view.cause else ''}:{view.status}"
 
 
 class IncidentCards:
@@ -69,30 +78,49 @@ class IncidentCards:
         self._renderer = renderer
         self._theme = theme
 
-    async def show(self, message: Message) -> None:
-        """Bring the incident's card and thread to this version (or leave them: an older version)."""
+    async def show(self, message: Message) -> float | None:
+        """Bring the incident's card and thread to this version (or leave them: an older version). Returns in how
+        many seconds to show the incident again when an edit was put off (see `_paced`), else None."""
         view = message.incident
         assert view is not None, "an incident's message carries its view"
         card = await self._state.card(view.id) or IncidentCard()
         if view.version < card.version:
-            return
-        await self._card(view, card)
+            return None
+        paced = self._paced(card, view)
+        put_off = await self._card(view, card, paced)
         await self._members(view, card)
-        await self._hosts(view, card)
+        put_off = await self._hosts(view, card, paced) or put_off
         await self._alert_list(view, card)
         await self._heat_map(view, card)
         await self._recovery(view, card)
+        if not put_off:
+            return None
+        return max(_MIN_WAIT, card.edited_at + _EDIT_INTERVAL - self._clock.now().timestamp())
+
+    def _paced(self, card: IncidentCard, view: IncidentView) -> bool:
+        """Whether an edit that changes nothing but figures waits: the incident was edited less than
+        `_EDIT_INTERVAL` ago (its first evidence, its cause, its recovery and new hosts are shown at once)."""
+        recent = self._clock.now().timestamp() - card.edited_at < _EDIT_INTERVAL
+        return recent and card.stage == _stage(view)
 
     # --- the card -----------------------------------------------------------------------------------------
-    async def _card(self, view: IncidentView, card: IncidentCard) -> None:
+    async def _card(self, view: IncidentView, card: IncidentCard, paced: bool) -> bool:
+        """Post the card, or edit it when it changed; True when the edit is put off."""
         payload = incident_card(view, self._controls)
         shown = digest(payload)
+        card.version = view.version
         if not card.ts:
             card.channel, card.ts = await self._post_once(view.id, card, payload, "", f"incident:{view.id}")
-        elif shown != card.shown:
+        elif shown == card.shown:
+            return False
+        elif paced:
+            return True
+        else:
             await self._channel.update(card.channel, card.ts, payload)
-        card.shown, card.version, card.status = shown, view.version, view.status
+        card.shown, card.status, card.stage = shown, view.status, _stage(view)
+        card.edited_at = self._clock.now().timestamp()
         await self._save(view.id, card)
+        return False
 
     async def _members(self, view: IncidentView, card: IncidentCard) -> None:
         """A record for each alert new to the incident that has none in this channel yet (one write)."""
@@ -111,15 +139,15 @@ class IncidentCards:
         await self._state.save(records=records, members=(view.id, members))
 
     # --- the thread: hosts, files, recovery -----------------------------------------------------------------
-    async def _hosts(self, view: IncidentView, card: IncidentCard) -> None:
+    async def _hosts(self, view: IncidentView, card: IncidentCard, paced: bool) -> bool:
         """One line per host; a host keeps the reply it was first listed in, new hosts go to the last reply
-        while it has room, then to a new one."""
+        while it has room, then to a new one. True when an edit of lines already shown is put off."""
         placed = {host for reply in card.replies for host in reply.hosts}
         for host in (h.host for h in view.hosts if h.host not in placed):
             if not card.replies or len(card.replies[-1].hosts) >= HOSTS_PER_REPLY:
                 card.replies.append(HostReply())
             card.replies[-1].hosts.append(host)
-        first = 1
+        first, put_off = 1, False
         for index, reply in enumerate(card.replies):
             payload = hosts_reply(view, reply.hosts, first)
             first += len(reply.hosts)
@@ -127,12 +155,17 @@ class IncidentCards:
             if not reply.ts:
                 nonce = f"incident:{view.id}:hosts:{index}"
                 _, reply.ts = await self._post_once(view.id, card, payload, card.ts, nonce)
-            elif shown != reply.shown:
-                await self._channel.update(card.channel, reply.ts, payload)
-            else:
+            elif shown == reply.shown:
                 continue
-            reply.shown = shown
+            elif reply.listed == len(reply.hosts) and paced:
+                put_off = True
+                continue
+            else:
+                await self._channel.update(card.channel, reply.ts, payload)
+            reply.shown, reply.listed = shown, len(reply.hosts)
+            card.edited_at = self._clock.now().timestamp()
             await self._save(view.id, card)
+        return put_off
 
     async def _alert_list(self, view: IncidentView, card: IncidentCard) -> None:
         """Every alert with its id, as one text file in the thread: shared with the first hosts, renewed when

@@ -90,6 +90,9 @@ class SlackSink:
     # --- Sink interface ---------------------------------------------------------------------------------
     async def deliver(self, delivery: Delivery) -> DeliveryResult:
         try:
+            if delivery.message.incident is not None:
+                wait = await self._incidents.show(delivery.message)
+                return DeliveryResult.ok() if wait is None else DeliveryResult.hold(wait, "incident_edit_paced")
             await self._handle(delivery)
         except SlackFailure as failure:
             return failure.result
@@ -108,9 +111,6 @@ class SlackSink:
     # --- one event ----------------------------------------------------------------------------------------
     async def _handle(self, delivery: Delivery) -> None:
         message = delivery.message
-        if message.incident is not None:
-            await self._incidents.show(message)
-            return
         record = await self._state.record(message.alert_key)
         if message.event == "note":
             await self._note(message, record, delivery)

@@ -84,6 +84,7 @@ class HostReply(BaseModel):
     hosts: list[str] = Field(default_factory=list)
     ts: str = ""
     shown: str = ""  # digest of the payload last shown
+    listed: int = 0  # how many of `hosts` it showed
 
 
 class Attachment(BaseModel):
@@ -105,6 +106,8 @@ class IncidentCard(BaseModel):
     version: int = 0  # the highest version shown
     status: str = "open"
     shown: str = ""  # digest of the card as last shown
+    stage: str = ""  # what made its last edit urgent (bot/sinks/slack/incident.py)
+    edited_at: float = 0.0  # when the card or a reply of host lines was last posted or edited
     replies: list[HostReply] = Field(default_factory=list)
     alert_list: Attachment = Field(default_factory=Attachment)
     heat: Attachment = Field(default_factory=Attachment)
