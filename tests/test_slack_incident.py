@@ -17,6 +17,7 @@ from bot.render.slack import Controls
 from bot.render.slack.incident import INCIDENT_ACTION
 from bot.sinks.base import DeliveryResult
 from bot.sinks.slack import SlackRendering
+from bot.sinks.slack.state import SinkState
 from bot.store.sqlite import SqliteStore
 from tests.fakes.slack import FakeSlack, SlackMessage
 from tests.support.clock import FakeClock, running
@@ -171,6 +172,22 @@ async def test_an_ack_or_a_note_about_an_alert_of_the_incident_is_a_line_in_its_
     # `/gpu silence` links a silence to the alert's message: for an alert of an incident, the card.
     record = await store.get_sink_state("slack", f"alert:{member.alert_key}")
     assert record is not None and (record["channel"], record["ts"]) == (card.channel, card.ts)
+
+
+async def test_a_fleet_runs_notes_and_approval_find_the_cards_thread(
+    fake: FakeSlack, make_sink: SinkFactory, store: SqliteStore
+) -> None:
+    """A fleet action's run is about the incident (alert key `incident:<id>`): its notes are lines of the card's
+    thread, and its approval message (bot/interact/approval.py) finds that thread in the same record."""
+    sink = make_sink()
+    await sink.deliver(incident_delivery(fleet_view(hosts=4)))
+    card = the_card(fake)
+    said = alert(1, "note", alert_key="incident:inc1", title="GPUTempCritical on 4 hosts", note="approved by bob")
+    assert await sink.deliver(delivery(said)) == DeliveryResult.ok()
+    [told] = [r for r in fake.replies(card) if "approved by bob" in r.rendered_text()]
+    assert "(id " not in told.rendered_text()
+    record = await SinkState(store, "slack").record("incident:inc1")
+    assert record is not None and (record.channel, record.thread_ts) == (card.channel, card.ts)
 
 
 async def test_an_alert_of_an_incident_firing_again_once_it_is_over_is_shown_anew(

@@ -8,7 +8,8 @@ after one without a clear answer looks for it in Slack first (bot/sinks/slack/ch
 recorded as `sharing` before it is made and looked for in the thread when in doubt, as an alert's picture is.
 
 The alerts of the incident get a record pointing at it (`mode="incident"`), so the notes of `/gpu ack` and
-`/gpu silence` about one of them reach the incident's thread, and an alert that had a message of its own keeps it.
+`/gpu silence` about one of them reach the incident's thread, and an alert that had a message of its own keeps it;
+so does the incident's own key (`incident:<id>`), for the notes and the approval message of a fleet action.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections import defaultdict
 from datetime import datetime
 
 from bot.clock import Clock
-from bot.incident.model import IncidentView
+from bot.incident.model import IncidentView, incident_key
 from bot.message import Message
 from bot.metrics import Metrics
 from bot.render.graph import Theme
@@ -110,7 +111,8 @@ class IncidentCards:
         shown = digest(payload)
         card.version = view.version
         if not card.ts:
-            card.channel, card.ts = await self._post_once(view.id, card, payload, "", f"incident:{view.id}")
+            card.channel, card.ts = await self._post_once(view.id, card, payload, "", incident_key(view.id))
+            await self._state.save_record(incident_key(view.id), _in_thread(view.id, card))
         elif shown == card.shown:
             return False
         elif paced:
@@ -132,9 +134,7 @@ class IncidentCards:
         records: dict[str, tuple[AlertRecord, None]] = {}
         for key in new:
             if await self._state.record(key) is None:
-                record = AlertRecord(mode="incident", incident=view.id, channel=card.channel, ts=card.ts)
-                record.thread_ts = card.ts
-                records[key] = (record, None)
+                records[key] = (_in_thread(view.id, card), None)
         members.keys = [*members.keys, *new]
         await self._state.save(records=records, members=(view.id, members))
 
@@ -293,7 +293,7 @@ class IncidentCards:
         card.posting = Posting(nonce=nonce, at=self._clock.now().timestamp(), thread_ts=thread_ts)
         await self._save(incident_id, card)
         try:
-            posted = await self._channel.post(payload, thread_ts=thread_ts, nonce=nonce, key=f"incident:{incident_id}")
+            posted = await self._channel.post(payload, thread_ts=thread_ts, nonce=nonce, key=incident_key(incident_id))
         except SlackFailure as failure:
             if failure.sent is False:
                 card.posting = None
@@ -304,3 +304,9 @@ class IncidentCards:
 
     async def _save(self, incident_id: str, card: IncidentCard) -> None:
         await self._state.save(card=(incident_id, card))
+
+
+def _in_thread(incident_id: str, card: IncidentCard) -> AlertRecord:
+    """The record of an alert of the incident, or of the incident itself (its key `incident:<id>`: a fleet run's
+    notes and approval message): its conversation is the card's thread."""
+    return AlertRecord(mode="incident", incident=incident_id, channel=card.channel, ts=card.ts, thread_ts=card.ts)

@@ -21,6 +21,7 @@ import logging
 
 from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import SlackReceiver
+from bot.incident.model import incident_key
 from bot.message import Message
 from bot.metrics import Metrics
 from bot.models import Delivery, short_id
@@ -214,7 +215,7 @@ class SlackSink:
         thread_ts = record.thread_ts or record.ts
         if not thread_ts:
             return
-        if record.mode == "incident":
+        if record.mode == "incident" and message.alert_key != incident_key(record.incident):
             message = _with_id(message)  # among a thousand lines, the note says which alert
         elif record.ts:
             # The message shows the state the note tells of (acknowledged, silenced...): refreshed first, since
