@@ -37,7 +37,7 @@ JSON = {"Content-Type": "application/json"}
 
 def slack_bot_config(tmp_path: Path, slack: FakeSlack, dsn: str, replica: str) -> dict[str, Any]:
     return {
-        "receivers": [slack_receiver(tmp_path, slack, messages_per_second=50, storm_threshold=50)],
+        "receivers": [slack_receiver(tmp_path, slack, messages_per_second=50)],
         "routing": {"default": ["slack"]},
         "outbox": {"initial_backoff": "100ms", "max_backoff": "500ms"},
         "worker": {"poll_interval": "200ms"},

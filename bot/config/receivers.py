@@ -34,9 +34,6 @@ class SlackReceiver(StrictModel):
     api_url: HttpUrlText = "https://slack.com/api/"
     timeout: Duration = 10.0
     messages_per_second: float = Field(default=1.0, gt=0)
-    # More than storm_threshold new alerts in storm_window: one summary message, details in its thread.
-    storm_threshold: int = Field(default=5, ge=1)
-    storm_window: Duration = 60.0
     # The metric's history as a picture in the alert's thread (needs files:write); unset: on when the `graphs`
     # extra (matplotlib) is installed.
     graphs: bool | None = None
