@@ -71,7 +71,7 @@ SINK_TYPES: dict[type[Any], SinkType[Any]] = {
         preview=lambda receiver: ConsoleSink(receiver.name),
     ),
     EmailReceiver: SinkType[EmailReceiver](
-        build=lambda receiver, shared: EmailSink(receiver, shared.store, shared.pictures(receiver)),
+        build=lambda receiver, shared: EmailSink(receiver, shared.store, shared.pictures(receiver), shared.clock),
         preview=EmailRendering,
     ),
     PagerDutyReceiver: SinkType[PagerDutyReceiver](
