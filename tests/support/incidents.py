@@ -44,7 +44,7 @@ def incident_view(
     alerts: list[AlertLine] = []
     lines: list[HostLine] = []
     for h in range(hosts):
-        values = [93.0 + (g % 3) for g in range(gpus)]
+        readings = [93.0 + (g % 3) for g in range(gpus)]
         for g in range(gpus):
             number = h * gpus + g
             status = "resolved" if number < resolved else "firing"
@@ -55,7 +55,7 @@ def incident_view(
                     alertname="GPUTempCritical",
                     host=host_name(h),
                     gpu=str(g),
-                    value=values[g],
+                    value=readings[g],
                     status=status,
                 )
             )
@@ -64,8 +64,8 @@ def incident_view(
             HostLine(
                 host=host_name(h),
                 gpus=[str(g) for g in range(gpus)],
-                value_min=min(values),
-                value_max=max(values),
+                value_min=min(readings),
+                value_max=max(readings),
                 short_ids=[a.short_id for a in alerts[-gpus:]],
                 firing=gpus - done,
                 resolved=done,
