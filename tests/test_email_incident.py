@@ -159,3 +159,20 @@ def test_the_preview_of_an_incident_is_its_first_mail() -> None:
     preview = EmailRendering(config(25)).preview(incident_delivery(incident_view(analysed=True), "mail"))
     assert preview["email"]["headers"]["Subject"] == "[INCIDENT] GPUTempCritical on 3 hosts"
     assert "Facility cooling" in preview["email"]["text"]
+
+
+async def test_evidence_that_finds_nothing_is_still_told_in_the_digest(store: Store) -> None:
+    clock = FakeClock()
+    with smtp_server("plain") as (port, handler):
+        sink = EmailSink(config(port), store, clock=clock)
+        try:
+            assert (await deliver(sink, incident_view(version=1))).delivered
+            await clock.advance(INTERVAL)
+            assert (await deliver(sink, incident_view(version=2, analysed=True, traits=[], signals=[], companions=[],
+                                                      cause=None))).delivered  # fmt: skip
+        finally:
+            await sink.close()
+    _opening, digest = (received.mail for received in handler.received())
+    text = body(digest)
+    assert "Evidence gathered: nothing the affected hosts share stands out, and no likely cause" in text
+    assert "Nothing stands out: the affected hosts look like a sample of the fleet." in text

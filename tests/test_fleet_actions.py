@@ -117,9 +117,7 @@ async def fleet(tmp_path: Path, offered: Sequence[str] = (POWER, RESET_GPU), **s
         async def lookup(incident_id: str) -> IncidentView | None:
             return views.get(incident_id)
 
-        fleet_remediation = FleetRemediation(
-            store, config, engine, per_host, members_from_views(store, lookup), thread, clock
-        )
+        fleet_remediation = FleetRemediation(store, config, engine, members_from_views(store, lookup), thread, clock)
         dispatcher = Dispatcher(access, AuditLog(store, clock))
         RemediationCommands(engine, access).register(dispatcher)
         FleetCommands(fleet_remediation, access).register(dispatcher)
@@ -268,9 +266,7 @@ async def test_a_fleet_action_reaches_each_configured_host_through_its_forced_co
         async def lookup(incident_id: str) -> IncidentView | None:
             return view
 
-        fleet_remediation = FleetRemediation(
-            store, config, engine, executors, members_from_views(store, lookup), thread, clock
-        )
+        fleet_remediation = FleetRemediation(store, config, engine, members_from_views(store, lookup), thread, clock)
         run = await fleet_remediation.request(INCIDENT_ID, RESTART, "cli:alice")
         with pytest.raises(ActionRefused, match="may not approve"):
             await engine.approve(run.id, "cli:mallory")

@@ -170,3 +170,18 @@ async def test_the_outbox_waits_out_pagerdutys_rate_limit_and_every_page_arrives
     assert [e.status for e in fake.events].count(429) == 1
     assert len({e["dedup_key"] for e in fake.accepted("trigger")}) == 125
     await eventually(lambda: query(store, "SELECT DISTINCT state FROM deliveries") == [("delivered",)])
+
+
+async def test_the_preview_of_an_incident_is_its_first_trigger_with_the_key_masked(
+    tmp_path: Path, fake: FakePagerDuty, store: Store
+) -> None:
+    config = receiver(tmp_path)
+    delivery = incident_delivery(incident_view(analysed=True), "pd")
+    sink = PagerDutySink(config, store, transport=fake.transport())
+    try:
+        assert (await sink.deliver(delivery)).delivered
+        preview = sink.preview(delivery)
+    finally:
+        await sink.close()
+    [posted] = fake.accepted()
+    assert preview["event"] == {**posted, "routing_key": f"<routing key from {config.routing_key_file.path}>"}

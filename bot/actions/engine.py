@@ -107,6 +107,11 @@ class Remediation:
         self._fleet_runner: FleetRunner | None = None
 
     @property
+    def executors(self) -> Mapping[str, Mapping[str, Executor]]:
+        """Per configured host, per action, the executor that runs it there."""
+        return self._executors
+
+    @property
     def rails(self) -> ExecutionRails:
         """The cooldowns and the running actions, shared with fleet runs."""
         return self._rails

@@ -24,7 +24,7 @@ from typing import NoReturn, Protocol
 
 from bot.actions.conversation import Announcer, RunConversation
 from bot.actions.engine import Remediation
-from bot.actions.executor import Executor, ExecutorError
+from bot.actions.executor import ExecutorError
 from bot.actions.registry import ACTIONS
 from bot.actions.runs import (
     APPROVED,
@@ -130,7 +130,6 @@ class FleetRemediation:
         store: Store,
         config: RemediationConfig,
         engine: Remediation,
-        executors: dict[str, dict[str, Executor]],
         members: IncidentMembers,
         announcer: Announcer,
         clock: Clock = SYSTEM_CLOCK,
@@ -139,7 +138,7 @@ class FleetRemediation:
         self._store = store
         self._config = config
         self._engine = engine
-        self._executors = executors
+        self._executors = engine.executors
         self._members = members
         self._talk = RunConversation(announcer)
         self._clock = clock

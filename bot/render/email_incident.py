@@ -68,6 +68,7 @@ def incident_snapshot(view: IncidentView) -> dict[str, Any]:
         "traits": [f'{t.label}="{t.value}"' for t in view.traits],
         "signals": [s.name for s in view.signals],
         "companions": [c.alertname for c in view.companions],
+        "analysed": view.analysed,
     }
 
 
@@ -91,6 +92,9 @@ def changes(view: IncidentView, before: Mapping[str, Any]) -> list[str]:
     lines += [
         f"Also firing: {companion_text(c)}" for c in view.companions if c.alertname not in before.get("companions", [])
     ]
+    found = view.traits or view.signals or view.cause
+    if view.analysed and not before.get("analysed", False) and not found:
+        lines.append("Evidence gathered: nothing the affected hosts share stands out, and no likely cause")
     return lines
 
 

@@ -43,9 +43,10 @@ class OpenPages:
                 await self._write({**pages, alert_key: dedup_key})
 
     async def closed(self, alert_keys: Iterable[str]) -> None:
+        gone = set(alert_keys)
         async with self._lock:
             pages = await self._read()
-            left = {key: value for key, value in pages.items() if key not in set(alert_keys)}
+            left = {key: value for key, value in pages.items() if key not in gone}
             if left != pages:
                 await self._write(left)
 
