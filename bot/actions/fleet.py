@@ -72,14 +72,16 @@ IncidentLookup = Callable[[str], Awaitable[IncidentView | None]]
 
 
 def members_from_views(store: Store, view_of: IncidentLookup) -> IncidentMembers:
-    """The incident's members as its latest view lists them, each read again from the store (still firing)."""
+    """The incident's members as its latest view lists them, worst host first, each read again from the store
+    (still firing)."""
 
     async def members(incident_id: str) -> FleetScope | None:
         view = await view_of(incident_id)
         if view is None:
             return None
+        rank = {line.host: index for index, line in enumerate(view.hosts)}
         alerts = []
-        for line in view.alerts:
+        for line in sorted(view.alerts, key=lambda alert: rank.get(alert.host, len(rank))):
             alert = await store.get_alert(line.alert_key) if line.status == "firing" else None
             if alert is not None and alert.status == "firing":
                 alerts.append(alert)

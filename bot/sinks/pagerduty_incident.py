@@ -2,13 +2,15 @@
 when it changed materially (bot/render/pagerduty_incident.py), one resolve; and the member alerts that were paged
 on their own before the incident was recognised are resolved into it.
 
-Why resolve the earlier pages: once an alert is told as part of an incident, its own messages (and so its own
-resolve) are no longer sent, so its early page would stay open on the responder's phone after the incident
-resolved. They are resolved only after PagerDuty accepted the incident's trigger, which names them, so there is
-never a moment with nothing open; it costs one event each, and only the few alerts paged before recognition have
-one. Which alerts have an open page is kept in the receiver's sink state (key `pages`), written after each
-accepted trigger and resolve of an alert. The incident's own state (key `incident:<id>`: the last version seen,
-the material digest PagerDuty has, whether it was triggered or resolved) makes a retry resume where it stopped.
+Why resolve the earlier pages: one cause should be one open alert on the responder's phone, and each early page
+would otherwise escalate on its own while the incident tells the whole. They are resolved only after PagerDuty
+accepted the incident's trigger, which names them, so there is never a moment with nothing open; it costs one
+event each, and only the few alerts paged before recognition have one. Their own resolve, later, finds them
+resolved (PagerDuty drops it).
+
+Which alerts have an open page is kept in the receiver's sink state (key `pages`), written after each accepted
+trigger and resolve of an alert. The incident's own state (key `incident:<id>`: the last version seen, the material
+digest PagerDuty has, whether it was triggered or resolved) makes a retry resume where it stopped.
 """
 
 from __future__ import annotations
