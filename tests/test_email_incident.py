@@ -176,3 +176,25 @@ async def test_evidence_that_finds_nothing_is_still_told_in_the_digest(store: St
     text = body(digest)
     assert "Evidence gathered: nothing the affected hosts share stands out, and no likely cause" in text
     assert "Nothing stands out: the affected hosts look like a sample of the fleet." in text
+
+
+async def test_an_incident_firing_again_after_its_recovery_is_mailed_at_once(store: Store) -> None:
+    clock = FakeClock()
+    view = incident_view(version=1)
+    with smtp_server("plain") as (port, handler):
+        sink = EmailSink(config(port), store, clock=clock)
+        try:
+            assert (await deliver(sink, view)).delivered
+            assert (await deliver(sink, resolved_view(view, version=2))).delivered
+            assert (await deliver(sink, resolved_view(view, version=3))).delivered  # still resolved: no mail
+            await clock.advance(10)
+            assert (await deliver(sink, incident_view(version=4))).delivered
+        finally:
+            await sink.close()
+    subjects = [received.mail["Subject"] for received in handler.received()]
+    assert subjects == [
+        "[INCIDENT] GPUTempCritical on 3 hosts",
+        "Re: [RESOLVED] GPUTempCritical on 3 hosts after 23 min",
+        "Re: [INCIDENT UPDATE] GPUTempCritical on 3 hosts",
+    ]
+    assert "Firing again after its recovery: 24 alerts firing" in body(handler.received()[-1].mail)

@@ -185,3 +185,17 @@ async def test_the_preview_of_an_incident_is_its_first_trigger_with_the_key_mask
         await sink.close()
     [posted] = fake.accepted()
     assert preview["event"] == {**posted, "routing_key": f"<routing key from {config.routing_key_file.path}>"}
+
+
+async def test_an_incident_firing_again_after_its_resolve_is_triggered_anew(
+    tmp_path: Path, fake: FakePagerDuty, store: Store
+) -> None:
+    view = incident_view(version=1)
+    sink = PagerDutySink(receiver(tmp_path), store, transport=fake.transport())
+    try:
+        for version in (view, resolved_view(view, version=2), resolved_view(view, version=3), incident_view(version=4)):
+            assert (await sink.deliver(incident_delivery(version, "pd"))).delivered
+    finally:
+        await sink.close()
+    assert [e["event_action"] for e in fake.accepted()] == ["trigger", "resolve", "trigger"]
+    assert len(fake.alerts[KEY]) == 2 and fake.current(KEY).status == "triggered"  # type: ignore[union-attr]

@@ -1,7 +1,8 @@
 """When an email receiver mails an incident: the first version at once, then at most one digest of what changed per
 `digest_interval`, and the recovery at once.
 
-An incident's delivery that comes before the interval is over is held (`DeliveryResult.hold`): the outbox offers
+An incident that fires again after its recovery is mailed at once too. An incident's delivery that comes before
+the interval is over is held (`DeliveryResult.hold`): the outbox offers
 it again when the interval ends, or the newest version that superseded it meanwhile, so however many versions
 come in the interval the digest is one mail. A version that changed nothing a reader would notice is no mail.
 When the receiver last mailed the incident, which version and what it said are kept in the receiver's sink state
@@ -37,10 +38,11 @@ class IncidentMails:
     async def deliver(self, delivery_id: int, view: IncidentView, send: SendMail) -> DeliveryResult:
         key = incident_key(view.id)
         state = await self._store.get_sink_state(self._config.name, key)
-        if state is not None and (state.get("resolved") or view.version <= int(state.get("version", 0))):
+        if state is not None and view.version <= int(state.get("version", 0)):
             return DeliveryResult.ok()  # told already (a retried or superseded version)
+        recovered = state is not None and bool(state.get("resolved"))
         now = self._clock.now()
-        if state is not None and view.status != "resolved":
+        if state is not None and not recovered and view.status != "resolved":
             wait = self._config.digest_interval - (now - datetime.fromisoformat(state["mailed_at"])).total_seconds()
             if wait > 0:
                 return DeliveryResult.hold(wait, "digest_interval")
@@ -72,9 +74,12 @@ def incident_mail(view: IncidentView, domain: str, state: dict[str, Any] | None)
     if state is None:
         return render_incident_email(view, domain, "resolved" if view.status == "resolved" else "opening")
     title = str(state.get("title", ""))
+    recovered = bool(state.get("resolved"))
     if view.status == "resolved":
-        return render_incident_email(view, domain, "resolved", opening_title=title)
+        return None if recovered else render_incident_email(view, domain, "resolved", opening_title=title)
     changed = changes(view, state.get("snapshot", {}))
+    if recovered:  # open again: news, whatever the interval
+        changed.insert(0, f"Firing again after its recovery: {view.scope.firing:,} alerts firing")
     if not changed:
         return None
     since = datetime.fromisoformat(state["mailed_at"])

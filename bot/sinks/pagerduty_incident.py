@@ -1,5 +1,6 @@
 """An incident on one PagerDuty receiver: one trigger (the incident's dedup_key), a new trigger with the same key
-when it changed materially (bot/render/pagerduty_incident.py), one resolve; and the member alerts that were paged
+when it changed materially (bot/render/pagerduty_incident.py), one resolve (and a new trigger, which PagerDuty
+takes as a new alert, if it fires again after that); and the member alerts that were paged
 on their own before the incident was recognised are resolved into it.
 
 Why resolve the earlier pages: one cause should be one open alert on the responder's phone, and each early page
@@ -73,11 +74,11 @@ class IncidentPages:
     async def deliver(self, view: IncidentView, routing_key: str, post: Post) -> DeliveryResult:
         key = incident_key(view.id)
         state = await self._store.get_sink_state(self._config.name, key) or {}
-        if state.get("resolved") or view.version <= int(state.get("version", 0)):
+        if view.version <= int(state.get("version", 0)):
             return DeliveryResult.ok()  # told already (a retried or superseded version)
         earlier = await self._pages.among(alert.alert_key for alert in view.alerts)
         if view.status == "resolved":
-            if state.get("triggered"):
+            if state.get("triggered") and not state.get("resolved"):
                 result = await post(resolve_event(routing_key, incident_dedup_key(view.id)))
                 if not result.delivered:
                     return result
@@ -86,12 +87,13 @@ class IncidentPages:
                 await self._save(key, state, version=view.version, resolved=True)
             return result
         digest = material(view)
-        if not state.get("triggered") or state.get("material") != digest:
+        # Firing again after its resolve: the same dedup_key opens a new PagerDuty alert.
+        if not state.get("triggered") or state.get("resolved") or state.get("material") != digest:
             absorbed = sorted({*state.get("absorbed", []), *earlier.values()})
             result = await post(incident_trigger(view, self._config, routing_key, absorbed))
             if not result.delivered:
                 return result
-            state = await self._save(key, state, material=digest, triggered=True, absorbed=absorbed)
+            state = await self._save(key, state, material=digest, triggered=True, resolved=False, absorbed=absorbed)
         result = await self._resolve_earlier(earlier, routing_key, post)
         if result.delivered:
             await self._save(key, state, version=view.version)
