@@ -53,6 +53,8 @@ class EmailReceiver(StrictModel):
     password_file: SecretFile | None = None
     ca_file: ConfigPath | None = None
     timeout: Duration = 30.0
+    # An incident is one mail, then at most one digest of what changed per digest_interval, then its recovery.
+    digest_interval: Duration = Field(default=300.0, gt=0)
     # The metric's history as a picture inline in the HTML part; unset: on when matplotlib is installed.
     graphs: bool | None = None
     graph_theme: GraphTheme = "light"
