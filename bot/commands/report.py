@@ -8,6 +8,7 @@ alerts with who approved them, the acknowledgements and silences, and the resolu
 from __future__ import annotations
 
 import sys
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -18,6 +19,9 @@ from bot.incident.model import IncidentView, incident_key
 from bot.incident.view import alert_value, build_view
 from bot.message import format_duration
 from bot.models import host_from_labels, short_id
+from bot.render import incident_text as text
+from bot.render.graph_worker import GraphRenderer
+from bot.render.incident_graph import incident_heat, render_incident_heat
 from bot.store import StoreUnavailable, open_store
 from bot.store.base import ActionRun, AuditEntry
 from bot.store.incidents import IncidentRecord
@@ -34,7 +38,7 @@ def _time(at: datetime) -> str:
 
 
 def _value(value: float | None, unit: str) -> str:
-    return "?" if value is None else f"{value:g}{' ' + unit if unit else ''}"
+    return text.value_range(value, value, unit) or "n/a"
 
 
 def timeline(record: IncidentRecord, runs: Sequence[ActionRun], audit: Sequence[AuditEntry]) -> list[Moment]:
@@ -49,17 +53,14 @@ def timeline(record: IncidentRecord, runs: Sequence[ActionRun], audit: Sequence[
     valued = [(v, a) for a in alerts if (v := alert_value(a)[0]) is not None]
     if valued:
         peak, peak_alert = max(valued, key=lambda pair: (pair[0], pair[1].key))
-        moments.append(
-            Moment(peak_alert.starts_at, f"Peak {_value(peak, view.scope.unit)}: {_alert_words(peak_alert.labels, peak_alert.key)}")
-        )
+        words = _alert_words(peak_alert.labels, peak_alert.key)
+        moments.append(Moment(peak_alert.starts_at, f"Peak {_value(peak, view.scope.unit)}: {words}"))
     for alert in alerts:
         if alert.acked_by and alert.acked_at:
             moments.append(Moment(alert.acked_at, f"Acknowledged by {alert.acked_by}: `{short_id(alert.key)}`"))
         if alert.silence_id and alert.silenced_by:
             until = f" until {_time(alert.silenced_until)}" if alert.silenced_until else ""
-            moments.append(
-                Moment(alert.last_seen, f"Silenced by {alert.silenced_by}{until}: `{short_id(alert.key)}`")
-            )
+            moments.append(Moment(alert.last_seen, f"Silenced by {alert.silenced_by}{until}: `{short_id(alert.key)}`"))
     for run in runs:
         approved = f", approved by {', '.join(run.approvals)}" if run.approvals else ""
         moments.append(
@@ -89,18 +90,12 @@ def report_markdown(
     view = build_view(record)
     lines = [f"# Incident {record.id}: {view.title}", "", *_summary(view), ""]
     lines += ["## What the affected hosts share", ""]
-    lines += [
-        f"- {t.affected} of {t.affected_total} affected hosts have {t.label}=\"{t.value}\"; {t.fleet} of the fleet's "
-        f"{t.fleet_total} do (chance alone: p = {t.p_value:.1e})"
-        for t in view.traits
-    ] or ["- Nothing stated: the affected hosts do not differ from the fleet enough to say so."]
+    lines += [f"- {text.trait_text(t)}" for t in view.traits] or [
+        "- Nothing stated: the affected hosts do not differ from the fleet enough to say so."
+    ]
     lines += ["", "## What moved with them", ""]
-    lines += [
-        f"- {s.title}: moved on {s.moved} of {s.affected_total} affected hosts in the {format_duration(s.window_seconds)} "
-        f"before (median {s.affected_change:+.1f}{' ' + s.unit if s.unit else ''}; rest of the fleet "
-        f"{'no data' if s.rest_change is None else f'{s.rest_change:+.1f}'})"
-        for s in view.signals
-    ] + [f"- {c.alertname} firing on {c.hosts} of its hosts" for c in view.companions] or ["- Nothing found."]
+    moved = [text.signal_text(s) for s in view.signals] + [text.companion_text(c) for c in view.companions]
+    lines += [f"- {line}" for line in moved] or ["- Nothing found."]
     lines += ["", "## Stated cause", ""]
     if view.cause is None:
         lines.append("- None stated." if view.analysed else "- Not gathered.")
@@ -113,39 +108,39 @@ def report_markdown(
     lines += [f"| {_time(m.at)} | {m.text.replace('|', '/')} |" for m in timeline(record, runs, audit)]
     if picture:
         lines += ["", "## Alerts by host over time", "", f"![alerts by host and start time]({picture})"]
-    lines += ["", "## Hosts", "", "| host | GPUs | value | firing | resolved |", "| --- | --- | --- | --- | --- |"]
-    lines += [
-        f"| `{h.host}` | {', '.join(h.gpus) or '-'} | {_range(h.value_min, h.value_max, view.scope.unit)} | "
-        f"{h.firing} | {h.resolved} |"
-        for h in view.hosts
-    ]
+    lines += ["", "## Hosts, worst first", ""]
+    lines += [f"- {text.host_text(h, view.scope.unit)}" for h in view.hosts]
     return "\n".join(lines) + "\n"
 
 
 def _summary(view: IncidentView) -> list[str]:
-    scope = view.scope
-    share = (
-        f" ({scope.hosts} of {scope.fleet_hosts} hosts, {scope.gpus} of {scope.fleet_gpus} GPUs)"
-        if scope.fleet_hosts and scope.fleet_gpus
-        else ""
-    )
-    status = "resolved" if view.status == "resolved" else f"open, {scope.firing} firing"
-    lasted = (
-        f", lasted {format_duration((view.resolved_at - scope.since).total_seconds())}" if view.resolved_at else ""
-    )
+    status = text.resolution_text(view) if view.status == "resolved" else f"open, {view.scope.firing:,} firing"
     return [
-        f"- **Status:** {status}{lasted}",
-        f"- **Scope:** {scope.alerts} alerts on {scope.gpus} GPUs of {scope.hosts} hosts{share}",
-        f"- **Since:** {_time(scope.since)}; told as one incident at {_time(view.opened_at)}",
-        f"- **Value:** {_range(scope.value_min, scope.value_max, scope.unit)}; peak {_value(view.peak, scope.unit)}",
+        f"- **Status:** {status}",
+        f"- **Scope:** {text.scope_text(view.scope)}",
+        f"- **Since:** {_time(view.scope.since)}; told as one incident at {_time(view.opened_at)}",
         f"- **Key:** `{incident_key(view.id)}`",
     ]
 
 
-def _range(low: float | None, high: float | None, unit: str) -> str:
-    if low is None or high is None:
-        return "-"
-    return _value(low, unit) if low == high else f"{low:g} to {_value(high, unit)}"
+async def _write_heat_map(record: IncidentRecord, report: Path) -> Path | None:
+    """The alerts by host and start time beside the report (`incident-ID.png`); None without matplotlib."""
+    starts: dict[str, list[datetime]] = defaultdict(list)
+    for member in record.members:
+        starts[host_from_labels(member.alert.labels) or "unknown host"].append(member.alert.starts_at)
+    until = record.resolved_at or max(m.alert.last_seen for m in record.members)
+    heat = incident_heat(build_view(record).title, starts, until)
+    renderer = GraphRenderer()
+    try:
+        png = await renderer.render(render_incident_heat, heat) if heat is not None else None
+    finally:
+        await renderer.close()
+    if png is None:
+        print("gpu-alert-bot report: no heat map (matplotlib, the graphs extra, is not installed)", file=sys.stderr)
+        return None
+    picture = report.with_suffix(".png")
+    picture.write_bytes(png)
+    return picture
 
 
 async def report_command(config: BotConfig, incident_id: str, out: Path | None) -> int:
@@ -166,7 +161,7 @@ async def report_command(config: BotConfig, incident_id: str, out: Path | None) 
     finally:
         await store.close()
     path = out or Path(f"incident-{record.id}.md")
-    picture = _write_heat_map(record, path)
+    picture = await _write_heat_map(record, path)
     path.write_text(report_markdown(record, runs, audit, picture.name if picture else None))
     print(path)
     if picture:

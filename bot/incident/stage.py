@@ -14,12 +14,13 @@ their own messages; their changes update the incident too.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from bot import deadman
 from bot.config import IncidentsConfig
+from bot.incident.analyser import IncidentAnalyser
 from bot.incident.model import incident_key
 from bot.incident.view import build_view
 from bot.message import Message
@@ -30,10 +31,6 @@ from bot.store.base import Store
 from bot.store.incidents import IncidentArrival, IncidentRecord, IncidentRule, Membership
 
 log = logging.getLogger(__name__)
-
-# The incident-level evidence of an incident (JSON: traits, signals, companions, cause, fleet sizes), from its
-# record, its playbook and the alerts firing now; None when it cannot be gathered now.
-Analyse = Callable[[IncidentRecord, Playbook, Sequence[AlertState]], Awaitable[dict[str, Any] | None]]
 
 # The bot's own alerts tell of the alert path itself: each keeps its messages, never an incident's line.
 _OWN_ALERTS = frozenset({deadman.ALERTNAME, deadman.MEMBER_ALERTNAME})
@@ -63,11 +60,17 @@ class Attribution:
 
 
 class IncidentStage:
-    def __init__(self, store: Store, config: IncidentsConfig, analyse: Analyse | None = None) -> None:
+    def __init__(self, store: Store, config: IncidentsConfig, analyser: IncidentAnalyser | None = None) -> None:
+        """`analyser`: the incident-level evidence from Prometheus (None: none is gathered, an incident is told with
+        its scope and hosts)."""
         self._store = store
         self._config = config
         self._rule = IncidentRule(config.threshold, config.window)
-        self._analyse = analyse
+        self._analyser = analyser
+
+    async def close(self) -> None:
+        if self._analyser is not None:
+            await self._analyser.close()
 
     async def attribute(self, matched: Sequence[tuple[Event, Playbook]]) -> Attribution:
         if not self._config.enabled:
@@ -118,7 +121,7 @@ class IncidentStage:
 
     async def _analysis(self, incident_id: str, playbook: Playbook) -> dict[str, Any] | None:
         """New incident-level evidence when the incident has none yet or its hosts grew; None keeps what it has."""
-        if self._analyse is None:
+        if self._analyser is None:
             return None
         record = await self._store.get_incident(incident_id)
         if record is None or record.state != "open":
@@ -128,8 +131,8 @@ class IncidentStage:
         if record.analysis is not None and hosts < analysed_hosts * _REANALYSE_GROWTH:
             return None
         firing = await self._store.list_alerts("firing", _FIRING_READ)
-        found = await self._analyse(record, playbook, firing)
-        return None if found is None else {**found, "analysed_hosts": hosts}
+        found = await self._analyser.analyse(record, playbook, firing)
+        return {**found, "analysed_hosts": hosts}
 
 
 def incident_message(record: IncidentRecord) -> Message:

@@ -81,6 +81,7 @@ def build_view(record: IncidentRecord) -> IncidentView:
                 gpu=a.labels.get("gpu", ""),
                 value=values[a.key][0],
                 status=a.status,
+                starts_at=a.starts_at,
             )
             for a in alerts
         ],
