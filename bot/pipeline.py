@@ -149,7 +149,7 @@ class Pipeline:
                 failed.append((event, exc))
                 continue
             told = () if _run_over(event.alert) else decision.receivers
-            own = told if attribution.told_alone(event) else ()
+            own = told if attribution.has_own_message(event) else ()
             routes.append(
                 EventRoute(event.id, stored, [NewDelivery(receiver=n, message=decision.message) for n in own])
             )

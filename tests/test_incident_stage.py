@@ -1,6 +1,7 @@
 """The incident stage in the pipeline, on a real SQLite store and the shipped playbooks: a storm is told as one
 incident and its alerts not on their own; alerts told before it opened keep their messages; the bot's own alerts
-and other alertnames route as before; acks and resolves update the incident until its recovery."""
+and other alertnames route as before; an ack is told in the incident's conversation; resolves update the incident
+until its recovery."""
 
 from __future__ import annotations
 
@@ -119,16 +120,23 @@ async def test_alerts_told_before_it_opened_keep_their_messages_and_the_bots_own
         assert view.scope.alerts == 6  # the three told before are its alerts too
 
 
-async def test_acks_and_resolves_update_the_incident_until_its_recovery(tmp_path: Path) -> None:
+async def test_an_ack_is_told_as_the_alerts_own_and_resolves_make_the_incidents_recovery(tmp_path: Path) -> None:
     async with stage(tmp_path) as s:
         await s.run(hot("k-ai-001.lan", range(8)))
         first = await s.incident()
+        # An ack is a person's word about one alert: told in the incident's conversation, the view unchanged.
         await s.store.ack(first.alerts[0].alert_key, "U-oncall", datetime.now(UTC))
         await s.run()
-        acked = await s.incident()
-        assert acked.version > first.version and await s.alert_deliveries() == []
+        [ack] = await s.alert_deliveries()
+        assert (ack.alert_key, ack.message.event, ack.message.acked_by) == (
+            first.alerts[0].alert_key,
+            "ack",
+            "U-oncall",
+        )
+        assert (await s.incident()).version == first.version
+        await s.store.delivery_succeeded(ack.id)
         await s.run(hot("k-ai-001.lan", range(8), status="resolved"))
         over = await s.incident()
-        assert (over.status, over.scope.firing, over.peak) == ("resolved", 0, 95)
+        assert over.version > first.version and (over.status, over.scope.firing, over.peak) == ("resolved", 0, 95)
         assert over.resolved_at is not None and over.resolved_at >= over.opened_at
-        assert await s.alert_deliveries() == []
+        assert await s.alert_deliveries() == []  # the resolves are the incident's recovery, not 8 messages

@@ -3,12 +3,12 @@
 After each event is matched to its playbook, `attribute` asks the store (one transaction, so replicas agree) which
 incident each event's alert belongs to (bot/store/incidents.py has the rule: more than `incidents.threshold` new
 alerts of one alertname within `incidents.window`). An alert told only as part of an incident gets no message of
-its own (`told_alone`), so it needs no evidence of its own from Prometheus or Loki: the pipeline gathers only its
-local evidence (GPU identity, Xid, recurrence); `explain --enrich` fetches the rest when someone asks. Once the
-batch is decided, `routes` makes each incident the batch changed into its new version: the incident-level evidence
-gathered when it opens (and again when its hosts grow by half), then its whole view delivered to every receiver its
-alerts would have gone to. Alerts told on their own before the incident opened keep
-their own messages; their changes update the incident too.
+its own (`told_alone`; an ack or a note about it is still told, in the incident's conversation), so it needs no
+evidence of its own from Prometheus or Loki: the pipeline gathers only its local evidence (GPU identity, Xid,
+recurrence); `explain --enrich` fetches the rest when someone asks. Once the batch is decided, `routes` makes each
+incident the batch changed into its new version: the incident-level evidence gathered when it opens (and again
+when its hosts grow by half), then its whole view delivered to every receiver its alerts would have gone to.
+Alerts told on their own before the incident opened keep their own messages; their changes update the incident.
 """
 
 from __future__ import annotations
@@ -35,7 +35,10 @@ log = logging.getLogger(__name__)
 # The bot's own alerts tell of the alert path itself: each keeps its messages, never an incident's line.
 _OWN_ALERTS = frozenset({deadman.ALERTNAME, deadman.MEMBER_ALERTNAME})
 # Event kinds that change what an incident shows (a repeat changes nothing).
-_CHANGES = frozenset({EventKind.FIRING, EventKind.REFIRING, EventKind.RESOLVED, EventKind.ACK, EventKind.NOTE})
+_CHANGES = frozenset({EventKind.FIRING, EventKind.REFIRING, EventKind.RESOLVED})
+# What a person (or the bot) says about one alert of an incident (an ack, a silence, an action's outcome) is told
+# in the incident's conversation, with the alert's id: each sink finds the conversation from the alert's key.
+_WORDS = frozenset({EventKind.ACK, EventKind.NOTE})
 # Analysed again when the incident has this many times the hosts it had when last analysed.
 _REANALYSE_GROWTH = 1.5
 # Read when gathering an incident's evidence: other alerts firing on its hosts are named as evidence.
@@ -54,9 +57,13 @@ class Attribution:
     memberships: Mapping[int, Membership]
 
     def told_alone(self, event: Event) -> bool:
-        """Whether the event gets its alert's own messages (outside an incident, or told before it opened)."""
+        """Whether the alert is told on its own (outside an incident, or told before it opened)."""
         membership = self.memberships.get(event.id)
         return membership is None or membership.alone
+
+    def has_own_message(self, event: Event) -> bool:
+        """Whether the event is delivered as the alert's own: told alone, or words about it (an ack, a note)."""
+        return self.told_alone(event) or event.kind in _WORDS
 
 
 class IncidentStage:
@@ -121,11 +128,11 @@ class IncidentStage:
 
     async def _analysis(self, incident_id: str, playbook: Playbook) -> dict[str, Any] | None:
         """New incident-level evidence when the incident has none yet or its hosts grew; None keeps what it has."""
-        if self._analyser is None:
-            return None
         record = await self._store.get_incident(incident_id)
         if record is None or record.state != "open":
             return None
+        if self._analyser is None:  # nothing to gather: the incident is told with its scope and hosts
+            return {} if record.analysis is None else None
         hosts = build_view(record).scope.hosts
         analysed_hosts = (record.analysis or {}).get("analysed_hosts", 0)
         if record.analysis is not None and hosts < analysed_hosts * _REANALYSE_GROWTH:
