@@ -1,8 +1,9 @@
 """`gpu-alert-bot report INCIDENT`: an incident's record as Markdown, and its heat map as an image beside it.
 
 The timeline reads the store: the first alert, when the bot told it as one incident, the peak, what the affected
-hosts shared and the stated cause (the incident-level evidence as last gathered), the actions asked for on its
-alerts with who approved them, the acknowledgements and silences, and the resolution.
+hosts shared and the stated cause (the incident-level evidence as last gathered), the actions asked for on it or
+its alerts with who approved them, the acknowledgements and silences, and the resolution. `gpu-alert-bot audit`
+has every request, refused ones included.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from bot.render import incident_text as text
 from bot.render.graph_worker import GraphRenderer
 from bot.render.incident_graph import incident_heat, render_incident_heat
 from bot.store import StoreUnavailable, open_store
-from bot.store.base import ActionRun, AuditEntry
+from bot.store.base import ActionRun
 from bot.store.incidents import IncidentRecord
 
 
@@ -41,14 +42,14 @@ def _value(value: float | None, unit: str) -> str:
     return text.value_range(value, value, unit) or "n/a"
 
 
-def timeline(record: IncidentRecord, runs: Sequence[ActionRun], audit: Sequence[AuditEntry]) -> list[Moment]:
+def timeline(record: IncidentRecord, runs: Sequence[ActionRun]) -> list[Moment]:
     """What happened, oldest first: the first alert, the opening, the peak, actions, acks, silences, resolution."""
     view = build_view(record)
     alerts = [m.alert for m in record.members]
     first = min(alerts, key=lambda a: (a.starts_at, a.key))
     moments = [
         Moment(first.starts_at, f"First alert: {_alert_words(first.labels, first.key)}"),
-        Moment(record.opened_at, f"Told as one incident ({view.title}, {len(alerts)} alerts by then or later)"),
+        Moment(record.opened_at, f"Told as one incident: {view.title}"),
     ]
     valued = [(v, a) for a in alerts if (v := alert_value(a)[0]) is not None]
     if valued:
@@ -70,11 +71,9 @@ def timeline(record: IncidentRecord, runs: Sequence[ActionRun], audit: Sequence[
                 f"{run.requested_by}{approved}: {run.state}{' (' + run.detail + ')' if run.detail else ''}",
             )
         )
-    for entry in audit:
-        moments.append(Moment(entry.at, f"{entry.actor}: {entry.action} {entry.target}: {entry.outcome}"))
     if record.resolved_at is not None:
         lasted = format_duration((record.resolved_at - view.scope.since).total_seconds())
-        moments.append(Moment(record.resolved_at, f"All {len(alerts)} alerts resolved after {lasted}"))
+        moments.append(Moment(record.resolved_at, f"All {len(alerts)} alerts resolved, {lasted} after the first"))
     return sorted(moments, key=lambda m: m.at)
 
 
@@ -84,9 +83,7 @@ def _alert_words(labels: dict[str, str], key: str) -> str:
     return f"{labels.get('alertname', '')} on `{host}`{gpu} (`{short_id(key)}`)"
 
 
-def report_markdown(
-    record: IncidentRecord, runs: Sequence[ActionRun], audit: Sequence[AuditEntry], picture: str | None
-) -> str:
+def report_markdown(record: IncidentRecord, runs: Sequence[ActionRun], picture: str | None) -> str:
     view = build_view(record)
     lines = [f"# Incident {record.id}: {view.title}", "", *_summary(view), ""]
     lines += ["## What the affected hosts share", ""]
@@ -105,7 +102,7 @@ def report_markdown(
         if view.cause.runbook_url:
             lines.append(f"\nRunbook: {view.cause.runbook_url}")
     lines += ["", "## Timeline", "", "| time | what |", "| --- | --- |"]
-    lines += [f"| {_time(m.at)} | {m.text.replace('|', '/')} |" for m in timeline(record, runs, audit)]
+    lines += [f"| {_time(m.at)} | {m.text.replace('|', '/')} |" for m in timeline(record, runs)]
     if picture:
         lines += ["", "## Alerts by host over time", "", f"![alerts by host and start time]({picture})"]
     lines += ["", "## Hosts, worst first", ""]
@@ -155,14 +152,12 @@ async def report_command(config: BotConfig, incident_id: str, out: Path | None) 
             print(f"gpu-alert-bot report: no incident {incident_id!r} in the store", file=sys.stderr)
             return 1
         keys = {m.alert.key for m in record.members} | {incident_key(record.id)}
-        ids = {short_id(k) for k in keys} | {record.id}
         runs = [r for r in await store.action_runs(record.opened_at) if r.alert_key in keys]
-        audit = [e for e in await store.audit_log(record.opened_at, 100_000) if e.target in ids]
     finally:
         await store.close()
     path = out or Path(f"incident-{record.id}.md")
     picture = await _write_heat_map(record, path)
-    path.write_text(report_markdown(record, runs, audit, picture.name if picture else None))
+    path.write_text(report_markdown(record, runs, picture.name if picture else None))
     print(path)
     if picture:
         print(picture)
