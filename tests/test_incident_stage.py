@@ -12,9 +12,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import BotConfig, load_config
 from bot.deadman import ALERTNAME as WATCHDOG_MISSING
 from bot.enrich import build_enrichers
+from bot.incident.analyser import IncidentAnalyser
 from bot.incident.model import IncidentView
 from bot.incident.stage import IncidentStage
 from bot.metrics import Metrics
@@ -51,10 +53,17 @@ class Stage:
 
 
 @asynccontextmanager
-async def stage(tmp_path: Path) -> AsyncIterator[Stage]:
-    config: BotConfig = load_config(write_config(tmp_path, {"incidents": {"threshold": 5, "window": "60s"}}))
+async def stage(
+    tmp_path: Path, settings: dict[str, Any] | None = None, clock: Clock = SYSTEM_CLOCK
+) -> AsyncIterator[Stage]:
+    """The pipeline on the bot's config (`settings` added to it), its incident stage with the analyser the bot
+    builds (none without `enrichment.prometheus`); the store's times from `clock`."""
+    incidents = {"incidents": {"threshold": 5, "window": "60s"}}
+    config: BotConfig = load_config(write_config(tmp_path, {**incidents, **(settings or {})}))
+    prometheus = config.enrichment.prometheus
+    analyser = IncidentAnalyser(prometheus, config.playbooks.vars) if prometheus is not None else None
     metrics = Metrics()
-    async with sqlite_store(config.store.path) as store:
+    async with sqlite_store(config.store.path, clock=clock) as store:
         playbooks = PlaybookSet.load(config.playbooks.dir, config.playbooks.vars)
         enrichers = build_enrichers(config.enrichment, store, metrics, playbooks.xid_catalog)
         outbox = Outbox(store, {}, config.outbox, metrics)
@@ -65,13 +74,15 @@ async def stage(tmp_path: Path) -> AsyncIterator[Stage]:
             Router(config.routing),
             outbox,
             metrics,
-            incidents=IncidentStage(store, config.incidents),
+            incidents=IncidentStage(store, config.incidents, analyser),
             late_copy_window=60.0,
         )
         try:
             yield Stage(store, pipeline)
         finally:
             await enrichers.close()
+            if analyser is not None:
+                await analyser.close()
 
 
 def hot(host: str, gpus: range, status: str = "firing", alertname: str = "GPUTempCritical") -> dict[str, Any]:
