@@ -179,7 +179,7 @@ class Store(abc.ABC):
     async def delivery_held(self, delivery: Delivery, until: datetime, reason: str) -> None:
         """The sink chose to send this later: no attempt is counted; newer versions of an incident wait as long."""
 
-    # --- what sinks remember about a conversation (Slack ts, email Message-ID, storm summaries) ------
+    # --- what sinks remember about a conversation (Slack ts, email Message-ID, incident cards) --------
     @abc.abstractmethod
     async def get_sink_state(self, receiver: str, key: str) -> dict[str, Any] | None: ...
 
@@ -377,7 +377,7 @@ class Store(abc.ABC):
     # --- several replicas on one store (PostgreSQL); a single-process store has nobody to share with ------
     async def hold_receiver(self, receiver: str, lease_seconds: float) -> bool:
         """Take, or renew, this process's lease on dispatching one receiver; False while another replica holds
-        it. One dispatcher per receiver keeps Slack pacing, storm summaries and threads single-writer."""
+        it. One dispatcher per receiver keeps Slack pacing, incident cards and threads single-writer."""
         return True
 
     async def release_receiver(self, receiver: str) -> None:  # noqa: B027
