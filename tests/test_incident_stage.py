@@ -151,3 +151,12 @@ async def test_an_ack_is_told_as_the_alerts_own_and_resolves_make_the_incidents_
         assert over.version > first.version and (over.status, over.scope.firing, over.peak) == ("resolved", 0, 95)
         assert over.resolved_at is not None and over.resolved_at >= over.opened_at
         assert await s.alert_deliveries() == []  # the resolves are the incident's recovery, not 8 messages
+
+
+async def test_with_prometheus_down_the_incident_is_still_told_claiming_nothing(tmp_path: Path) -> None:
+    settings = {"enrichment": {"prometheus": {"url": "http://127.0.0.1:9", "timeout": "1s"}}}
+    async with stage(tmp_path, settings) as s:
+        await s.run(*(hot(f"k-ai-{n:03d}.lan", range(8)) for n in range(2)))
+        view = await s.incident()
+    assert view.analysed and view.scope.alerts == 16 and view.scope.fleet_hosts is None
+    assert (view.traits, view.signals, view.cause) == ([], [], None)

@@ -138,7 +138,11 @@ class IncidentStage:
         if record.analysis is not None and hosts < analysed_hosts * _REANALYSE_GROWTH:
             return None
         firing = await self._store.list_alerts("firing", _FIRING_READ)
-        found = await self._analyser.analyse(record, playbook, firing)
+        try:
+            found = await self._analyser.analyse(record, playbook, firing)
+        except Exception:  # the incident is told without it rather than not at all; the next change tries again
+            log.exception("incident evidence could not be gathered", extra={"incident": incident_id})
+            return None
         return {**found, "analysed_hosts": hosts}
 
 
