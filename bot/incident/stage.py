@@ -90,7 +90,7 @@ class IncidentStage:
                 new=event.kind is EventKind.FIRING,
             )
             for event, playbook in matched
-            if not stands_alone(event.alert) and event.kind is not EventKind.INCIDENT
+            if not stands_alone(event.alert)
         ]
         by_key = await self._store.attribute_incidents(arrivals, self._rule)
         opened = sorted({m.incident_id for m in by_key.values() if m.opened})
