@@ -65,7 +65,7 @@ def incident_card(view: IncidentView, controls: Controls = Controls()) -> Payloa
             blocks.append(_section(_cause_text(view.cause)))
             if not resolved:
                 blocks.extend(_action_blocks(view, view.cause, controls))
-    else:
+    elif not resolved:
         blocks.append(context_block("⏳ Looking for what the affected hosts share and what moved with them…"))
     blocks.append(
         context_block(
