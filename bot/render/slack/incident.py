@@ -65,6 +65,8 @@ def incident_card(view: IncidentView, controls: Controls = Controls()) -> Payloa
             blocks.append(_section(_cause_text(view.cause)))
             if not resolved:
                 blocks.extend(_action_blocks(view, view.cause, controls))
+        else:
+            blocks.append(_section("*Likely cause:* none the data points at; each alert's playbook still applies."))
     elif not resolved:
         blocks.append(context_block("⏳ Looking for what the affected hosts share and what moved with them…"))
     blocks.append(
