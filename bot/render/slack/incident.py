@@ -143,8 +143,8 @@ def _traits_text(traits: Sequence[Trait]) -> str:
         return "*What they share:* nothing stands out: the affected hosts look like any hosts of the fleet."
     lines = [
         f"• {number(t.affected)} of {number(t.affected_total)} affected hosts have "
-        f'`{escape(t.label)}="{escape(t.value)}"`; the fleet has {number(t.fleet)} of {number(t.fleet_total)} '
-        f"(chance {t.p_value:.1g})"
+        f'`{escape(t.label)}="{escape(t.value)}"`, against {number(t.fleet)} of the fleet\'s '
+        f"{number(t.fleet_total)} hosts (p = {t.p_value:.1g} by chance)"
         for t in traits[:_MAX_TRAITS]
     ]
     return "*What they share:*\n" + "\n".join(lines)
