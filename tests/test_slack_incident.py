@@ -9,6 +9,8 @@ import re
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+
 from bot.config import SlackReceiver
 from bot.deadman import ALERTNAME
 from bot.metrics import Metrics
@@ -74,6 +76,22 @@ async def test_a_storms_thread_has_one_line_per_host_and_every_alert_id_in_the_a
     assert 'row="C"' in text and "inlet temperature rose 9 °C on 147 of 150 affected hosts" in text
     assert "Likely cause: Facility cooling" in text and "First action:* Call the facility" in text
     assert "InletTemperatureHigh on 147 hosts" in text
+
+
+async def test_at_slacks_pace_1200_alerts_are_all_in_slack_after_5_turns(
+    fake: FakeSlack, make_sink: SinkFactory
+) -> None:
+    """At 1 call/s in the channel (fake time): the card at once, then 3 replies of host lines and the list's
+    share, one a second; every alert's id is on its host's line, and all are in the list 4 s after the card."""
+    async with running(FakeClock(datetime.now(UTC))) as clock:
+        sink = make_sink(clock=clock, messages_per_second=1)
+        started = clock.monotonic()
+        assert await sink.deliver(incident_delivery(fleet_view())) == DeliveryResult.ok()
+        took = clock.monotonic() - started
+    assert took == pytest.approx(4.0)
+    card = the_card(fake)
+    ids = " ".join(host_lines(fake, card))
+    assert all(f"`{a.short_id}`" in ids for a in fleet_view().alerts)
 
 
 async def test_the_card_is_posted_once_and_edited_in_place_at_a_pace(fake: FakeSlack, make_sink: SinkFactory) -> None:
