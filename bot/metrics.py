@@ -127,7 +127,7 @@ class Metrics:
         )
         self.graphs = Counter(
             f"{_PREFIX}_graphs",
-            "Pictures of an alert's history (or a storm's), by result: rendered, or failed, timeout, "
+            "Pictures of an alert's history (or an incident's heat map), by result: rendered, or failed, timeout, "
             "upload_failed (the message went as text alone).",
             ["result"],
             registry=r,
