@@ -8,6 +8,9 @@ import json
 import re
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from bot.config import SlackReceiver
 from bot.deadman import ALERTNAME
@@ -74,6 +77,49 @@ async def test_a_storms_thread_has_one_line_per_host_and_every_alert_id_in_the_a
     assert 'row="C"' in text and "inlet temperature rose 9 °C on 147 of 150 affected hosts" in text
     assert "Likely cause: Facility cooling" in text and "First action:* Call the facility" in text
     assert "InletTemperatureHigh on 147 hosts" in text
+
+
+async def test_at_slacks_pace_1200_alerts_are_all_in_slack_after_5_turns(
+    fake: FakeSlack, make_sink: SinkFactory
+) -> None:
+    """At 1 call/s in the channel (fake time): the card at once, then 3 replies of host lines and the list's
+    share, one a second; every alert's id is on its host's line, and all are in the list 4 s after the card."""
+    async with running(FakeClock(datetime.now(UTC))) as clock:
+        sink = make_sink(clock=clock, messages_per_second=1)
+        started = clock.monotonic()
+        assert await sink.deliver(incident_delivery(fleet_view())) == DeliveryResult.ok()
+        took = clock.monotonic() - started
+    assert took == pytest.approx(4.0)
+    card = the_card(fake)
+    ids = " ".join(host_lines(fake, card))
+    assert all(f"`{a.short_id}`" in ids for a in fleet_view().alerts)
+
+
+async def test_a_version_of_1200_alerts_costs_a_few_store_writes_not_one_per_alert(
+    fake: FakeSlack, make_sink: SinkFactory, store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One worker per SQLite store: the sink remembers what it wrote. The first version writes each alert's record
+    once, in one transaction; a later one reads nothing and writes only what it changed."""
+    calls: list[tuple[str, int]] = []
+    get, put = store.get_sink_state, store.put_sink_states
+
+    async def counted_get(receiver: str, key: str) -> dict[str, Any] | None:
+        calls.append(("get", 1))
+        return await get(receiver, key)
+
+    async def counted_put(receiver: str, values: dict[str, dict[str, Any]]) -> None:
+        calls.append(("put", len(values)))
+        await put(receiver, values)
+
+    monkeypatch.setattr(store, "get_sink_state", counted_get)
+    monkeypatch.setattr(store, "put_sink_states", counted_put)
+    sink = make_sink()
+    await sink.deliver(incident_delivery(fleet_view()))
+    assert ("put", 1201) in calls  # the alerts' records and the incident's members, together
+    assert len(calls) < 1200 + 20  # a read for each alert never seen, a few writes
+    calls.clear()
+    await sink.deliver(incident_delivery(fleet_view(version=2, analysed=True)))
+    assert [kind for kind, _ in calls] == ["put"] and fake.calls_of("chat.update")  # the card edited, saved once
 
 
 async def test_the_card_is_posted_once_and_edited_in_place_at_a_pace(fake: FakeSlack, make_sink: SinkFactory) -> None:

@@ -189,6 +189,15 @@ def test_an_incident_card_and_its_host_replies_stay_within_limits_whatever_they_
         assert not any("<!channel>" in text for text in texts(payload))
 
 
+def test_a_card_claims_no_trait_or_cause_the_evidence_did_not_find() -> None:
+    view = fleet_view(hosts=40, analysed=True).model_copy(update={"traits": [], "cause": None, "signals": []})
+    text = "\n".join(texts(incident_card(view)))
+    assert "nothing stands out: the affected hosts look like any hosts of the fleet" in text
+    assert "Likely cause:* none the data points at" in text and "Looking for" not in text
+    young = "\n".join(texts(incident_card(fleet_view(hosts=40))))
+    assert "Looking for what the affected hosts share" in young and "Likely cause" not in young
+
+
 def test_a_hosts_reply_holds_its_hosts_and_collapses_their_gpus() -> None:
     view = fleet_view(hosts=150)
     reply = hosts_reply(view, [h.host for h in view.hosts[:HOSTS_PER_REPLY]], 1)

@@ -39,6 +39,17 @@ class SlackReceiver(StrictModel):
     graphs: bool | None = None
     graph_theme: GraphTheme = "light"
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_storm_keys(cls, value: Any) -> Any:
+        old = sorted({"storm_threshold", "storm_window"} & set(value)) if isinstance(value, Mapping) else []
+        if old:
+            raise ValueError(
+                f"{' and '.join(old)}: a Slack receiver no longer groups alerts itself; many alerts with one cause "
+                "are one incident for every receiver, set in the `incidents` section (threshold, window)"
+            )
+        return value
+
 
 class EmailReceiver(StrictModel):
     type: Literal["email"]

@@ -36,12 +36,12 @@ class IncidentHeat:
 
 
 def incident_heat(title: str, starts: Mapping[str, Sequence[datetime]], now: datetime) -> IncidentHeat | None:
-    """The busiest hosts (at most 30) from the first start until `now`, in at most 60 columns of a width from
-    one second up; None without alerts."""
+    """The busiest hosts (at most 30; of equally busy ones, the first in `starts`) from the first start until
+    `now`, in at most 60 columns of a width from one second up; None without alerts."""
     totals = {host: len(times) for host, times in starts.items() if times}
     if not totals:
         return None
-    hosts = sorted(totals, key=lambda h: (-totals[h], h))[:_MAX_HOSTS]
+    hosts = sorted(totals, key=lambda h: -totals[h])[:_MAX_HOSTS]
     first = min(min(times) for times in starts.values() if times).timestamp()
     last = max(now.timestamp(), max(max(times) for times in starts.values() if times).timestamp())
     width = next((b for b in _BINS if (last - first) // b + 1 <= _MAX_COLUMNS), _BINS[-1])

@@ -65,7 +65,9 @@ def incident_card(view: IncidentView, controls: Controls = Controls()) -> Payloa
             blocks.append(_section(_cause_text(view.cause)))
             if not resolved:
                 blocks.extend(_action_blocks(view, view.cause, controls))
-    else:
+        else:
+            blocks.append(_section("*Likely cause:* none the data points at; each alert's playbook still applies."))
+    elif not resolved:
         blocks.append(context_block("⏳ Looking for what the affected hosts share and what moved with them…"))
     blocks.append(
         context_block(
@@ -141,8 +143,8 @@ def _traits_text(traits: Sequence[Trait]) -> str:
         return "*What they share:* nothing stands out: the affected hosts look like any hosts of the fleet."
     lines = [
         f"• {number(t.affected)} of {number(t.affected_total)} affected hosts have "
-        f'`{escape(t.label)}="{escape(t.value)}"`; the fleet has {number(t.fleet)} of {number(t.fleet_total)} '
-        f"(chance {t.p_value:.1g})"
+        f'`{escape(t.label)}="{escape(t.value)}"`, against {number(t.fleet)} of the fleet\'s '
+        f"{number(t.fleet_total)} hosts (p = {t.p_value:.1g} by chance)"
         for t in traits[:_MAX_TRAITS]
     ]
     return "*What they share:*\n" + "\n".join(lines)

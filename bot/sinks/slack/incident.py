@@ -18,7 +18,6 @@ import functools
 import hashlib
 import json
 import logging
-from collections import defaultdict
 from datetime import datetime
 
 from bot.clock import Clock
@@ -186,9 +185,9 @@ class IncidentCards:
         wanted = digest(sorted(a.alert_key for a in view.alerts))
         if not self._due(card.heat, wanted, renew=False):
             return
-        starts: dict[str, list[datetime]] = defaultdict(list)
+        starts: dict[str, list[datetime]] = {h.host: [] for h in view.hosts}  # worst first
         for alert in view.alerts:
-            starts[alert.host].append(alert.starts_at or view.scope.since)
+            starts.setdefault(alert.host, []).append(alert.starts_at or view.scope.since)
         heat = incident_heat(view.title, starts, self._clock.now())
         render = functools.partial(render_incident_heat, theme=self._theme)
         png = await self._renderer.render(render, heat) if heat is not None else None

@@ -31,8 +31,9 @@ class Posting(BaseModel):
 
 
 class Upload(BaseModel):
-    """A picture for a thread (bot/sinks/slack/pictures.py): `wanted` until uploaded, `sharing` from the moment
-    the share (files.completeUploadExternal) of `file_id` may have happened, `done` once shared or given up."""
+    """A file for a thread (an alert's picture, bot/sinks/slack/pictures.py; an incident's list or heat map):
+    `wanted` until uploaded, `sharing` from the moment the share (files.completeUploadExternal) of `file_id` may
+    have happened, `done` once shared or given up."""
 
     stage: Literal["wanted", "sharing", "done"] = "wanted"
     file_id: str = ""
