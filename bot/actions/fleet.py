@@ -169,7 +169,7 @@ class FleetRemediation:
         what = _extent(work, unusable)
         if dry_run or self._config.dry_run or self._engine.policy(action).dry_run:
             first = self._describe(action, work[0])
-            run = await self._add(action, incident_id, work, actor, DRY_RUN, f"would run {first}, on {what}")
+            run = await self._add(action, incident_id, work, actor, DRY_RUN, f"would run {first}; on {what}")
             await self._audit.step(actor, "run", run, "dry-run", run.detail)
             await self._talk.announce(run, f"Dry run of {action} (run #{run.id}, {actor}): {run.detail}")
             return run
@@ -178,7 +178,7 @@ class FleetRemediation:
         pace = f"{self._config.fleet_rate:g} hosts a minute at most"
         await self._engine.ask_approval(
             run,
-            f"{actor} asks to {action} on {what} of this incident (run #{run.id}, {pace}): waiting for approval "
+            f"{actor} asks to {action} on this incident's {what} (run #{run.id}, {pace}): waiting for approval "
             f"(`approve {run.id}`), expires in {duration_text(self._config.approval_ttl)}",
         )
         return run
@@ -294,13 +294,11 @@ class FleetRemediation:
 
 
 def _extent(work: list[HostWork], unusable: int) -> str:
-    targets = sum(len(host.targets) for host in work)
-    gpus = [gpu for host in work for _, gpu in host.targets if gpu is not None]
-    text = f"{len(work)} host" + ("" if len(work) == 1 else "s")
-    if gpus:
-        text += f" ({targets} GPUs)"
+    """'3 hosts, 6 GPUs (2 alerts left out: no configured host or GPU index)'."""
+    gpus = sum(1 for host in work for _, gpu in host.targets if gpu is not None)
+    text = f"{len(work)} host" + ("" if len(work) == 1 else "s") + (f", {gpus} GPUs" if gpus else "")
     if unusable:
-        text += f"; {unusable} alerts name no configured host or GPU and are left out"
+        text += f" ({unusable} alert{'' if unusable == 1 else 's'} left out: no configured host or GPU index)"
     return text
 
 

@@ -62,7 +62,7 @@ class FleetCommands:
             text = f"Dry run of {escape(action)} (run #{run.id}): {escape(run.detail)}"
         else:
             text = (
-                f"Asked for {escape(action)} on {escape(run.detail)} of the incident (run #{run.id}). It runs only "
+                f"Asked for {escape(action)} on the incident's {escape(run.detail)}, run #{run.id}. It runs only "
                 f"once approved: `approve {run.id}` or the approval message in the incident's thread."
             )
         return Outcome(text, run.state, target, f"run #{run.id}", audited=True)
