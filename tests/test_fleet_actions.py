@@ -6,6 +6,7 @@ real sshd whose forced command is the shipped script."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator, Sequence
@@ -248,6 +249,26 @@ async def test_a_host_in_cooldown_is_skipped_and_the_breaker_stops_the_run_befor
         assert done.detail.endswith("gpu03 (circuit breaker open)")
         # With the breaker open, the card's button is refused at once.
         assert "circuit breaker is open" in await setup.click(RESPONDER, POWER)
+
+
+async def test_stop_ends_a_fleet_run_before_its_next_host(tmp_path: Path) -> None:
+    async with fleet(tmp_path) as setup:
+        await setup.click(RESPONDER, POWER)
+        first = setup.executors["gpu01"]
+        first.hold = asyncio.Event()
+        async with running(setup.clock):
+            await setup.dispatcher.command(ADMIN, "approve 1")
+            await first.started.wait()
+            assert (await setup.dispatcher.command(VIEWER, "stop 1")).startswith("Sorry")
+            assert (await setup.dispatcher.command(RESPONDER, "stop 1")).startswith("Stopping run #1")
+            first.hold.set()
+            await setup.engine.drain()
+        assert setup.ran() == [("gpu01", POWER, "0"), ("gpu01", POWER, "1")]
+        done = await setup.store.get_action_run(1)
+        assert done is not None and done.state == "done"
+        stopper = "slack:U0RESPOND1 alice"
+        assert done.detail == f"done on 2; skipped 2: gpu02 (stopped by {stopper}), gpu03 (stopped by {stopper})"
+        assert "Refused: run #1 is no fleet run under way" in await setup.dispatcher.command(RESPONDER, "stop 1")
 
 
 @pytest.mark.skipif(not os.path.exists(SSHD), reason="needs Debian's openssh-server (scripts/test)")
