@@ -34,9 +34,10 @@ from bot.models import AlertState, short_id
 from bot.store.base import ActionRun, BreakerState, Store
 from tests.support.clock import FakeClock, running
 from tests.support.incidents import COOLING, INCIDENT_ID, incident_view
+from tests.support.payloads import am_alert, webhook
 from tests.support.remediation import RecordingExecutor, Thread, firing_alert, remediation_config
 from tests.support.sshd import SSHD, Sshd
-from tests.support.store import sqlite_store
+from tests.support.store import ingest_and_dedup, sqlite_store
 from tests.test_remediation_slack import ADMIN, RESPONDER, VIEWER, interactivity_config
 from tests.test_remediation_ssh import ssh_config
 
@@ -301,3 +302,18 @@ async def test_a_fleet_action_reaches_each_configured_host_through_its_forced_co
         assert done is not None and done.state == "done", done
     assert sshd.verbs() == [RESTART, RESTART]
     assert sshd.docker_calls() == ["restart -t 10 dcgm-exporter"] * 2
+
+
+async def test_an_incident_whose_alerts_resolved_before_the_approval_has_nothing_left_to_do(tmp_path: Path) -> None:
+    async with fleet(tmp_path) as setup:
+        await setup.click(RESPONDER, POWER)
+        for alert in setup.alerts:
+            labels = {k: v for k, v in alert.labels.items() if k not in ("alertname", "severity")}
+            resolved = am_alert(alert.labels["alertname"], status="resolved", **labels)
+            await ingest_and_dedup(setup.store, webhook([resolved], group_key=f"{{}}:{{{resolved['fingerprint']}}}"))
+        assert await setup.store.list_alerts("firing") == []
+        await setup.dispatcher.command(ADMIN, "approve 1")
+        await setup.engine.drain()
+        done = await setup.store.get_action_run(1)
+        assert done is not None and done.state == "done" and done.detail.startswith("nothing to do")
+        assert setup.ran() == []

@@ -235,7 +235,7 @@ class FleetRemediation:
                 break
             await self._pace()
             await self._host(running, host, tally)
-        state = FAILED if tally.failed or not tally.done else DONE
+        state = FAILED if tally.failed or (tally.skipped and not tally.done) else DONE
         summary = _summary(tally)
         await self._store.transition_action_run(run.id, RUNNING, state, self._clock.now(), detail=summary[:500])
         await self._audit.step(run.requested_by, "run", run, state, summary[:500])
@@ -330,6 +330,8 @@ def _extent(work: list[HostWork], unusable: int) -> str:
 
 
 def _summary(tally: _Tally) -> str:
+    if not (tally.done or tally.failed or tally.skipped):
+        return "nothing to do: none of the incident's alerts fires on a configured host now"
     parts = [f"done on {len(tally.done)}"]
     for word, names in (("failed on", tally.failed), ("skipped", tally.skipped)):
         if names:
