@@ -83,7 +83,7 @@ async def test_an_incident_is_one_mail_then_one_digest_per_interval_then_the_rec
     assert "Likely cause: Facility cooling" in text
     assert 'Now shared: 48 of 50 affected hosts have row="C"' in text
     assert "inlet temperature moved +9.0 °C on 47 of 50 affected hosts in the 10 min before" in text
-    assert "1. Call the facility team for row C's cooling" in text
+    assert "FIRST ACTION\r\nCall the facility team for row C's cooling\r\n\r\nTHEN\r\n1. Lower the GPU" in text
     assert "lower-power-limit" in text
     assert "all 320 alerts resolved at 2026-11-29 13:54 UTC after 23 min; peak 95 °C" in body(recovery)
 

@@ -6,6 +6,7 @@ real sshd whose forced command is the shipped script."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator, Sequence
@@ -33,9 +34,10 @@ from bot.models import AlertState, short_id
 from bot.store.base import ActionRun, BreakerState, Store
 from tests.support.clock import FakeClock, running
 from tests.support.incidents import COOLING, INCIDENT_ID, incident_view
+from tests.support.payloads import am_alert, webhook
 from tests.support.remediation import RecordingExecutor, Thread, firing_alert, remediation_config
 from tests.support.sshd import SSHD, Sshd
-from tests.support.store import sqlite_store
+from tests.support.store import ingest_and_dedup, sqlite_store
 from tests.test_remediation_slack import ADMIN, RESPONDER, VIEWER, interactivity_config
 from tests.test_remediation_ssh import ssh_config
 
@@ -144,7 +146,10 @@ async def test_a_fleet_button_waits_for_approval_then_runs_on_every_affected_gpu
         # lower-power-limit needs no approval on one alert; on a fleet it always does.
         answer = await setup.click(RESPONDER, POWER)
         assert "It runs only once approved: `approve 1`" in answer
-        assert "3 hosts (6 GPUs); 2 alerts name no configured host or GPU and are left out" in answer
+        assert answer.startswith(
+            "Asked for lower-power-limit on the incident's 3 hosts, 6 GPUs "
+            "(2 alerts left out: no configured host or GPU index), run #1."
+        )
         [run] = await setup.runs()
         assert (run.state, run.alert_key, run.target) == ("requested", INCIDENT, "incident inc7q2 (3 hosts)")
         assert setup.ran() == [] and [r.id for r in setup.approvals] == [run.id]
@@ -213,7 +218,7 @@ async def test_a_dangerous_fleet_action_needs_an_admin_and_is_off_unless_enabled
 async def test_dry_run_says_what_would_run_and_runs_nothing(tmp_path: Path) -> None:
     async with fleet(tmp_path, dry_run=True) as setup:
         answer = await setup.click(RESPONDER, POWER)
-        assert "Dry run of lower-power-limit (run #1): would run lower-power-limit on gpu01, on 3 hosts" in answer
+        assert answer.startswith("Dry run of lower-power-limit (run #1): would run lower-power-limit on gpu01; on 3")
         [run] = await setup.runs()
         assert run.state == "dry-run" and setup.ran() == [] and setup.approvals == []
 
@@ -247,6 +252,26 @@ async def test_a_host_in_cooldown_is_skipped_and_the_breaker_stops_the_run_befor
         assert "circuit breaker is open" in await setup.click(RESPONDER, POWER)
 
 
+async def test_stop_ends_a_fleet_run_before_its_next_host(tmp_path: Path) -> None:
+    async with fleet(tmp_path) as setup:
+        await setup.click(RESPONDER, POWER)
+        first = setup.executors["gpu01"]
+        first.hold = asyncio.Event()
+        async with running(setup.clock):
+            await setup.dispatcher.command(ADMIN, "approve 1")
+            await first.started.wait()
+            assert (await setup.dispatcher.command(VIEWER, "stop 1")).startswith("Sorry")
+            assert (await setup.dispatcher.command(RESPONDER, "stop 1")).startswith("Stopping run #1")
+            first.hold.set()
+            await setup.engine.drain()
+        assert setup.ran() == [("gpu01", POWER, "0"), ("gpu01", POWER, "1")]
+        done = await setup.store.get_action_run(1)
+        assert done is not None and done.state == "done"
+        stopper = "slack:U0RESPOND1 alice"
+        assert done.detail == f"done on 2; skipped 2: gpu02 (stopped by {stopper}), gpu03 (stopped by {stopper})"
+        assert "Refused: run #1 is no fleet run under way" in await setup.dispatcher.command(RESPONDER, "stop 1")
+
+
 @pytest.mark.skipif(not os.path.exists(SSHD), reason="needs Debian's openssh-server (scripts/test)")
 async def test_a_fleet_action_reaches_each_configured_host_through_its_forced_command(
     tmp_path: Path, sshd: Sshd
@@ -277,3 +302,18 @@ async def test_a_fleet_action_reaches_each_configured_host_through_its_forced_co
         assert done is not None and done.state == "done", done
     assert sshd.verbs() == [RESTART, RESTART]
     assert sshd.docker_calls() == ["restart -t 10 dcgm-exporter"] * 2
+
+
+async def test_an_incident_whose_alerts_resolved_before_the_approval_has_nothing_left_to_do(tmp_path: Path) -> None:
+    async with fleet(tmp_path) as setup:
+        await setup.click(RESPONDER, POWER)
+        for alert in setup.alerts:
+            labels = {k: v for k, v in alert.labels.items() if k not in ("alertname", "severity")}
+            resolved = am_alert(alert.labels["alertname"], status="resolved", **labels)
+            await ingest_and_dedup(setup.store, webhook([resolved], group_key=f"{{}}:{{{resolved['fingerprint']}}}"))
+        assert await setup.store.list_alerts("firing") == []
+        await setup.dispatcher.command(ADMIN, "approve 1")
+        await setup.engine.drain()
+        done = await setup.store.get_action_run(1)
+        assert done is not None and done.state == "done" and done.detail.startswith("nothing to do")
+        assert setup.ran() == []

@@ -343,6 +343,10 @@ class Remediation:
         await self._talk.announce(run, f"{verb} refused: {reason}")
         raise ActionRefused(reason)
 
+    async def may_decide(self, actor: str, action: str) -> bool:
+        """Whether `actor` may approve, refuse or stop a run of `action`."""
+        return await self._authorizer.may_approve(actor, action)
+
     async def ask_approval(self, run: ActionRun, text: str) -> None:
         """Say in the run's conversation that it waits for approval, and tell the approval watchers."""
         await self._talk.announce(run, text)

@@ -11,7 +11,8 @@ alerts as they are then, host after host, behind the rails of single runs and on
   all) runs now, is skipped and said so;
 - an open circuit breaker refuses the request and stops a run under way before its next host;
 - dry run (`remediation.dry_run`, the action's `dry_run`) answers with what would run, on how many hosts;
-- every host's run is a run of its own in the store (for the cooldowns and `gpu-alert-bot audit`), audited.
+- every host's run is a run of its own in the store (for the cooldowns and `gpu-alert-bot audit`), audited;
+- `stop RUN` (whoever may approve it) stops it before its next host, on whichever replica runs it.
 What happens is said in the incident's conversation: the request, the start, and the end with each failed or
 skipped host; the member alerts' own threads are left alone.
 """
@@ -50,6 +51,8 @@ from bot.store.base import ActionRun, Store
 
 # Hosts named in the end's message, for each of failed and skipped; the audit log has every one.
 _NAMED = 10
+# The detail of a fleet run under way that someone asked to stop, before the actor.
+_STOP = "stop asked by "
 
 
 @dataclass(frozen=True)
@@ -152,24 +155,24 @@ class FleetRemediation:
     async def request(self, incident_id: str, action: str, actor: str, dry_run: bool = False) -> ActionRun:
         """Ask for `action` on every affected host of the incident: a run waiting for approval, or a dry run.
         Raises ActionRefused, audited."""
-        where = f"incident {incident_id}"
+        where, asked = f"incident {incident_id}", f"run {action}"
         scope = await self._members(incident_id)
         if scope is None:
-            await self._refuse(actor, action, where, f"no incident {incident_id!r}")
+            await self._refuse(actor, asked, where, f"no incident {incident_id!r}")
         if action not in ACTIONS or action in CONVERSATION_ACTIONS or action not in scope.actions:
-            await self._refuse(actor, action, where, f"the incident does not offer {action!r} as a fleet action")
+            await self._refuse(actor, asked, where, f"the incident does not offer {action!r} as a fleet action")
         if action not in self._engine.executable_actions():
-            await self._refuse(actor, action, where, f"{action} is not enabled, or no configured host can run it")
+            await self._refuse(actor, asked, where, f"{action} is not enabled, or no configured host can run it")
         work, unusable = plan(action, scope.alerts, self._config)
         if not work:
-            await self._refuse(actor, action, where, "none of the incident's alerts names a configured host")
+            await self._refuse(actor, asked, where, "none of the incident's alerts names a configured host")
         breaker = await self._engine.breaker()
         if breaker is not None:
-            await self._refuse(actor, action, where, f"the circuit breaker is open ({breaker.reason})")
+            await self._refuse(actor, asked, where, f"the circuit breaker is open ({breaker.reason})")
         what = _extent(work, unusable)
         if dry_run or self._config.dry_run or self._engine.policy(action).dry_run:
             first = self._describe(action, work[0])
-            run = await self._add(action, incident_id, work, actor, DRY_RUN, f"would run {first}, on {what}")
+            run = await self._add(action, incident_id, work, actor, DRY_RUN, f"would run {first}; on {what}")
             await self._audit.step(actor, "run", run, "dry-run", run.detail)
             await self._talk.announce(run, f"Dry run of {action} (run #{run.id}, {actor}): {run.detail}")
             return run
@@ -178,13 +181,14 @@ class FleetRemediation:
         pace = f"{self._config.fleet_rate:g} hosts a minute at most"
         await self._engine.ask_approval(
             run,
-            f"{actor} asks to {action} on {what} of this incident (run #{run.id}, {pace}): waiting for approval "
+            f"{actor} asks to {action} on this incident's {what} (run #{run.id}, {pace}): waiting for approval "
             f"(`approve {run.id}`), expires in {duration_text(self._config.approval_ttl)}",
         )
         return run
 
-    async def _refuse(self, actor: str, action: str, target: str, reason: str) -> NoReturn:
-        await self._audit.record(actor, f"run {action}", target, "refused", reason)
+    async def _refuse(self, actor: str, what: str, target: str, reason: str) -> NoReturn:
+        """Audit the refusal of `what` (for example `run lower-power-limit`) and raise it."""
+        await self._audit.record(actor, what, target, "refused", reason)
         raise ActionRefused(reason)
 
     def _describe(self, action: str, host: HostWork) -> str:
@@ -225,17 +229,40 @@ class FleetRemediation:
         await self._talk.announce(running, start)
         tally = _Tally()
         for index, host in enumerate(work):
-            breaker = await self._engine.breaker()
-            if breaker is not None:
-                tally.skipped += [f"{h.host} (circuit breaker open)" for h in work[index:]]
+            halt = await self._halted(run.id)
+            if halt is not None:
+                tally.skipped += [f"{h.host} ({halt})" for h in work[index:]]
                 break
             await self._pace()
             await self._host(running, host, tally)
-        state = FAILED if tally.failed or not tally.done else DONE
+        state = FAILED if tally.failed or (tally.skipped and not tally.done) else DONE
         summary = _summary(tally)
         await self._store.transition_action_run(run.id, RUNNING, state, self._clock.now(), detail=summary[:500])
         await self._audit.step(run.requested_by, "run", run, state, summary[:500])
         await self._talk.announce(running, f"{run.action} (run #{run.id}) {state}: {summary}")
+
+    async def _halted(self, run_id: int) -> str | None:
+        """Why the fleet run must not go on to its next host (the breaker opened, someone stopped it); None: it may."""
+        if await self._engine.breaker() is not None:
+            return "circuit breaker open"
+        current = await self._store.get_action_run(run_id)
+        if current is not None and current.detail.startswith(_STOP):
+            return "stopped by " + current.detail.removeprefix(_STOP)
+        return None
+
+    async def stop(self, run_id: int, actor: str) -> ActionRun:
+        """Stop a fleet run under way before its next host (the host under way finishes). Raises ActionRefused."""
+        run = await self._store.get_action_run(run_id)
+        if run is None or not run.alert_key.startswith(INCIDENT_KEY_PREFIX) or run.state != RUNNING:
+            await self._refuse(actor, "stop", f"run #{run_id}", f"run #{run_id} is no fleet run under way")
+        if not await self._engine.may_decide(actor, run.action):
+            await self._refuse(actor, f"stop {run.action}", f"run #{run_id}", f"{actor} may not stop {run.action}")
+        stopped = await self._store.transition_action_run(run.id, RUNNING, RUNNING, self._clock.now(), _STOP + actor)
+        if stopped is None:
+            await self._refuse(actor, f"stop {run.action}", f"run #{run_id}", f"run #{run_id} ended meanwhile")
+        await self._audit.step(actor, "stop", run, "stopped", f"run #{run.id}")
+        await self._talk.announce(run, f"{actor} stops run #{run.id} ({run.action}): no host after the one under way")
+        return stopped
 
     async def _pace(self) -> None:
         """Wait until the next host may start: at most `fleet_rate` a minute."""
@@ -294,17 +321,17 @@ class FleetRemediation:
 
 
 def _extent(work: list[HostWork], unusable: int) -> str:
-    targets = sum(len(host.targets) for host in work)
-    gpus = [gpu for host in work for _, gpu in host.targets if gpu is not None]
-    text = f"{len(work)} host" + ("" if len(work) == 1 else "s")
-    if gpus:
-        text += f" ({targets} GPUs)"
+    """'3 hosts, 6 GPUs (2 alerts left out: no configured host or GPU index)'."""
+    gpus = sum(1 for host in work for _, gpu in host.targets if gpu is not None)
+    text = f"{len(work)} host" + ("" if len(work) == 1 else "s") + (f", {gpus} GPUs" if gpus else "")
     if unusable:
-        text += f"; {unusable} alerts name no configured host or GPU and are left out"
+        text += f" ({unusable} alert{'' if unusable == 1 else 's'} left out: no configured host or GPU index)"
     return text
 
 
 def _summary(tally: _Tally) -> str:
+    if not (tally.done or tally.failed or tally.skipped):
+        return "nothing to do: none of the incident's alerts fires on a configured host now"
     parts = [f"done on {len(tally.done)}"]
     for word, names in (("failed on", tally.failed), ("skipped", tally.skipped)):
         if names:

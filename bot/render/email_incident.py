@@ -172,7 +172,9 @@ def _cause(view: IncidentView) -> list[Block]:
         return []
     blocks = [Block(title="Likely cause", kind="judgement", lines=(f"{cause.title}: {cause.reason}",))]
     if cause.steps:
-        blocks.append(Block(title="First action", kind="steps", lines=tuple(cause.steps)))
+        blocks.append(Block(title="First action", kind="judgement", lines=(cause.steps[0],)))
+    if cause.steps[1:]:
+        blocks.append(Block(title="Then", kind="steps", lines=tuple(cause.steps[1:])))
     if cause.actions:
         offered = f"Offered on the incident's card, with approval: {', '.join(cause.actions)}"
         blocks.append(Block(title="Fleet actions", kind="text", lines=(offered,)))
