@@ -4,6 +4,7 @@ version stands for the older ones, a hold makes newer versions wait as long)."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 
 from bot.incident.model import incident_key
@@ -12,7 +13,7 @@ from bot.models import Event, EventRoute, IncidentRoute, NewDelivery
 from bot.store.base import Store
 from bot.store.incidents import IncidentArrival, IncidentRule
 from tests.support.payloads import gpu_alerts, webhook
-from tests.support.store import Opener, ingest_and_dedup, message
+from tests.support.store import Opener, ingest_and_dedup, message, postgres_store
 
 RULE = IncidentRule(threshold=5, window=60.0)
 
@@ -95,3 +96,17 @@ async def test_an_incidents_newest_pending_version_stands_for_the_older_ones(ope
         )
         assert await store.due_deliveries("slack", 10, "incidents") == []
         assert await store.next_delivery_due("slack", "incidents") == until
+
+
+async def test_two_replicas_attributing_two_halves_of_a_storm_at_once_agree_on_one_incident(postgres_dsn: str) -> None:
+    async with postgres_store(postgres_dsn) as first, postgres_store(postgres_dsn) as second:
+        for host in ("k-ai-01", "k-ai-02"):
+            await ingest_and_dedup(first, webhook(gpu_alerts(4, host=host), group_key=f'{{}}:{{host="{host}"}}'))
+        events = await first.claim_events(100, 60)
+        halves = [[e for e in events if e.alert.labels["host"] == host] for host in ("k-ai-01", "k-ai-02")]
+        found = await asyncio.gather(
+            first.attribute_incidents(arrivals(halves[0]), RULE), second.attribute_incidents(arrivals(halves[1]), RULE)
+        )
+    memberships = {**found[0], **found[1]}
+    assert len(memberships) == 8 and len({m.incident_id for m in memberships.values()}) == 1
+    assert sum(m.opened for m in memberships.values()) == 4  # one replica opened it, the other found it open
