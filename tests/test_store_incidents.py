@@ -63,7 +63,7 @@ async def test_an_incident_resolves_when_all_its_alerts_have(opened: Opener) -> 
         await ingest_and_dedup(store, webhook(resolved, group_key='{}:{host="k-ai-01"}'))
         [record] = await store.advance_incidents({incident_id: None})
         assert (record.version, record.state, record.analysis) == (2, "resolved", {"traits": []})
-        assert record.resolved_at is not None and record.firing == 0
+        assert record.resolved_at is not None and {m.alert.status for m in record.members} == {"resolved"}
 
 
 async def test_an_incidents_newest_pending_version_stands_for_the_older_ones(opened: Opener) -> None:

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from bot.incident.model import INCIDENT_KEY_PREFIX
 from bot.models import AlertState, short_id
 
 IncidentState = Literal["open", "resolved"]
 # A receiver's deliveries go in two lanes: an alert's never wait behind an incident's, and the other way round.
 Lane = Literal["alerts", "incidents"]
-INCIDENT_KEY_PREFIX = "incident:"
 _PREFIX_LENGTH = len(INCIDENT_KEY_PREFIX)
 
 
@@ -113,10 +113,6 @@ def decide_memberships(
     return plan
 
 
-def is_incident_key(key: str) -> bool:
-    return key[:_PREFIX_LENGTH] == INCIDENT_KEY_PREFIX
-
-
 # --- the incident as kept, for building its view and its record -----------------------------------------
 @dataclass(frozen=True)
 class IncidentMember:
@@ -137,10 +133,6 @@ class IncidentRecord:
     # The incident-level evidence as last gathered (traits, signals, cause...), JSON; None: not gathered yet.
     analysis: dict[str, Any] | None
     members: list[IncidentMember]
-
-    @property
-    def firing(self) -> int:
-        return sum(1 for m in self.members if m.alert.status == "firing")
 
 
 # --- SQL both backends run ({p}: the backend's placeholder) ------------------------------------------------
@@ -170,7 +162,6 @@ ADVANCE = """UPDATE incidents SET version = version + 1,
 INCIDENT = "SELECT * FROM incidents WHERE id = {p}"
 MEMBERS = """SELECT m.alone, m.joined_at, a.* FROM incident_members m JOIN alerts a ON a.key = m.alert_key
  WHERE m.incident_id = {p} ORDER BY m.joined_at, a.key"""
-INCIDENTS_SINCE = "SELECT id FROM incidents WHERE opened_at >= {p} ORDER BY opened_at DESC LIMIT {p}"
 # The newest pending delivery of an incident for a receiver stands for every older one (each carries the whole view).
 INCIDENT_NEWEST = """NOT EXISTS (SELECT 1 FROM deliveries p WHERE p.receiver = d.receiver AND p.state = 'pending'
                                  AND p.alert_key = d.alert_key AND p.id > d.id)"""
