@@ -13,6 +13,7 @@ enriches a batch of one through the same code.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -165,10 +166,17 @@ class Pipeline:
         fresh = [i for i, (event, _) in enumerate(matched) if event.alert.enrichment is None]
         alone = [i for i in fresh if attribution.told_alone(matched[i][0])]
         lines = [i for i in fresh if not attribution.told_alone(matched[i][0])]
+        enriched = await asyncio.gather(
+            *(
+                self._enrichers.run_batch(
+                    [BatchItem(matched[i][0].alert, matched[i][1]) for i in indexes], remote=remote
+                )
+                for indexes, remote in ((alone, True), (lines, False))
+            )
+        )
         found: dict[int, Enrichment] = {}
-        for indexes, remote in ((alone, True), (lines, False)):
-            items = [BatchItem(matched[i][0].alert, matched[i][1]) for i in indexes]
-            found.update(zip(indexes, await self._enrichers.run_batch(items, remote=remote), strict=True))
+        for indexes, results in zip((alone, lines), enriched, strict=True):
+            found.update(zip(indexes, results, strict=True))
         return [found.get(i) for i in range(len(matched))]
 
 
