@@ -53,6 +53,7 @@ async def test_sigterm_with_a_backlog_sends_nothing_twice_after_the_restart(tmp_
                     "worker": {"poll_interval": "100ms"},
                     "receivers": receivers,
                     "routing": {"default": ["console", "pd"]},
+                    "incidents": {"enabled": False},  # a backlog of pages, each alert its own
                 }
             )
         )
