@@ -109,9 +109,11 @@ class Pipeline:
         routed); a store failure is raised for the whole batch."""
         matched, unmatched = self._match(events)
         attribution = await self._incidents.attribute(matched)
-        gathered = await self._gather(matched, attribution)
+        gathered, analyses = await asyncio.gather(
+            self._gather(matched, attribution), self._incidents.analyse(attribution, matched)
+        )
         routes, decided, undecided = self._decide(matched, gathered, attribution)
-        incidents = await self._incidents.routes(attribution, decided)
+        incidents = await self._incidents.routes(attribution, decided, analyses)
         await self._store.route_events(routes, incidents)
         receivers = {d.receiver for route in routes for d in route.deliveries}
         receivers.update(d.receiver for incident in incidents for d in incident.deliveries)
@@ -136,24 +138,27 @@ class Pipeline:
         self, matched: Sequence[tuple[Event, Playbook]], gathered: Sequence[Enrichment | None], attribution: Attribution
     ) -> tuple[list[EventRoute], list[tuple[Event, Playbook, Sequence[str]]], list[tuple[Event, Exception]]]:
         """Advise, compose and route each event (pure); one that fails is left out, the others go on. An event
-        told only as part of its incident gets no delivery of its own; its receivers are the incident's."""
+        told only as a line of its incident is routed but gets no message of its own: its receivers get the
+        incident's."""
         routes: list[EventRoute] = []
         decided: list[tuple[Event, Playbook, Sequence[str]]] = []
         failed: list[tuple[Event, Exception]] = []
         for (event, playbook), found in zip(matched, gathered, strict=True):
+            # Dumped once: kept with the alert, and the message's details are cut from it.
+            stored = found.model_dump(mode="json") if found is not None else None
+            deliveries: list[NewDelivery] = []
             try:
-                enrichment = found if found is not None else Enrichment.model_validate(event.alert.enrichment)
-                # Dumped once: kept with the alert, and the message's details are cut from it.
-                stored = found.model_dump(mode="json") if found is not None else None
-                decision = conclude(event, playbook, enrichment, self._playbooks, self._router, stored)
+                if attribution.has_own_message(event):
+                    enrichment = found if found is not None else Enrichment.model_validate(event.alert.enrichment)
+                    decision = conclude(event, playbook, enrichment, self._playbooks, self._router, stored)
+                    told = () if _run_over(event.alert) else decision.receivers
+                    deliveries = [NewDelivery(receiver=name, message=decision.message) for name in told]
+                else:
+                    told = self._router.trace(event.alert.labels).decision.receivers
             except Exception as exc:
                 failed.append((event, exc))
                 continue
-            told = () if _run_over(event.alert) else decision.receivers
-            own = told if attribution.has_own_message(event) else ()
-            routes.append(
-                EventRoute(event.id, stored, [NewDelivery(receiver=n, message=decision.message) for n in own])
-            )
+            routes.append(EventRoute(event.id, stored, deliveries))
             decided.append((event, playbook, told))
         return routes, decided, failed
 

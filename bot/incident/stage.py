@@ -5,9 +5,10 @@ incident each event's alert belongs to (bot/store/incidents.py has the rule: mor
 alerts of one alertname within `incidents.window`). An alert told only as part of an incident gets no message of
 its own (`told_alone`; an ack or a note about it is still told, in the incident's conversation), so it needs no
 evidence of its own from Prometheus or Loki: the pipeline gathers only its local evidence (GPU identity, Xid,
-recurrence); `explain --enrich` fetches the rest when someone asks. Once the batch is decided, `routes` makes each
-incident the batch changed into its new version: the incident-level evidence gathered when it opens (and again
-when its hosts grow by half), then its whole view delivered to every receiver its alerts would have gone to.
+recurrence); `explain --enrich` fetches the rest when someone asks. `analyse` gathers the incident-level evidence
+of each incident the batch changes, when it opens and again when its hosts grow by half, while the batch's own
+evidence is gathered. Once the batch is decided, `routes` makes each incident the batch changed into its new
+version, its whole view delivered to every receiver its alerts would have gone to.
 Alerts told on their own before the incident opened keep their own messages; their changes update the incident.
 """
 
@@ -98,25 +99,33 @@ class IncidentStage:
             log.warning("incident opened: its alerts are told as one", extra={"incidents": opened})
         return Attribution({event.id: by_key[event.alert.key] for event, _ in matched if event.alert.key in by_key})
 
+    async def analyse(
+        self, attribution: Attribution, matched: Sequence[tuple[Event, Playbook]]
+    ) -> dict[str, dict[str, Any] | None]:
+        """The incident-level evidence of each incident the batch changes, by its id (None: it keeps what it has),
+        gathered while the batch's own evidence is."""
+        playbooks: dict[str, Playbook] = {}
+        for event, playbook in matched:
+            membership = attribution.memberships.get(event.id)
+            if membership is not None and event.kind in _CHANGES:
+                playbooks.setdefault(membership.incident_id, playbook)
+        return {incident_id: await self._analysis(incident_id, book) for incident_id, book in playbooks.items()}
+
     async def routes(
         self,
         attribution: Attribution,
         decided: Sequence[tuple[Event, Playbook, Sequence[str]]],
+        analyses: Mapping[str, dict[str, Any] | None],
     ) -> list[IncidentRoute]:
-        """Each incident the batch changed, at its new version, for the receivers its changed alerts go to."""
+        """Each incident the batch changed, at its new version with `analyses` kept, for the receivers its changed
+        alerts go to."""
         receivers: dict[str, set[str]] = {}
-        playbooks: dict[str, Playbook] = {}
-        for event, playbook, told in decided:
+        for event, _, told in decided:
             membership = attribution.memberships.get(event.id)
-            if membership is None or event.kind not in _CHANGES:
-                continue
-            receivers.setdefault(membership.incident_id, set()).update(told)
-            playbooks.setdefault(membership.incident_id, playbook)
-        if not receivers:
-            return []
-        analyses = {incident_id: await self._analysis(incident_id, playbooks[incident_id]) for incident_id in receivers}
+            if membership is not None and event.kind in _CHANGES:
+                receivers.setdefault(membership.incident_id, set()).update(told)
         routes = []
-        for record in await self._store.advance_incidents(analyses):
+        for record in await self._store.advance_incidents({i: analyses.get(i) for i in receivers}):
             message = incident_message(record)
             routes.append(
                 IncidentRoute(
