@@ -129,6 +129,14 @@ async def test_alerts_told_before_it_opened_keep_their_messages_and_the_bots_own
         )
         view = await s.incident()
         assert view.scope.alerts == 6  # the three told before are its alerts too
+        # Their resolves update their own messages, and the incident.
+        for delivery in told:
+            await s.store.delivery_succeeded(delivery.id)
+        await s.run(hot("k-ai-001.lan", range(3), status="resolved"))
+        resolved = await s.alert_deliveries()
+        assert [(d.message.alertname, d.message.event) for d in resolved] == [("GPUTempCritical", "resolved")] * 3
+        later = await s.incident()
+        assert later.version > view.version and (later.scope.firing, later.status) == (3, "open")
 
 
 async def test_an_ack_is_told_as_the_alerts_own_and_resolves_make_the_incidents_recovery(tmp_path: Path) -> None:
