@@ -85,7 +85,7 @@ def _alert_words(labels: dict[str, str], key: str) -> str:
 
 def report_markdown(record: IncidentRecord, runs: Sequence[ActionRun], picture: str | None) -> str:
     view = build_view(record)
-    lines = [f"# Incident {record.id}: {view.title}", "", *_summary(view), ""]
+    lines = [f"# Incident {record.id}: {view.title}", "", *_summary(view, record.playbook), ""]
     lines += ["## What the affected hosts share", ""]
     lines += [f"- {text.trait_text(t)}" for t in view.traits] or [
         "- Nothing stated: the affected hosts do not differ from the fleet enough to say so."
@@ -110,13 +110,13 @@ def report_markdown(record: IncidentRecord, runs: Sequence[ActionRun], picture: 
     return "\n".join(lines) + "\n"
 
 
-def _summary(view: IncidentView) -> list[str]:
+def _summary(view: IncidentView, playbook: str) -> list[str]:
     status = text.resolution_text(view) if view.status == "resolved" else f"open, {view.scope.firing:,} firing"
     return [
         f"- **Status:** {status}",
         f"- **Scope:** {text.scope_text(view.scope)}",
         f"- **Since:** {_time(view.scope.since)}; told as one incident at {_time(view.opened_at)}",
-        f"- **Key:** `{incident_key(view.id)}`",
+        f"- **Key:** `{incident_key(view.id)}`; playbook `{playbook}`",
     ]
 
 
