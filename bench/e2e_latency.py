@@ -61,9 +61,7 @@ def alertmanager_config(bot_url: str, slack: FakeSlack) -> dict[str, Any]:
 
 def bot_config(workdir: Path, slack: FakeSlack) -> Path:
     # The comparison is about latency, not pacing: Alertmanager does not pace at all.
-    return slack_bot_config(
-        workdir, slack.api_url, DEFAULT_TOKEN, "warning", messages_per_second=100, storm_threshold=1000
-    )
+    return slack_bot_config(workdir, slack.api_url, DEFAULT_TOKEN, "warning", messages_per_second=100)
 
 
 async def fire(am_url: str, count: int, spacing: float) -> dict[int, float]:

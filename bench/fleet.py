@@ -11,7 +11,7 @@ fake received for the whole storm, beside the issue's bound 2 x rules + template
 enrichment sections' statuses.
 
 `--history 30m` first writes that much of every GPU's series into Prometheus (promtool); `--slack` times instead
-how long until every alert is visible in the Slack fake (1 post/s, storm control on) after the first webhook,
+how long until every alert is visible in the Slack fake (1 post/s) after the first webhook,
 the notifications posted to one `serve`.
 
     .venv/bin/python -m bench.fleet [--alerts 1200] [--hosts 150] [--before DIR] [--after DIR] [--history 30m]
@@ -251,7 +251,7 @@ def figure(checkout: Checkout, args: argparse.Namespace, prometheus: Prometheus,
 async def slack_figure(
     checkout: Checkout, args: argparse.Namespace, prometheus: Prometheus, loki: FakeLoki
 ) -> dict[str, Any]:
-    """The storm posted to one `serve` (storm control on, the Slack fake at 1 post/s), timed from the first
+    """The storm posted to one `serve` (the Slack fake at 1 post/s), timed from the first
     webhook until every alert is visible in Slack."""
     gpus = args.alerts // args.hosts
     starts_at = datetime.now(UTC).isoformat().replace("+00:00", "Z")

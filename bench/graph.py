@@ -1,6 +1,6 @@
 """Rendering time and memory per picture (issue 24): `python -m bench.graph [--count 50]`.
 
-Prints, for an alert's graph (light and dark, with its GPU panels) and a storm's heat map: the first drawing in
+Prints, for an alert's graph (light and dark, with its GPU panels) and an incident's heat map: the first drawing in
 a fresh process (fonts loaded), then the median and 95th percentile of `--count` more; the process's resident
 memory once matplotlib is loaded and its peak while drawing (the memory a picture costs is the difference); and
 the time of one picture through the bot's bounded worker process (GraphRenderer), warm. Goals: 200 ms and 50 MB
@@ -17,10 +17,11 @@ import resource
 import statistics
 import time
 from collections.abc import Callable
+from datetime import timedelta
 
 from bot.render.graph import alert_graph, render_alert_graph
 from bot.render.graph_worker import GraphRenderer
-from bot.render.storm_graph import render_storm_heat, storm_heat
+from bot.render.incident_graph import incident_heat, render_incident_heat
 from tests.support.graphs import temperature_evidence
 from tests.support.payloads import STARTED
 
@@ -85,17 +86,17 @@ def main() -> None:
     )
     assert graph is not None
     rng = random.Random(1)
-    by_minute = {
-        f"k-ai-{h:02d}": {f"2026-11-29T13:{m:02d}": rng.randint(1, 6) for m in range(30, 60) if rng.random() < 0.6}
+    starts = {
+        f"k-ai-{h:02d}": [STARTED + timedelta(minutes=m) for m in range(30) if rng.random() < 0.6 for _ in range(3)]
         for h in range(30)
     }
-    heat = storm_heat("Alert storm: 800 alerts on 30 hosts", by_minute)
+    heat = incident_heat("GPUTempCritical on 30 hosts", starts, STARTED + timedelta(minutes=30))
     assert heat is not None
     peaks: dict[str, float] = {}
     for name, draw in (
         ("alert graph, light", functools.partial(render_alert_graph, graph, "light")),
         ("alert graph, dark", functools.partial(render_alert_graph, graph, "dark")),
-        ("storm heat map, 30 hosts", functools.partial(render_storm_heat, heat, "light")),
+        ("incident heat map, 30 hosts", functools.partial(render_incident_heat, heat, "light")),
     ):
         _report(name, *_timed(draw, args.count))
         peaks[name] = _peak_mb()

@@ -36,7 +36,6 @@ def receiver(name: str, workdir: Path, slack: FakeSlack, rate: float) -> SlackRe
         "token_file": str(workdir / "slack_token"),
         "api_url": slack.api_url,
         "messages_per_second": rate,
-        "storm_threshold": 10_000,
     }
     return SlackReceiver.model_validate(config)
 

@@ -1,4 +1,7 @@
-"""What a person sees in the Slack fake during a storm: which alerts are visible, and when a condition first held."""
+"""What a person sees in the Slack fake during a storm: which alerts are visible, and when a condition first held.
+
+Visible are: an alert's own message; a line of an older storm thread; in an incident's thread, the GPUs of a
+host line (when the card names the alert) and every line of the attached list of alerts."""
 
 from __future__ import annotations
 
@@ -9,20 +12,42 @@ from collections.abc import Callable
 
 from tests.fakes.slack import FakeSlack
 
+_HOST_LINE = re.compile(r"`([^`]+)` · GPUs? ([\d, -]+?)(?: ·|$)", re.MULTILINE)
+
 
 def visible(slack: FakeSlack, alertname: str) -> set[tuple[str, str]]:
-    """(host, gpu) of every `alertname` alert a person can see: a top-level message or a line in a storm thread."""
+    """(host, gpu) of every `alertname` alert a person can see (see above)."""
     line = re.compile(rf"\*{re.escape(alertname)}\* · `([^`]+)` GPU (\d+)")
     top = re.compile(rf"{re.escape(alertname)} on (\S+) GPU (\d+)")
     seen: set[tuple[str, str]] = set()
     for message in slack.top_level():
-        texts = [message.rendered_text(), *(reply.rendered_text() for reply in slack.replies(message))]
+        replies = slack.replies(message)
+        texts = [message.rendered_text(), *(reply.rendered_text() for reply in replies)]
         for text in texts:
             seen.update((m.group(1), m.group(2)) for m in line.finditer(text))
         found = top.search(message.text)
         if found:
             seen.add((found.group(1), found.group(2)))
+        if alertname in message.text:
+            for text in texts[1:]:
+                seen.update((m.group(1), gpu) for m in _HOST_LINE.finditer(text) for gpu in _gpus(m.group(2)))
+        for shared in (f for reply in replies for f in reply.files if f["name"].endswith(".txt")):
+            seen.update(_listed(slack.uploads[shared["id"]].data or b"", alertname))
     return seen
+
+
+def _gpus(ranges: str) -> list[str]:
+    gpus: list[str] = []
+    for part in ranges.split(","):
+        low, _, high = part.strip().partition("-")
+        gpus.extend(str(n) for n in range(int(low), int(high or low) + 1))
+    return gpus
+
+
+def _listed(data: bytes, alertname: str) -> set[tuple[str, str]]:
+    """(host, gpu) of the list's lines: id, status, alert, host, GPU, value."""
+    rows = (line.split() for line in data.decode().splitlines())
+    return {(row[3], row[4]) for row in rows if len(row) >= 5 and row[2] == alertname}
 
 
 async def until(condition: Callable[[], bool]) -> float:

@@ -45,7 +45,7 @@ _ERROR_KINDS_OF: dict[Side, tuple[ErrorKind, ...]] = {
     "ingest": get_args(IngestError),
     "worker": get_args(WorkerError),
 }
-DeliveryOutcome = Literal["delivered", "retry", "failed"]
+DeliveryOutcome = Literal["delivered", "retry", "held", "failed"]
 DELIVERY_RESULTS: tuple[DeliveryOutcome, ...] = get_args(DeliveryOutcome)
 ALERT_STATUSES = ("firing", "resolved")
 # `graphs_total{result}`: a picture drawn, or the message sent without one (drawing failed, too slow, upload failed).
@@ -144,7 +144,7 @@ class Metrics:
         )
         self.graphs = Counter(
             f"{_PREFIX}_graphs",
-            "Pictures of an alert's history (or a storm's), by result: rendered, or failed, timeout, "
+            "Pictures of an alert's history (or an incident's heat map), by result: rendered, or failed, timeout, "
             "upload_failed (the message went as text alone).",
             ["result"],
             registry=worker,

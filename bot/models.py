@@ -145,6 +145,8 @@ class EventKind(StrEnum):
     ACK = "ack"
     # Something a person or the bot says about the alert (an outcome, a comment): told in the alert's conversation.
     NOTE = "note"
+    # An incident changed (bot/incident/): its deliveries hang on an event of its own, routed as it is written.
+    INCIDENT = "incident"
 
 
 class AlertState(BaseModel):
@@ -242,6 +244,14 @@ class EventRoute:
 
     event_id: int
     enrichment: dict[str, Any] | None
+    deliveries: Sequence[NewDelivery]
+
+
+@dataclass(frozen=True)
+class IncidentRoute:
+    """An incident's new version for its receivers (each delivery's message carries the incident's view)."""
+
+    incident_key: str
     deliveries: Sequence[NewDelivery]
 
 

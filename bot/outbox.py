@@ -1,7 +1,11 @@
-"""The outbox: persisted deliveries, one dispatcher per receiver, retries with tenacity.
+"""The outbox: persisted deliveries, two dispatchers (lanes) per receiver, retries with tenacity.
 
-Each receiver drains its own queue in order, so one sink's outage never delays another, and an update of a
-message never overtakes the post that created it. While a delivery is retried the receiver's queue waits
+Each receiver drains its own queues, so one sink's outage never delays another. A receiver has two lanes: its
+alerts' deliveries, in order (an update of a message never overtakes the post that created it), and its incidents'
+(bot/incident/), so an alert outside an incident never waits behind an incident's backlog. An incident's delivery
+carries its whole view: the newest pending version is sent and the older ones are set aside (superseded). A sink
+may hold a delivery (an email digest's interval): that is no failed attempt, and the incident's newer versions
+wait as long. While a delivery is retried the receiver's queue waits
 behind it: when Slack is down, hammering it with the next message would not help. Every attempt is written
 to the store first, so a restart resumes where the last process stopped. With several replicas on one store,
 each receiver is dispatched by the replica that holds its lease (renewed while it runs); the others stand by.
@@ -30,6 +34,9 @@ from bot.metrics import DeliveryOutcome, Metrics
 from bot.models import Delivery
 from bot.sinks.base import DeliveryResult, Sink
 from bot.store.base import Store, StoreUnavailable
+from bot.store.incidents import Lane
+
+LANES: tuple[Lane, ...] = ("alerts", "incidents")
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +71,11 @@ class Outbox:
         self._sinks = dict(sinks)
         self._config = config
         self._metrics = metrics
-        self._wakeups = {name: asyncio.Event() for name in self._sinks}
+        self._wakeups = {(name, lane): asyncio.Event() for name in self._sinks for lane in LANES}
         self._tasks: list[asyncio.Task[None]] = []
-        self._unrecorded: dict[str, list[_Outcome]] = {name: [] for name in self._sinks}
+        self._unrecorded: dict[tuple[str, Lane], list[_Outcome]] = {
+            (name, lane): [] for name in self._sinks for lane in LANES
+        }
         self._attempts: set[asyncio.Task[DeliveryResult]] = set()
 
     @property
@@ -75,7 +84,9 @@ class Outbox:
 
     def start(self) -> None:
         self._tasks = [
-            asyncio.create_task(self._dispatch(sink), name=f"outbox-{name}") for name, sink in self._sinks.items()
+            asyncio.create_task(self._dispatch(sink, lane), name=f"outbox-{name}-{lane}")
+            for name, sink in self._sinks.items()
+            for lane in LANES
         ] + [asyncio.create_task(self._keep_lease(name), name=f"outbox-lease-{name}") for name in self._sinks]
 
     @property
@@ -101,8 +112,9 @@ class Outbox:
 
     def wake(self, receivers: Iterable[str]) -> None:
         for name in receivers:
-            if name in self._wakeups:
-                self._wakeups[name].set()
+            for lane in LANES:
+                if (name, lane) in self._wakeups:
+                    self._wakeups[name, lane].set()
 
     async def _keep_lease(self, receiver: str) -> None:
         while True:
@@ -113,26 +125,28 @@ class Outbox:
             if held != self._holding[receiver]:
                 log.info("receiver " + ("taken over" if held else "handed over"), extra={"receiver": receiver})
                 self._holding[receiver] = held
-                self._wakeups[receiver].set()
+                self.wake([receiver])
             await self._clock.sleep(self._receiver_lease / 3)
 
-    async def _dispatch(self, sink: Sink) -> None:
-        wakeup = self._wakeups[sink.name]
+    async def _dispatch(self, sink: Sink, lane: Lane) -> None:
+        wakeup = self._wakeups[sink.name, lane]
         while True:
             wakeup.clear()
             if not self._holding[sink.name]:
                 await self._wait(wakeup, _IDLE_RECHECK)
                 continue
             try:
-                await self._record_outcomes(sink.name)
-                batch = await self._store.due_deliveries(sink.name, _BATCH)
+                await self._record_outcomes(sink.name, lane)
+                batch = await self._store.due_deliveries(sink.name, _BATCH, lane)
                 for delivery in batch:
                     if not self._holding[sink.name]:
                         break  # lost the receiver to another replica: it sends the rest
-                    await self._deliver(sink, delivery)
+                    if lane == "incidents":
+                        await self._store.supersede_deliveries(delivery)
+                    await self._deliver(sink, lane, delivery)
                 if batch:
                     continue
-                timeout = await self._idle_timeout(sink.name)
+                timeout = await self._idle_timeout(sink.name, lane)
             except StoreUnavailable as exc:
                 self._metrics.error("store_unavailable")
                 log.warning("outbox cannot read the store", extra={"receiver": sink.name, "reason": str(exc)})
@@ -146,13 +160,13 @@ class Outbox:
     async def _wait(self, wakeup: asyncio.Event, seconds: float) -> None:
         await wait_for_event(self._clock, wakeup, seconds)
 
-    async def _idle_timeout(self, receiver: str) -> float:
-        due = await self._store.next_delivery_due(receiver)
+    async def _idle_timeout(self, receiver: str, lane: Lane) -> float:
+        due = await self._store.next_delivery_due(receiver, lane)
         if due is None:
             return _IDLE_RECHECK
         return min(_IDLE_RECHECK, max(0.0, (due - self._clock.now()).total_seconds()))
 
-    async def _deliver(self, sink: Sink, delivery: Delivery) -> None:
+    async def _deliver(self, sink: Sink, lane: Lane, delivery: Delivery) -> None:
         backoff = wait_exponential(multiplier=self._config.initial_backoff, max=self._config.max_backoff) + wait_random(
             0, self._config.initial_backoff
         )
@@ -181,17 +195,21 @@ class Outbox:
             await self._store.delivery_retry(delivery.id, f"{result.reason}: {result.detail}", next_at)
 
         retrying = AsyncRetrying(
-            retry=retry_if_result(lambda result: result.retry),
+            retry=retry_if_result(lambda result: result.retry and not result.held),
             wait=wait,
             sleep=self._clock.sleep,
             stop=lambda _state: self._clock.now() >= deadline,
             before_sleep=persist_retry,
             retry_error_callback=lambda state: state.outcome.result(),  # type: ignore[union-attr]
         )
-        result: DeliveryResult = await retrying(self._attempt, sink, delivery)
+        result: DeliveryResult = await retrying(self._attempt, sink, lane, delivery)
         if result.delivered:
             # Recorded by the attempt, unless the store refused: then raise, and send nothing more until it is.
-            await self._record_outcomes(sink.name)
+            await self._record_outcomes(sink.name, lane)
+            return
+        if result.held:  # the sink's choice, not a failure: it comes back then (or a newer version does)
+            until = self._clock.now() + timedelta(seconds=result.delay or 0.0)
+            await self._store.delivery_held(delivery, until, result.reason)
             return
         reason = result.reason if not result.retry else f"gave_up_{result.reason}"
         self._metrics.delivery_failures.labels(sink.name, reason).inc()
@@ -200,23 +218,25 @@ class Outbox:
             "delivery failed for good",
             extra={"receiver": sink.name, "delivery_id": delivery.id, "reason": reason, "detail": result.detail},
         )
-        self._unrecorded[sink.name].append(_Outcome(delivery.id, delivered=False, error=f"{reason}: {result.detail}"))
-        await self._record_outcomes(sink.name)
+        self._unrecorded[sink.name, lane].append(
+            _Outcome(delivery.id, delivered=False, error=f"{reason}: {result.detail}")
+        )
+        await self._record_outcomes(sink.name, lane)
 
-    async def _attempt(self, sink: Sink, delivery: Delivery) -> DeliveryResult:
+    async def _attempt(self, sink: Sink, lane: Lane, delivery: Delivery) -> DeliveryResult:
         """One attempt and, when it delivered, its record: shielded, so that stop() cannot cut between them."""
-        attempt = asyncio.create_task(self._attempt_and_record(sink, delivery), name=f"delivery-{delivery.id}")
+        attempt = asyncio.create_task(self._attempt_and_record(sink, lane, delivery), name=f"delivery-{delivery.id}")
         self._attempts.add(attempt)
         attempt.add_done_callback(self._attempts.discard)
         return await asyncio.shield(attempt)
 
-    async def _attempt_and_record(self, sink: Sink, delivery: Delivery) -> DeliveryResult:
+    async def _attempt_and_record(self, sink: Sink, lane: Lane, delivery: Delivery) -> DeliveryResult:
         result = await self._attempt_once(sink, delivery)
         if result.delivered:
-            self._unrecorded[sink.name].append(_Outcome(delivery.id, delivered=True))
+            self._unrecorded[sink.name, lane].append(_Outcome(delivery.id, delivered=True))
             # A store that cannot record it now leaves it in _unrecorded: nothing goes out before it is recorded.
             with contextlib.suppress(StoreUnavailable):
-                await self._record_outcomes(sink.name)
+                await self._record_outcomes(sink.name, lane)
         return result
 
     async def _attempt_once(self, sink: Sink, delivery: Delivery) -> DeliveryResult:
@@ -231,13 +251,15 @@ class Outbox:
         except Exception as exc:  # a sink bug: retrying for a day would only hold up the messages behind it
             log.exception("sink raised", extra={"receiver": sink.name, "delivery_id": delivery.id})
             result = DeliveryResult.failed("exception", f"{type(exc).__name__}: {exc}")
-        outcome: DeliveryOutcome = "delivered" if result.delivered else ("retry" if result.retry else "failed")
+        outcome: DeliveryOutcome = (
+            "delivered" if result.delivered else ("held" if result.held else "retry" if result.retry else "failed")
+        )
         self._metrics.deliveries.labels(sink.name, outcome).inc()
         return result
 
-    async def _record_outcomes(self, receiver: str) -> None:
-        """Write the outcomes this receiver is holding, oldest first; StoreUnavailable keeps the rest."""
-        pending = self._unrecorded[receiver]
+    async def _record_outcomes(self, receiver: str, lane: Lane) -> None:
+        """Write the outcomes this receiver's lane is holding, oldest first; StoreUnavailable keeps the rest."""
+        pending = self._unrecorded[receiver, lane]
         while pending:
             outcome = pending[0]
             if outcome.delivered:
@@ -247,9 +269,9 @@ class Outbox:
             pending.pop(0)
 
     async def _record_unrecorded_before_exit(self) -> None:
-        for receiver, pending in self._unrecorded.items():
+        for (receiver, lane), pending in self._unrecorded.items():
             try:
-                await self._record_outcomes(receiver)
+                await self._record_outcomes(receiver, lane)
             except StoreUnavailable as exc:
                 log.error(
                     "stopping with deliveries sent but not recorded; they will be sent again after the restart",

@@ -1,15 +1,19 @@
-"""The path of one alert, stage by stage: ingest -> dedup -> enrich -> advise -> route -> deliver.
+"""The path of one alert, stage by stage: ingest -> dedup -> incidents -> enrich -> advise -> route -> deliver.
 
 Ingest (bot/ingest.py) has already written the webhook to the store before Alertmanager got its 2xx. The
 worker (bot/worker.py) calls `dedup` for stored notifications, then `handle_batch` for the events that are ready
-together: their evidence is gathered at once (queries the alerts share are sent once, bot/enrich/batch.py), then
-each event is advised, composed and routed on its own, and the batch's deliveries are written in one transaction.
+together: the incident stage (bot/incident/stage.py) says which of them belong to an incident, their evidence is
+gathered at once (queries the alerts share are sent once, bot/enrich/batch.py; an alert told only as a line of an
+incident gets its local evidence only), then each event is advised, composed and routed on its own, each incident
+the batch changed gets its new version for the receivers its alerts go to, and the batch's deliveries are written
+in one transaction.
 `decide` (enrich, advise, compose, route) writes nothing: `explain` calls it too, to show what would happen; it
 enriches a batch of one through the same code.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -21,6 +25,7 @@ from bot.dedup import plan_events
 from bot.enrich.base import EnrichmentRunner
 from bot.enrich.batch import BatchItem
 from bot.evidence import Enrichment
+from bot.incident.stage import Attribution, IncidentStage
 from bot.message import Message
 from bot.metrics import Metrics
 from bot.models import AlertState, Event, EventKind, EventRoute, NewDelivery
@@ -81,9 +86,11 @@ class Pipeline:
         outbox: Outbox,
         metrics: Metrics,
         *,
+        incidents: IncidentStage,
         late_copy_window: float,
     ) -> None:
         self._store = store
+        self._incidents = incidents
         self._enrichers = enrichers
         self._playbooks = playbooks
         self._router = router
@@ -101,10 +108,16 @@ class Pipeline:
         wake the receivers' senders. Returns the events that could not be decided, with why (the others are
         routed); a store failure is raised for the whole batch."""
         matched, unmatched = self._match(events)
-        gathered = await self._gather([(event.alert, playbook) for event, playbook in matched])
+        attribution = await self._incidents.attribute(matched)
+        gathered, analyses = await asyncio.gather(
+            self._gather(matched, attribution), self._incidents.analyse(attribution, matched)
+        )
         unheard = await self._unheard_self_tests(events)
-        routes, receivers, undecided = self._decide(matched, gathered, unheard)
-        await self._store.route_events(routes)
+        routes, decided, undecided = self._decide(matched, gathered, attribution, unheard)
+        incidents = await self._incidents.routes(attribution, decided, analyses)
+        await self._store.route_events(routes, incidents)
+        receivers = {d.receiver for route in routes for d in route.deliveries}
+        receivers.update(d.receiver for incident in incidents for d in incident.deliveries)
         routed = {route.event_id for route in routes}
         for event in events:
             if event.id in routed:
@@ -123,26 +136,36 @@ class Pipeline:
         return matched, failed
 
     def _decide(
-        self, matched: Sequence[tuple[Event, Playbook]], gathered: Sequence[Enrichment | None], unheard: set[int]
-    ) -> tuple[list[EventRoute], set[str], list[tuple[Event, Exception]]]:
-        """Advise, compose and route each event (pure); one that fails is left out, the others go on."""
+        self,
+        matched: Sequence[tuple[Event, Playbook]],
+        gathered: Sequence[Enrichment | None],
+        attribution: Attribution,
+        unheard: set[int],
+    ) -> tuple[list[EventRoute], list[tuple[Event, Playbook, Sequence[str]]], list[tuple[Event, Exception]]]:
+        """Advise, compose and route each event (pure); one that fails is left out, the others go on. An event
+        told only as a line of its incident is routed but gets no message of its own: its receivers get the
+        incident's. `unheard`: self-test events to tell nobody."""
         routes: list[EventRoute] = []
-        receivers: set[str] = set()
+        decided: list[tuple[Event, Playbook, Sequence[str]]] = []
         failed: list[tuple[Event, Exception]] = []
         for (event, playbook), found in zip(matched, gathered, strict=True):
+            # Dumped once: kept with the alert, and the message's details are cut from it.
+            stored = found.model_dump(mode="json") if found is not None else None
+            deliveries: list[NewDelivery] = []
             try:
-                enrichment = found if found is not None else Enrichment.model_validate(event.alert.enrichment)
-                # Dumped once: kept with the alert, and the message's details are cut from it.
-                stored = found.model_dump(mode="json") if found is not None else None
-                decision = conclude(event, playbook, enrichment, self._playbooks, self._router, stored)
+                if attribution.has_own_message(event):
+                    enrichment = found if found is not None else Enrichment.model_validate(event.alert.enrichment)
+                    decision = conclude(event, playbook, enrichment, self._playbooks, self._router, stored)
+                    told = () if event.id in unheard else decision.receivers
+                    deliveries = [NewDelivery(receiver=name, message=decision.message) for name in told]
+                else:
+                    told = self._router.trace(event.alert.labels).decision.receivers
             except Exception as exc:
                 failed.append((event, exc))
                 continue
-            told = () if event.id in unheard else decision.receivers
-            deliveries = [NewDelivery(receiver=name, message=decision.message) for name in told]
             routes.append(EventRoute(event.id, stored, deliveries))
-            receivers.update(told)
-        return routes, receivers, failed
+            decided.append((event, playbook, told))
+        return routes, decided, failed
 
     async def _unheard_self_tests(self, events: Sequence[Event]) -> set[int]:
         """The self-test events to tell nobody: those of an alert the bot first heard of once its run was over,
@@ -166,10 +189,24 @@ class Pipeline:
             unheard.add(event.id)
         return unheard
 
-    async def _gather(self, alerts: Sequence[tuple[AlertState, Playbook]]) -> list[Enrichment | None]:
+    async def _gather(
+        self, matched: Sequence[tuple[Event, Playbook]], attribution: Attribution
+    ) -> list[Enrichment | None]:
         """Evidence is gathered once per alert episode (None: the alert has it already, and repeats and resolves
-        show what was found then); the alerts that need it are enriched together."""
-        fresh = [i for i, (alert, _) in enumerate(alerts) if alert.enrichment is None]
-        enriched = await self._enrichers.run_batch([BatchItem(*alerts[i]) for i in fresh])
-        found: dict[int, Enrichment] = dict(zip(fresh, enriched, strict=True))
-        return [found.get(i) for i in range(len(alerts))]
+        show what was found then); the alerts that need it are enriched together, those told only as lines of an
+        incident with the local enrichers alone."""
+        fresh = [i for i, (event, _) in enumerate(matched) if event.alert.enrichment is None]
+        alone = [i for i in fresh if attribution.told_alone(matched[i][0])]
+        lines = [i for i in fresh if not attribution.told_alone(matched[i][0])]
+        enriched = await asyncio.gather(
+            *(
+                self._enrichers.run_batch(
+                    [BatchItem(matched[i][0].alert, matched[i][1]) for i in indexes], remote=remote
+                )
+                for indexes, remote in ((alone, True), (lines, False))
+            )
+        )
+        found: dict[int, Enrichment] = {}
+        for indexes, results in zip((alone, lines), enriched, strict=True):
+            found.update(zip(indexes, results, strict=True))
+        return [found.get(i) for i in range(len(matched))]

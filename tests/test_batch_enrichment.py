@@ -21,7 +21,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from bot.compose import compose_message
-from bot.config import BotConfig, LokiConfig, PrometheusConfig, load_config
+from bot.config import BotConfig, IncidentsConfig, LokiConfig, PrometheusConfig, load_config
 from bot.enrich import build_enrichers
 from bot.enrich.base import EnrichmentRunner
 from bot.enrich.batch import HOSTS_PER_QUERY, BatchItem, SharedQueries
@@ -29,6 +29,7 @@ from bot.enrich.loki import LokiEnricher
 from bot.enrich.prometheus import PrometheusEnricher
 from bot.enrich.queryapi import Deadline
 from bot.evidence import Enrichment, EnrichmentSection, LokiEvidence, PrometheusEvidence, evidence_of
+from bot.incident.stage import IncidentStage
 from bot.metrics import Metrics
 from bot.models import Event, EventKind, alert_key
 from bot.outbox import Outbox
@@ -187,7 +188,16 @@ async def _drain_stored_storm(fleet: Fleet, config: BotConfig) -> None:
         playbooks = PlaybookSet([PLAYBOOK.model_copy(update={"name": GENERIC})])
         enrichers = build_enrichers(config.enrichment, store, metrics, playbooks.xid_catalog)
         outbox = Outbox(store, {}, config.outbox, metrics)
-        pipeline = Pipeline(store, enrichers, playbooks, Router(config.routing), outbox, metrics, late_copy_window=60.0)
+        pipeline = Pipeline(
+            store,
+            enrichers,
+            playbooks,
+            Router(config.routing),
+            outbox,
+            metrics,
+            incidents=IncidentStage(store, IncidentsConfig(enabled=False)),
+            late_copy_window=60.0,
+        )
         worker = Worker(pipeline, store, config.worker, config.store, metrics)
         before = fleet.requests()
         worker.start()

@@ -106,6 +106,14 @@ def test_each_problem_is_reported_with_its_key_path(tmp_path: Path) -> None:
     assert "cannot read secret file /nonexistent/x" in problems[2]
 
 
+def test_a_slack_receivers_storm_keys_point_at_incidents(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("xoxb-1")
+    slack = {"name": "s", "type": "slack", "channel": "#x", "token_file": str(token), "storm_threshold": 5}
+    [problem] = _problems(tmp_path, {"receivers": [slack], "routing": {"default": ["s"]}})
+    assert problem.startswith("receivers.0.slack: ") and "storm_threshold" in problem and "`incidents`" in problem
+
+
 def test_references_to_receivers_are_checked_with_key_paths(tmp_path: Path) -> None:
     problems = _problems(
         tmp_path,

@@ -30,9 +30,9 @@ def kept(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
     return {**CONFIG, "store": {"backend": "postgresql", "dsn_file": str(dsn_file), "replica": "bot-a"}}
 
 
-# Waiting on the bot's clock when all is quiet: the switch's timer, and the console receiver's outbox (its
-# dispatcher, idle, and the keeper of its lease).
-ASLEEP = 3
+# Waiting on the bot's clock when all is quiet: the switch's timer, and the console receiver's outbox (its two
+# dispatchers, alerts and incidents, idle, and the keeper of its lease).
+ASLEEP = 4
 
 
 async def checked(clock: FakeClock, seconds: float = 0.0) -> None:

@@ -27,12 +27,13 @@ def xid_line(gpu: int) -> str:
     return f"NVRM: Xid (PCI:0000:{0x18 + gpu:02x}:00): 79, pid=2231, name=python3, GPU has fallen off the bus."
 
 
-def bot_config(tmp_path: Path, loki: FakeLoki) -> dict[str, Any]:
-    """Loki enrichment only, and no playbooks (the generic one) so these tests see Loki alone."""
+def bot_config(tmp_path: Path, loki: FakeLoki, **sections: Any) -> dict[str, Any]:
+    """Loki enrichment only, and no playbooks (the generic one) so these tests see Loki alone; `sections` added."""
     (tmp_path / "playbooks").mkdir(exist_ok=True)
     return {
         "enrichment": {"budget": "1500ms", "loki": {"url": loki.url, "timeout": "1s"}},
         "playbooks": {"dir": str(tmp_path / "playbooks")},
+        **sections,
     }
 
 
@@ -97,7 +98,9 @@ async def test_alert_is_delivered_saying_loki_is_unavailable_and_why(
 async def test_64_xid_alerts_on_8_hosts_cost_at_most_one_loki_query_per_host(tmp_path: Path) -> None:
     hosts = [f"k-ai-{n:02d}" for n in range(1, 9)]
     now = datetime.now(UTC).replace(microsecond=0)
-    async with FakeLoki() as loki, running_bot(tmp_path, bot_config(tmp_path, loki)) as bot:
+    # Each alert told on its own, with its own evidence (as a line of an incident it would ask Loki nothing).
+    alone = {"incidents": {"enabled": False}}
+    async with FakeLoki() as loki, running_bot(tmp_path, bot_config(tmp_path, loki, **alone)) as bot:
         for host in hosts:
             for gpu in range(8):
                 loki.push({"job": "syslog", "host": host}, xid_line(gpu), now - timedelta(seconds=40 - gpu))

@@ -76,6 +76,7 @@ async def test_a_full_disk_repeats_nothing_and_the_store_recovers_once_space_is_
             "store": {"path": str(disk / "bot.db")},
             "outbox": {"initial_backoff": "50ms", "max_backoff": "200ms"},
             "worker": {"poll_interval": "100ms"},
+            "incidents": {"enabled": False},  # each alert counted on the console, not told as an incident
         }
         async with running_bot(tmp_path, config) as bot, httpx.AsyncClient(timeout=30) as client:
             for payload in distinct_webhooks(WEBHOOKS, ALERTS_EACH, prefix="full"):

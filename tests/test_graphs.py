@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import io
 import time
+from datetime import timedelta
 
 import pytest
 from PIL import Image
@@ -25,7 +26,7 @@ from bot.render.graph import (
     render_alert_graph,
 )
 from bot.render.graph_worker import GraphLimits, GraphRenderer
-from bot.render.storm_graph import render_storm_heat, storm_heat
+from bot.render.incident_graph import incident_heat, render_incident_heat
 from tests.support.bot import eventually
 from tests.support.clock import FakeClock
 from tests.support.graphs import THRESHOLD, gpu_message, temperature_evidence
@@ -99,8 +100,22 @@ def test_label_values_are_drawn_as_text_never_as_mathtext() -> None:
     graph = alert_graph(temperature_evidence(), alertname=hostile, host="k-$ai$-01", gpu="$3", started_at=STARTED)
     assert graph is not None
     assert render_alert_graph(graph).startswith(b"\x89PNG")
-    heat = storm_heat(hostile, {"h$ost$": {"2026-11-29T13:31": 2}, "$\\sqrt{": {"2026-11-29T13:33": 1}})
-    assert heat is not None and render_storm_heat(heat, "dark").startswith(b"\x89PNG")
+    starts = {"h$ost$": [STARTED, STARTED], "$\\sqrt{": [STARTED + timedelta(minutes=2)]}
+    heat = incident_heat(hostile, starts, STARTED + timedelta(minutes=3))
+    assert heat is not None and render_incident_heat(heat, "dark").startswith(b"\x89PNG")
+
+
+def test_a_young_incidents_heat_map_has_columns_of_seconds() -> None:
+    """An incident seconds old is drawn over several columns a few seconds wide, never one column of a minute;
+    an older one in wider columns, never more than 60."""
+    starts = {f"k-ai-{n:03d}": [STARTED + timedelta(seconds=n % 4)] * 8 for n in range(150)}
+    young = incident_heat("young", starts, STARTED + timedelta(seconds=9))
+    assert young is not None and young.bin_seconds < 60 and len(young.columns) > 1
+    assert len(young.hosts) == 30 and young.left_out == 120
+    assert sum(map(sum, young.counts)) == 30 * 8
+    old = incident_heat("old", starts, STARTED + timedelta(hours=3))
+    assert old is not None and old.bin_seconds >= 60 and 1 < len(old.columns) <= 60
+    assert render_incident_heat(young).startswith(b"\x89PNG")
 
 
 def test_dark_and_light_themes_differ_in_background() -> None:

@@ -17,6 +17,7 @@ from bot.metrics import Metrics
 from bot.models import Delivery
 from bot.outbox import Outbox
 from bot.sinks.base import DeliveryResult, Sink
+from bot.store.incidents import Lane
 from bot.store.sqlite import SqliteStore
 from tests.support.bot import eventually
 from tests.support.clock import FakeClock
@@ -195,10 +196,10 @@ async def test_the_dispatcher_outlives_an_unexpected_error(tmp_path: Path) -> No
         real_due = store.due_deliveries
         calls = itertools.count()
 
-        async def due_once_broken(receiver: str, limit: int) -> list[Delivery]:
+        async def due_once_broken(receiver: str, limit: int, lane: Lane = "alerts") -> list[Delivery]:
             if next(calls) == 0:
                 raise RuntimeError("a bug")
-            return await real_due(receiver, limit)
+            return await real_due(receiver, limit, lane)
 
         store.due_deliveries = due_once_broken  # type: ignore[method-assign]
         config = OutboxConfig(initial_backoff=0.01, max_backoff=0.05, give_up_after=60, attempt_timeout=1)

@@ -24,6 +24,7 @@ from bot.render.pagerduty import (
     pagerduty_event,
 )
 from bot.sinks.pagerduty import PagerDutySink, classify_response
+from bot.store import Store
 from tests.fakes.pagerduty import FakePagerDuty
 from tests.support.messages import STARTED, delivery_of, sample_message
 
@@ -58,9 +59,9 @@ async def fake() -> AsyncIterator[FakePagerDuty]:
         yield started
 
 
-async def deliver(config: PagerDutyReceiver, msg: Message, fake: FakePagerDuty) -> Any:
+async def deliver(config: PagerDutyReceiver, msg: Message, fake: FakePagerDuty, store: Store) -> Any:
     """Delivers through a transport that takes every request to the fake, whatever the configured URL."""
-    sink = PagerDutySink(config, transport=fake.transport())
+    sink = PagerDutySink(config, store, transport=fake.transport())
     try:
         return await sink.deliver(delivery(msg))
     finally:
@@ -134,7 +135,7 @@ def test_unknown_severity_uses_the_configured_default(tmp_path: Path) -> None:
 
 
 async def test_huge_enrichment_is_trimmed_under_the_512_kb_limit_and_accepted(
-    tmp_path: Path, fake: FakePagerDuty
+    tmp_path: Path, fake: FakePagerDuty, store: Store
 ) -> None:
     lines = [["2026-11-29T13:31:00Z", "NVRM: Xid (PCI:0000:3b:00): 79 " + "x" * 200] for _ in range(5000)]
     big = message(details={"loki": {"entries": lines}, "prometheus": {"expr": "up"}, "playbook": "gpu_xid"})
@@ -145,7 +146,7 @@ async def test_huge_enrichment_is_trimmed_under_the_512_kb_limit_and_accepted(
     assert enrichment["loki"].startswith("left out: ")
     assert enrichment["prometheus"] == {"expr": "up"} and enrichment["playbook"] == "gpu_xid"
     assert event["payload"]["custom_details"]["labels"]["host"] == "k-ai-01"
-    assert (await deliver(receiver(tmp_path), big, fake)).delivered
+    assert (await deliver(receiver(tmp_path), big, fake, store)).delivered
 
 
 def test_routing_key_must_be_32_characters_and_is_never_shown(tmp_path: Path) -> None:
@@ -159,38 +160,38 @@ def test_routing_key_must_be_32_characters_and_is_never_shown(tmp_path: Path) ->
 
 
 # --- the sink against the fake ---------------------------------------------------------------------------
-async def test_trigger_acknowledge_resolve_drive_one_alert(tmp_path: Path, fake: FakePagerDuty) -> None:
+async def test_trigger_acknowledge_resolve_drive_one_alert(tmp_path: Path, fake: FakePagerDuty, store: Store) -> None:
     config = receiver(tmp_path)
-    assert (await deliver(config, message(), fake)).delivered
+    assert (await deliver(config, message(), fake, store)).delivered
     assert fake.current(message().alert_key).status == "triggered"
-    assert (await deliver(config, message("ack", acked_by="alice"), fake)).delivered
+    assert (await deliver(config, message("ack", acked_by="alice"), fake, store)).delivered
     assert fake.current(message().alert_key).status == "acknowledged"
-    assert (await deliver(config, message("resolved"), fake)).delivered
+    assert (await deliver(config, message("resolved"), fake, store)).delivered
     assert fake.current(message().alert_key).status == "resolved"
     assert len(fake.alerts[message().alert_key]) == 1
 
 
 async def test_firing_again_after_a_resolve_opens_a_new_incident_on_the_same_key(
-    tmp_path: Path, fake: FakePagerDuty
+    tmp_path: Path, fake: FakePagerDuty, store: Store
 ) -> None:
     config = receiver(tmp_path)
     for event in ("firing", "resolved", "refiring"):
-        assert (await deliver(config, message(event), fake)).delivered
+        assert (await deliver(config, message(event), fake, store)).delivered
     first, second = fake.alerts[message().alert_key]
     assert (first.status, second.status) == ("resolved", "triggered")
 
 
-async def test_400_fails_for_good_with_pagerdutys_errors(tmp_path: Path, fake: FakePagerDuty) -> None:
+async def test_400_fails_for_good_with_pagerdutys_errors(tmp_path: Path, fake: FakePagerDuty, store: Store) -> None:
     fake.fail_next(1, "invalid")
-    result = await deliver(receiver(tmp_path), message(), fake)
+    result = await deliver(receiver(tmp_path), message(), fake, store)
     assert (result.delivered, result.retry, result.reason) == (False, False, "invalid_event")
     assert "Event object is invalid" in result.detail and "Event rejected by test" in result.detail
     assert ROUTING_KEY not in result.detail
 
 
-async def test_429_is_retried_after_the_configured_delay(tmp_path: Path, fake: FakePagerDuty) -> None:
+async def test_429_is_retried_after_the_configured_delay(tmp_path: Path, fake: FakePagerDuty, store: Store) -> None:
     fake.fail_next(1, "429")
-    result = await deliver(receiver(tmp_path, rate_limit_delay="90s"), message(), fake)
+    result = await deliver(receiver(tmp_path, rate_limit_delay="90s"), message(), fake, store)
     assert (result.retry, result.reason, result.delay) == (True, "rate_limited", 90.0)
     assert "Request Limit Exceeded" in result.detail
 
@@ -200,26 +201,26 @@ def test_retry_after_header_wins_over_the_default_delay() -> None:
     assert classify_response(httpx.Response(429), rate_limit_delay=60).delay == 60
 
 
-async def test_500_with_a_text_body_is_retried(tmp_path: Path, fake: FakePagerDuty) -> None:
+async def test_500_with_a_text_body_is_retried(tmp_path: Path, fake: FakePagerDuty, store: Store) -> None:
     fake.fail_next(1, "500")
-    result = await deliver(receiver(tmp_path), message(), fake)
+    result = await deliver(receiver(tmp_path), message(), fake, store)
     assert (result.retry, result.reason) == (True, "http_500")
     assert "Internal Server Error" in result.detail
 
 
-async def test_pagerduty_down_is_retried(tmp_path: Path, fake: FakePagerDuty) -> None:
+async def test_pagerduty_down_is_retried(tmp_path: Path, fake: FakePagerDuty, store: Store) -> None:
     await fake.go_down()
-    result = await deliver(receiver(tmp_path), message(), fake)
+    result = await deliver(receiver(tmp_path), message(), fake, store)
     assert (result.retry, result.reason) == (True, "connection_refused")
     await fake.come_back()
-    assert (await deliver(receiver(tmp_path), message(), fake)).delivered
+    assert (await deliver(receiver(tmp_path), message(), fake, store)).delivered
 
 
-async def test_no_answer_in_time_is_retried(tmp_path: Path) -> None:
+async def test_no_answer_in_time_is_retried(tmp_path: Path, store: Store) -> None:
     def never_answers(request: httpx.Request) -> httpx.Response:
         raise httpx.ReadTimeout("timed out", request=request)
 
-    sink = PagerDutySink(receiver(tmp_path), transport=httpx.MockTransport(never_answers))
+    sink = PagerDutySink(receiver(tmp_path), store, transport=httpx.MockTransport(never_answers))
     try:
         result = await sink.deliver(delivery(message()))
     finally:
@@ -227,8 +228,8 @@ async def test_no_answer_in_time_is_retried(tmp_path: Path) -> None:
     assert (result.retry, result.reason) == (True, "timeout")
 
 
-async def test_a_wrong_url_is_not_retried(tmp_path: Path, fake: FakePagerDuty) -> None:
-    result = await deliver(receiver(tmp_path, url="https://events.pagerduty.com/v1/nope"), message(), fake)
+async def test_a_wrong_url_is_not_retried(tmp_path: Path, fake: FakePagerDuty, store: Store) -> None:
+    result = await deliver(receiver(tmp_path, url="https://events.pagerduty.com/v1/nope"), message(), fake, store)
     assert (result.retry, result.reason) == (False, "http_404")
 
 
@@ -280,12 +281,14 @@ async def test_fake_deduplicates_and_reopens_after_resolve(fake: FakePagerDuty) 
 
 
 # --- self-test alerts (gpu-alert-bot selftest) --------------------------------------------------------------
-async def test_a_self_test_alert_pages_nobody_unless_the_run_asked_for_it(tmp_path: Path, fake: FakePagerDuty) -> None:
+async def test_a_self_test_alert_pages_nobody_unless_the_run_asked_for_it(
+    tmp_path: Path, fake: FakePagerDuty, store: Store
+) -> None:
     config = receiver(tmp_path)
     quiet = message(labels={"alertname": "GPUSelfTest", "selftest": "abc123", "severity": "info"})
-    assert (await deliver(config, quiet, fake)).delivered
-    assert (await deliver(config, message("resolved", **{"labels": quiet.labels}), fake)).delivered
+    assert (await deliver(config, quiet, fake, store)).delivered
+    assert (await deliver(config, message("resolved", **{"labels": quiet.labels}), fake, store)).delivered
     assert fake.alerts == {}
     paged = message(labels={**quiet.labels, "selftest_pagerduty": "true"})
-    assert (await deliver(config, paged, fake)).delivered
+    assert (await deliver(config, paged, fake, store)).delivered
     assert fake.current(paged.alert_key).status == "triggered"

@@ -14,6 +14,7 @@ from bot.sinks.console import ConsoleSink
 from bot.sinks.email import EmailSink
 from bot.sinks.pagerduty import PagerDutySink
 from bot.sinks.slack import SlackSink
+from bot.store import Store
 from tests.fakes.pagerduty import FakePagerDuty
 from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack
 from tests.support.messages import delivery_of, sample_message
@@ -35,14 +36,14 @@ async def test_console_preview_is_the_line_it_prints() -> None:
     }
 
 
-async def test_pagerduty_preview_is_the_event_it_posts_with_the_key_masked(tmp_path: Path) -> None:
+async def test_pagerduty_preview_is_the_event_it_posts_with_the_key_masked(tmp_path: Path, store: Store) -> None:
     (tmp_path / "routing_key").write_text(ROUTING_KEY + "\n")
     delivery = delivery_of(sample_message(), "pd")
     async with FakePagerDuty() as fake:
         config = PagerDutyReceiver.model_validate(
             {"type": "pagerduty", "name": "pd", "routing_key_file": str(tmp_path / "routing_key"), "url": fake.url}
         )
-        sink = PagerDutySink(config)
+        sink = PagerDutySink(config, store)
         try:
             await sink.deliver(delivery)
             preview = sink.preview(delivery)

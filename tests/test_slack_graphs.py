@@ -1,4 +1,5 @@
-"""An alert's picture in its Slack thread: after the message, with Slack's three-step upload, exactly once."""
+"""An alert's picture in its Slack thread: after the message, with Slack's three-step upload, exactly once; an
+incident's heat map in its card's thread."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from bot.sinks.graphs import AlertPictures
 from bot.sinks.slack import SlackSink
 from bot.store.sqlite import SqliteStore
 from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack, SlackMessage
-from tests.support.bot import eventually
 from tests.support.clock import FakeClock, running
+from tests.support.fleet_incidents import fleet_view, incident_delivery
 from tests.support.graphs import stored_alert_delivery
 from tests.support.slack_receiver import slack_receiver
 
@@ -181,54 +182,35 @@ async def test_a_failed_drawing_sends_the_text_alone_and_is_counted(
     assert metrics.graphs.labels("failed")._value.get() == 1
 
 
-async def test_a_storm_picture_that_cannot_be_uploaded_holds_no_line_back(
-    fake: FakeSlack, make_sink: SinkFactory, store: SqliteStore
+async def test_the_heat_map_comes_with_the_cards_first_complete_version_once(
+    fake: FakeSlack, make_sink: SinkFactory
 ) -> None:
+    """Not while the incident's evidence is being gathered; with the first analysed version; not again for the
+    same alerts (the list of alerts is its own file)."""
+    sink = make_sink()
+    assert await sink.deliver(incident_delivery(fleet_view(hosts=40, spread=6.0))) == DeliveryResult.ok()
+    [card] = fake.top_level()
+    assert [f["name"] for f in fake.files_in_thread(card)] == ["incident-inc1-alerts.txt"]
+    for version in (2, 3):
+        view = fleet_view(hosts=40, spread=6.0, version=version, analysed=True)
+        assert await sink.deliver(incident_delivery(view)) == DeliveryResult.ok()
+    names = [f["name"] for f in fake.files_in_thread(card)]
+    assert names == ["incident-inc1-alerts.txt", "incident-inc1-heat.png"]
+    [heat] = [f for f in fake.files_in_thread(card) if f["name"].endswith(".png")]
+    assert heat["mimetype"] == "image/png" and heat["title"].startswith("GPUTempCritical on 40 hosts")
+    assert (fake.uploads[heat["id"]].data or b"").startswith(b"\x89PNG")
+
+
+async def test_a_heat_map_that_cannot_be_uploaded_holds_nothing_back(fake: FakeSlack, make_sink: SinkFactory) -> None:
     metrics = Metrics()
-    async with running(FakeClock()) as clock:
-        sink = make_sink(metrics, clock=clock, storm_threshold=2, storm_window=120)
-        for n in range(1, 7):
-            if n == 3:  # the two alerts before the storm have their pictures; the storm's will fail
-                fake.fail_next("upload", status=503, times=20)
-            delivery = await stored_alert_delivery(store, "slack", host=f"k-ai-{n % 3:02d}", gpu=str(n))
-            assert await sink.deliver(delivery) == DeliveryResult.ok()
-        summary = await eventually(lambda: next((m for m in fake.top_level() if "Alert storm" in m.text), None))
-        await eventually(lambda: metrics.graphs.labels("upload_failed")._value.get() >= 1, timeout=20)
-        lines = await eventually(lambda: [r for r in fake.replies(summary) if "Alerts" in r.text], timeout=20)
-    assert lines and fake.files_in_thread(summary) == []
-
-
-async def test_a_storm_gets_one_picture_in_its_summarys_thread_and_its_alerts_none(
-    fake: FakeSlack, make_sink: SinkFactory, store: SqliteStore
-) -> None:
-    async with running(FakeClock()) as clock:
-        sink = make_sink(clock=clock, storm_threshold=2, storm_window=120)
-        for n in range(1, 7):
-            delivery = await stored_alert_delivery(store, "slack", host=f"k-ai-{n % 3:02d}", gpu=str(n))
-            assert await sink.deliver(delivery) == DeliveryResult.ok()
-        summary = await eventually(lambda: next((m for m in fake.top_level() if "Alert storm" in m.text), None))
-        storm_images = await eventually(lambda: fake.files_in_thread(summary), timeout=20)
-    [image] = storm_images
-    assert image["name"].startswith("storm-") and image["title"].startswith("Alert storm: 6 alerts on 3 hosts")
-    # The alerts posted before the storm began keep their own picture; none listed in the storm gets one.
-    alone = [m for m in fake.top_level() if m is not summary]
-    assert len(alone) == 2 and all(len(fake.files_in_thread(m)) == 1 for m in alone)
-    assert len(fake.uploads) == 3
-
-
-def test_the_storm_picture_is_renewed_at_most_every_five_minutes() -> None:
-    from bot.sinks.slack.state import Storm
-    from bot.sinks.slack.storm_picture import StormPicture
-
-    due = StormPicture.due
-    storm = Storm(id="1", started_at=1000.0, last_new_at=1000.0, summary_ts="1.0", version=3)
-    assert not due(None, storm, 1059.0)  # type: ignore[arg-type]
-    assert due(None, storm, 1060.0)  # type: ignore[arg-type]
-    shown = storm.model_copy(update={"picture_version": 3, "picture_at": 1060.0})
-    assert not due(None, shown, 2000.0)  # type: ignore[arg-type]  (nothing changed since)
-    changed = shown.model_copy(update={"version": 4})
-    assert not due(None, changed, 1359.0)  # type: ignore[arg-type]
-    assert due(None, changed, 1360.0)  # type: ignore[arg-type]
+    sink = make_sink(metrics)
+    assert await sink.deliver(incident_delivery(fleet_view(hosts=10))) == DeliveryResult.ok()
+    fake.fail_next("upload", status=503, times=20)
+    for version in (2, 3, 4):  # retried with the deliveries a few times, then given up
+        await sink.deliver(incident_delivery(fleet_view(hosts=10, version=version, analysed=True)))
+    assert metrics.graphs.labels("upload_failed")._value.get() == 1
+    [card] = fake.top_level()
+    assert "Likely cause" in card.rendered_text() and len(fake.files_in_thread(card)) == 1  # the list only
 
 
 async def test_the_upload_takes_its_turns_in_the_channels_pace(
@@ -266,3 +248,22 @@ async def test_the_fake_takes_slack_sdks_own_three_step_upload_and_answers_its_e
     fake.member_of = set()
     with pytest.raises(SlackApiError, match="not_in_channel"):
         await client.files_completeUploadExternal(files=[{"id": pending["file_id"]}], channel_id=channel, thread_ts=ts)
+
+
+async def test_1200_gpus_on_150_hosts_are_5_posts_the_list_and_the_heat_map(
+    fake: FakeSlack, make_sink: SinkFactory
+) -> None:
+    """The whole life of the incident: opened, analysed, recovered. Each chat.update shows a change."""
+    sink = make_sink()
+    for view in (
+        fleet_view(),
+        fleet_view(version=2, analysed=True),
+        fleet_view(version=3, analysed=True),  # nothing new to show
+        fleet_view(version=4, analysed=True, resolved=True),
+    ):
+        assert await sink.deliver(incident_delivery(view)) == DeliveryResult.ok()
+    [card] = fake.top_level()
+    assert len(fake.calls_of("chat.postMessage")) == 5  # the card, 3 replies of host lines, the recovery
+    assert [f["mimetype"] for f in fake.files_in_thread(card)] == ["text/plain", "image/png"]
+    # The card when analysed and when recovered; the 3 replies when their hosts recovered.
+    assert len(fake.calls_of("chat.update")) == 5

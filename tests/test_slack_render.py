@@ -11,22 +11,19 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from bot.message import ActionRef, Fact, Link, Message, Section
-from bot.models import short_id
 from bot.render.slack import (
     MAX_TOTAL_TEXT,
     Controls,
     RelatedNote,
-    StormSummary,
     repeat_note,
     resolved_note,
     shrink_for_slack,
     slack_payload,
-    storm_batch_payload,
-    storm_batch_size,
-    storm_line,
-    storm_summary_payload,
 )
+from bot.render.slack.incident import incident_card
+from bot.render.slack.incident_thread import HOSTS_PER_REPLY, gpus_text, hosts_reply
 from tests.fakes.slack import block_kit_errors
+from tests.support.fleet_incidents import fleet_view
 
 STARTED = datetime(2026, 11, 29, 13, 30, tzinfo=UTC)
 
@@ -175,27 +172,40 @@ def test_thread_notes() -> None:
     assert "resolved after 12 min" in resolved_note(resolved)["text"]
 
 
-def test_storm_summary_and_batch_stay_within_limits() -> None:
-    summary = StormSummary(
-        started_at=STARTED,
-        last_new_at=STARTED + timedelta(seconds=9),
-        ended=False,
-        firing=480,
-        resolved=20,
-        by_name={"GPUTempHigh": 480, "GPUXidError": 20},
-        by_host={f"k-ai-{n:02d}": 8 for n in range(60)},
-        by_gpu={f"k-ai-{n:02d} GPU {g}": 1 for n in range(60) for g in range(8)},
-        by_severity={"critical": 500},
-        listed=120,
+def test_an_incident_card_and_its_host_replies_stay_within_limits_whatever_they_hold() -> None:
+    hostile = "<!channel> " + "x" * 400
+    view = fleet_view(hosts=HOSTS_PER_REPLY, gpus=64, analysed=True)
+    cause = view.cause.model_copy(  # type: ignore[union-attr]
+        update={"title": hostile, "reason": hostile * 20, "steps": [hostile * 10] * 30, "runbook_url": "javascript:x"}
     )
-    payload = storm_summary_payload(summary)
-    assert block_kit_errors(payload) == []
-    assert "500 alerts on 60 hosts" in payload["text"]
-    assert "and 20 more" in "\n".join(texts(payload))
-    lines = [storm_line(message(host=f"k-ai-{n:02d}", summary="x" * 500)) for n in range(60)]
-    batch = storm_batch_payload(lines, 41)
-    assert block_kit_errors(batch) == []
-    assert f"41. 🔴 *GPUXidError* · `k-ai-00` GPU 3 · id `{short_id(message().alert_key)}`" in "\n".join(texts(batch))
+    trait = view.traits[0].model_copy(update={"label": hostile, "value": hostile * 10})
+    hosts = [
+        h.model_copy(update={"host": f"{hostile}{n}", "gpus": [hostile] * 8 + h.gpus}) for n, h in enumerate(view.hosts)
+    ]
+    view = view.model_copy(update={"title": hostile * 3, "cause": cause, "traits": [trait] * 40, "hosts": hosts})
+    controls = Controls(interactive=True, executable=frozenset({"lower-power-limit"}))
+    for payload in (incident_card(view, controls), hosts_reply(view, [h.host for h in hosts], 1)):
+        assert block_kit_errors(payload) == []
+        assert not any("<!channel>" in text for text in texts(payload))
+
+
+def test_a_card_claims_no_trait_or_cause_the_evidence_did_not_find() -> None:
+    view = fleet_view(hosts=40, analysed=True).model_copy(update={"traits": [], "cause": None, "signals": []})
+    text = "\n".join(texts(incident_card(view)))
+    assert "nothing stands out: the affected hosts look like any hosts of the fleet" in text
+    assert "Likely cause:* none the data points at" in text and "Looking for" not in text
+    young = "\n".join(texts(incident_card(fleet_view(hosts=40))))
+    assert "Looking for what the affected hosts share" in young and "Likely cause" not in young
+
+
+def test_a_hosts_reply_holds_its_hosts_and_collapses_their_gpus() -> None:
+    view = fleet_view(hosts=150)
+    reply = hosts_reply(view, [h.host for h in view.hosts[:HOSTS_PER_REPLY]], 1)
+    listed = "\n".join(texts(reply["blocks"]))
+    assert block_kit_errors(reply) == [] and len(listed.splitlines()) == HOSTS_PER_REPLY
+    assert "`k-ai-000` · GPUs 0-7 · 93-95 °C · ids `" in listed
+    assert gpus_text(["7", "0", "1", "2", "3", "5", "mig-1"]) == "GPUs 0-3, 5, 7, mig-1"
+    assert gpus_text(["2"]) == "GPU 2"
 
 
 def test_shrunk_message_renders_the_same() -> None:
@@ -296,14 +306,3 @@ def test_buttons_follow_the_alert_state() -> None:
     assert "confirm" in day and "confirm" not in fresh["elements"][1]
     resolved = message(status="resolved", event="resolved", resolved_at=STARTED + timedelta(minutes=3))
     assert not [b for b in blocks(slack_payload(resolved, controls=controls)) if b["type"] == "actions"]
-
-
-def test_a_storm_reply_lists_as_many_alerts_as_one_slack_message_holds() -> None:
-    for summary in ("", "x" * 500):
-        lines = [storm_line(message(host=f"k-ai-{n:03d}", summary=summary)) for n in range(400)]
-        batch = storm_batch_payload(lines, 1001)
-        assert block_kit_errors(batch) == []  # 3,000 per section, 50 blocks, block text under Slack's ~11,000
-        listed = "\n".join(texts(batch["blocks"]))
-        # Filled close to the limit: a storm's 1 post/s to Slack carries all the alerts it can.
-        assert 9000 < len(listed) <= 10_000
-        assert listed.startswith("1001. ") and f"\n{1000 + storm_batch_size(lines, 1001)}. " in listed

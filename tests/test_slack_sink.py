@@ -25,9 +25,9 @@ from bot.sinks.slack import SlackRateLimits, SlackSink
 from bot.sinks.slack.channel import _api_failure
 from bot.sinks.slack.pacing import retry_after
 from bot.store.sqlite import SqliteStore
-from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack, SlackMessage
+from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack
 from tests.support.bot import eventually
-from tests.support.clock import FakeClock, running
+from tests.support.clock import FakeClock
 from tests.support.slack_receiver import slack_receiver
 from tests.test_secret_files import rotate
 
@@ -71,16 +71,6 @@ def delivery(message: Message) -> Delivery:
         attempts=0,
         created_at=datetime.now(UTC),
     )
-
-
-def storm_summary(fake: FakeSlack) -> SlackMessage | None:
-    """The channel's storm summary message, once posted."""
-    return next((m for m in fake.top_level() if "Alert storm" in m.text), None)
-
-
-def in_a_thread(fake: FakeSlack, text: str) -> bool:
-    """Whether some thread reply in the channel shows `text`."""
-    return any(text in reply.rendered_text() for top in fake.top_level() for reply in fake.replies(top))
 
 
 @pytest.fixture
@@ -144,63 +134,6 @@ async def test_firing_again_after_a_resolve_reopens_the_same_message(fake: FakeS
         "resolved after 12 min",
     ]
     assert root.colour == "#12B76A" and len(fake.top_level()) == 1
-
-
-async def test_an_alert_listed_in_a_storm_that_fires_again_is_shown_again(
-    fake: FakeSlack, make_sink: SinkFactory
-) -> None:
-    clock = FakeClock(datetime.now(UTC))
-
-    def top_level(host: str) -> list[str]:
-        return [m.text for m in fake.top_level() if host in m.text]
-
-    async with running(clock):
-        sink = make_sink(clock=clock, storm_threshold=3, storm_window="1s")
-        for n in range(1, 6):
-            await sink.deliver(delivery(alert(n)))
-        await sink.deliver(delivery(alert(5, "resolved")))
-        await eventually(lambda: in_a_thread(fake, "`k-ai-05`"))  # listed in the storm's thread only
-        await sink.close()
-        assert top_level("k-ai-05") == []
-        await clock.advance(1.1)  # the storm is over
-        sink = make_sink(clock=clock, storm_threshold=3, storm_window="1s")
-        refiring = delivery(alert(5, "refiring", times_seen=3))
-        assert await sink.deliver(refiring) == DeliveryResult.ok()
-        assert await sink.deliver(refiring) == DeliveryResult.ok()
-    [shown] = top_level("GPUTempHigh on k-ai-05")
-    assert not shown.startswith("✅")
-
-
-async def test_in_a_storm_a_delivery_reads_no_state_it_wrote_and_writes_once(
-    fake: FakeSlack, make_sink: SinkFactory, store: SqliteStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # One worker per SQLite store: the sink remembers what it wrote, so a storm's alerts cost a store round
-    # trip each (their record, line and counts together) and one read for an alert never seen.
-    calls: list[tuple[str, list[str]]] = []
-    get, put = store.get_sink_state, store.put_sink_states
-
-    async def counted_get(receiver: str, key: str) -> dict[str, Any] | None:
-        calls.append(("get", [key]))
-        return await get(receiver, key)
-
-    async def counted_put(receiver: str, values: dict[str, dict[str, Any]]) -> None:
-        calls.append(("put", sorted(values)))
-        await put(receiver, values)
-
-    monkeypatch.setattr(store, "get_sink_state", counted_get)
-    monkeypatch.setattr(store, "put_sink_states", counted_put)
-    clock = FakeClock(datetime.now(UTC))
-    async with running(clock):
-        sink = make_sink(clock=clock, storm_threshold=3, storm_window="60s")
-        for n in range(1, 6):
-            await sink.deliver(delivery(alert(n)))
-        calls.clear()
-        await sink.deliver(delivery(alert(6)))
-        await sink.close()
-    assert calls[0] == ("get", [f"alert:{alert(6).alert_key}"])
-    [(kind, keys)] = [call for call in calls[1:] if f"alert:{alert(6).alert_key}" in call[1]]
-    assert kind == "put" and len(keys) == 3  # the record, its line and the storm
-    assert [call for call in calls if call[0] == "get"] == calls[:1]
 
 
 async def test_a_related_alert_of_a_resolved_alert_is_posted_top_level(fake: FakeSlack, make_sink: SinkFactory) -> None:
@@ -418,7 +351,7 @@ async def test_posts_are_paced_per_channel(fake: FakeSlack, make_sink: SinkFacto
     measured against a real clock is in bench/pacing.py)."""
     rate = 10.0
     clock = FakeClock(datetime.now(UTC))
-    sink = make_sink(clock=clock, messages_per_second=rate, storm_threshold=100)
+    sink = make_sink(clock=clock, messages_per_second=rate)
 
     async def deliver_all() -> None:
         for n in range(8):
@@ -455,151 +388,6 @@ async def test_the_fake_answers_other_methods_like_slack(fake: FakeSlack) -> Non
     assert fake.messages == []
 
 
-# --- storms, at the sink level -----------------------------------------------------------------------------------
-async def test_storm_one_summary_every_alert_in_its_thread(fake: FakeSlack, make_sink: SinkFactory) -> None:
-    """The 60 alerts arrive at one instant of the storm's (fake) clock, however long the store takes to record
-    them: no lull between them lets a partial batch go early. Posts are paced on the real clock."""
-    clock = FakeClock(datetime.now(UTC))
-    sink = make_sink(clock=clock, limits=SlackRateLimits(), storm_threshold=3, storm_window=30)
-    for n in range(1, 61):
-        assert await sink.deliver(delivery(alert(n))) == DeliveryResult.ok()
-    async with running(clock):
-        await _storm_listed_and_counted(fake, sink)
-
-
-async def _storm_listed_and_counted(fake: FakeSlack, sink: SlackSink) -> None:
-    def storm_lines() -> list[str]:
-        summary = storm_summary(fake)
-        assert summary is not None
-        replies = [line for reply in fake.replies(summary) for line in reply.rendered_text().splitlines()]
-        return [line for line in replies if line[:1].isdigit()]  # the numbered alert lines, not batch headers
-
-    lines = await eventually(lambda: len(storm_lines()) >= 60 and storm_lines(), timeout=15)
-    assert len(fake.top_level()) == 4  # three alerts before the storm, then one summary
-    for n in range(1, 61):
-        assert sum(f"`k-ai-{n:02d}` GPU {n % 8}" in line for line in lines) == 1
-    assert len(fake.replies(fake.top_level()[3])) <= 3  # batched: many alerts per reply
-
-    for n in range(1, 11):
-        await sink.deliver(delivery(alert(n, "resolved")))
-    await sink.deliver(delivery(alert(5, "repeat", times_seen=2)))
-    summary = fake.top_level()[3]
-    await eventually(lambda: "*Resolved*\n10" in summary.rendered_text(), timeout=15)
-    assert "*Firing*\n50" in summary.rendered_text()
-    assert fake.top_level()[0].colour == "#12B76A"  # an alert posted before the storm is still updated in place
-    assert len(fake.top_level()) == 4
-
-
-async def test_storm_counts_follow_alerts_that_fire_again(fake: FakeSlack, make_sink: SinkFactory) -> None:
-    sink = make_sink(storm_threshold=2, storm_window=30)
-    for n in range(1, 6):
-        await sink.deliver(delivery(alert(n)))  # 1 and 2 are posted, the others listed in the storm
-    for n in (1, 4):  # one posted above the storm, one listed in it: each resolves, fires again, resolves
-        await sink.deliver(delivery(alert(n, "resolved")))
-        await sink.deliver(delivery(alert(n, "refiring", times_seen=2)))
-        await sink.deliver(delivery(alert(n, "resolved", times_seen=3)))
-    for n in (2, 3, 5):
-        await sink.deliver(delivery(alert(n, "resolved")))
-    summary = storm_summary(fake)
-    assert summary is not None
-    await eventually(lambda: "*Resolved*\n5" in summary.rendered_text(), timeout=15)
-    assert "*Firing*\n0" in summary.rendered_text() and "5 alerts" in summary.text
-
-
-async def test_storm_ends_after_a_quiet_window(fake: FakeSlack, make_sink: SinkFactory) -> None:
-    """The 5 alerts arrive within the 1 s window on the storm's (fake) clock, however slow the store; then the
-    clock runs and the quiet window passes. Posts are paced on the real clock."""
-    clock = FakeClock(datetime.now(UTC))
-    sink = make_sink(clock=clock, limits=SlackRateLimits(), storm_threshold=2, storm_window=1)
-    for n in range(1, 6):
-        await sink.deliver(delivery(alert(n)))
-    summary = await eventually(lambda: storm_summary(fake))
-    async with running(clock):
-        await eventually(lambda: "Alert storm over" in summary.text, timeout=10)
-        await sink.deliver(delivery(alert(6)))
-    assert fake.top_level()[-1].text.startswith("🔴 [CRITICAL] GPUTempHigh on k-ai-06")
-
-
-async def test_a_storm_ends_one_window_after_its_last_new_alert(
-    fake: FakeSlack, store: SqliteStore, tmp_path: Path
-) -> None:
-    """The flusher's waits, on a fake clock: a partial batch waits for a one-second lull, the summary's counts
-    are refreshed at most every 5 s, and the storm stays open until `storm_window` has passed since its last new
-    alert. (Posts are paced on the real clock here.)"""
-    clock = FakeClock(datetime.now(UTC))
-    (tmp_path / "slack_token").write_text(DEFAULT_TOKEN)
-    config = {"type": "slack", "name": "slack", "channel": "#gpu-alerts", "token_file": "slack_token"}
-    options = {"api_url": fake.api_url, "messages_per_second": 50, "storm_threshold": 2, "storm_window": 10}
-    receiver = SlackReceiver.model_validate({**config, **options}, context={"base_dir": tmp_path})
-    sink = SlackSink(receiver, store, Metrics(), SlackRateLimits(), clock=clock)
-    try:
-        for n in range(1, 4):
-            await sink.deliver(delivery(alert(n)))
-        summary = await eventually(lambda: storm_summary(fake))
-        assert await eventually(lambda: clock.next_wake) == pytest.approx(1.0)  # the batch waits for a lull
-        await clock.advance(1.0)
-        await eventually(lambda: fake.replies(summary))
-        # The counts changed: the summary shows them 5 s after it was posted, not at once.
-        assert await eventually(lambda: clock.next_wake) == pytest.approx(4.0)
-        updates = len(fake.calls_of("chat.update"))
-        await clock.advance(4.0)
-        await eventually(lambda: len(fake.calls_of("chat.update")) > updates)
-        # The last new alert came 5 s ago: the storm ends 5 s from now (the flusher looks 50 ms later).
-        assert await eventually(lambda: clock.next_wake) == pytest.approx(5.05)
-        await clock.advance(5.05)
-        await eventually(lambda: "Alert storm over" in summary.text)
-    finally:
-        await sink.close()
-
-
-async def test_storm_survives_a_restart_without_losing_or_repeating_lines(
-    fake: FakeSlack, make_sink: SinkFactory
-) -> None:
-    sink = make_sink(storm_threshold=2, storm_window=30)
-    for n in range(1, 4):
-        await sink.deliver(delivery(alert(n)))
-    summary = await eventually(lambda: storm_summary(fake))
-    await eventually(lambda: fake.replies(summary), timeout=10)
-    await fake.go_down()
-    for n in range(4, 41):
-        assert await sink.deliver(delivery(alert(n))) == DeliveryResult.ok()
-    await sink.close()  # the process stops with 37 lines not yet in Slack
-
-    await fake.come_back()
-    restarted = make_sink(storm_threshold=2, storm_window=30)
-    fake.lose_answer("chat.postMessage")  # and the first batch after the restart loses its answer
-
-    def lines() -> list[str]:
-        return [
-            line for reply in fake.replies(summary) for line in reply.rendered_text().splitlines() if "`k-ai-" in line
-        ]
-
-    await eventually(lambda: len(lines()) >= 40, timeout=20)
-    await restarted.deliver(delivery(alert(41)))
-    await eventually(lambda: len(lines()) >= 41, timeout=20)
-    for n in range(1, 42):
-        assert sum(f"`k-ai-{n:02d}` GPU" in line for line in lines()) == 1, n
-    assert len(fake.top_level()) == 3
-    assert any("lost" in str(call.answer) for call in fake.calls_of("chat.postMessage"))
-    assert fake.calls_of("conversations.replies")  # the batch in doubt was looked up, not sent twice
-
-
-async def test_storm_that_cannot_post_is_counted_as_failed(fake: FakeSlack, make_sink: SinkFactory) -> None:
-    metrics = Metrics()
-    # A failed storm drops the alerts that join it after the drop at most a storm window later: a short window
-    # keeps that wait short.
-    sink = make_sink(metrics, storm_threshold=1, storm_window=3)
-    await sink.deliver(delivery(alert(1)))
-    fake.channels.clear()  # the channel was deleted
-    for n in range(2, 6):
-        await sink.deliver(delivery(alert(n)))
-    labels = {"receiver": "slack", "reason": "channel_not_found"}
-    # Waits for the fifth failure: the storm batch of the last alerts may still be in flight.
-    await eventually(
-        lambda: metrics.registry.get_sample_value("gpu_alert_bot_delivery_failures_total", labels) == 5, timeout=20
-    )
-
-
 def test_retry_after_headers_in_slack_sdks_shapes() -> None:
     assert retry_after({"retry-after": ["3"]}) == 3.0
     assert retry_after({"Retry-After": "2"}) == 2.0
@@ -627,55 +415,6 @@ async def test_a_resolve_or_ack_delivered_again_adds_one_note(
     assert await sink.deliver(again) == DeliveryResult.ok()  # the outbox's at-least-once re-delivery
     [root] = fake.top_level()
     assert len(fake.replies(root)) == 1
-
-
-async def test_a_storm_alerts_firing_delivered_again_is_listed_and_counted_once(
-    fake: FakeSlack, make_sink: SinkFactory
-) -> None:
-    sink = make_sink(storm_threshold=2, storm_window=30)
-    deliveries = {n: delivery(alert(n)) for n in range(1, 8)}
-    for n in range(1, 6):
-        await sink.deliver(deliveries[n])
-    await sink.deliver(deliveries[4])  # a crash between Slack and "delivered": the outbox delivers it again
-    for n in (6, 7):
-        await sink.deliver(deliveries[n])
-    summary = await eventually(lambda: storm_summary(fake))
-
-    def lines() -> list[str]:
-        return [line for r in fake.replies(summary) for line in r.rendered_text().splitlines() if "`k-ai-" in line]
-
-    await eventually(lambda: len(lines()) >= 7, timeout=15)
-    for n in range(1, 8):
-        assert sum(f"`k-ai-{n:02d}` GPU" in line for line in lines()) == 1, (n, lines())
-    await eventually(lambda: "*Firing*\n7" in summary.rendered_text(), timeout=15)
-
-
-async def test_a_resolve_delivered_again_for_an_alert_posted_above_a_storm_counts_once(
-    fake: FakeSlack, make_sink: SinkFactory
-) -> None:
-    sink = make_sink(storm_threshold=2, storm_window=30)
-    for n in range(1, 6):
-        await sink.deliver(delivery(alert(n)))
-    resolved = delivery(alert(1, "resolved"))
-    await sink.deliver(resolved)
-    await sink.deliver(resolved)
-    summary = await eventually(lambda: storm_summary(fake))
-    await eventually(lambda: "*Resolved*\n1" in summary.rendered_text(), timeout=15)
-    assert "*Firing*\n4" in summary.rendered_text()
-
-
-async def test_a_storm_summary_whose_answer_was_lost_is_not_posted_twice(
-    fake: FakeSlack, make_sink: SinkFactory
-) -> None:
-    sink = make_sink(storm_threshold=2, storm_window=30)
-    await sink.deliver(delivery(alert(1)))  # the channel ID is known from here on
-    await sink.deliver(delivery(alert(2)))
-    fake.lose_answer("chat.postMessage")
-    for n in range(3, 6):
-        await sink.deliver(delivery(alert(n)))
-
-    await eventually(lambda: in_a_thread(fake, "`k-ai-05`"), timeout=20)
-    assert sum("Alert storm" in m.text for m in fake.top_level()) == 1
 
 
 async def test_a_cold_start_whose_posts_are_answered_too_late_posts_each_alert_once(
@@ -739,12 +478,3 @@ async def test_a_note_is_a_thread_reply_and_refreshes_the_message_and_a_second_a
         (True, False),
     ]
     assert [m.ts for m in fake.top_level()] == [root.ts]
-
-
-async def test_self_test_alerts_never_count_towards_a_storm(fake: FakeSlack, make_sink: SinkFactory) -> None:
-    sink = make_sink(storm_threshold=1)
-    for n in range(4):
-        labels = {"alertname": "GPUSelfTest", "selftest": f"run{n}"}
-        assert (await sink.deliver(delivery(alert(n, labels=labels, title="[self-test] GPUSelfTest")))).delivered
-    assert storm_summary(fake) is None
-    assert len(fake.top_level()) == 4

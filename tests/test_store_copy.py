@@ -19,9 +19,10 @@ from bot.models import short_id
 from bot.store import open_store
 from bot.store.base import ActionRun, AuditEntry, BreakerState, WatchdogRecord
 from bot.store.core import COPIED_TABLES
+from bot.store.incidents import IncidentArrival, IncidentRecord, IncidentRule
 from bot.store.migrations import POSTGRESQL_SCHEMA_VERSION as POSTGRES
 from bot.store.migrations import SQLITE_SCHEMA_VERSION as SQLITE
-from tests.support.payloads import am_alert, webhook
+from tests.support.payloads import am_alert, gpu_alerts, webhook
 from tests.support.postgres import PostgresServer
 from tests.support.store import ingest_and_dedup, route_all, sqlite_store
 from tests.test_cli_gpus import HISTORY
@@ -45,7 +46,7 @@ def postgres_config(tmp_path: Path, postgres_dsn: str) -> Path:
     return _config(tmp_path / "big", {"backend": "postgresql", "dsn_file": str(tmp_path / "dsn"), "replica": "b"})
 
 
-async def _fill(path: Path) -> str:
+async def _fill(path: Path) -> tuple[str, IncidentRecord]:
     async with sqlite_store(path) as store:
         await store.record_gpu_events(HISTORY)
         await ingest_and_dedup(store, webhook([am_alert(gpu="3")]))
@@ -64,7 +65,12 @@ async def _fill(path: Path) -> str:
         )
         await store.transition_action_run(run.id, "requested", "done", MOVED_AT, detail="restarted", approvals=["a"])
         await store.set_breaker(BreakerState(MOVED_AT, "3 failures in 1h"))
-        return alert_key
+        await ingest_and_dedup(store, webhook(gpu_alerts(6, host="k-ai-09"), group_key='{}:{host="k-ai-09"}'))
+        events = await store.claim_events(10, 60)
+        arrivals = [IncidentArrival(e.alert.key, "GPUXidError", "gpu-xid", new=True) for e in events]
+        await store.attribute_incidents(arrivals, IncidentRule(threshold=5, window=60.0))
+        [incident] = await store.advance_incidents({(await store.alert_incident(events[0].alert.key)) or "": {}})
+        return alert_key, incident
 
 
 async def _history(path: Path) -> tuple[list[WatchdogRecord], list[ActionRun], BreakerState | None]:
@@ -84,7 +90,7 @@ def _gpus(config: Path, capsys: pytest.CaptureFixture[str]) -> list[dict[str, An
 def test_copy_from_sqlite_to_postgresql_keeps_gpu_history_alerts_and_conversations(
     sqlite_config: Path, postgres_config: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    alert_key = asyncio.run(_fill(sqlite_config.parent / "bot.db"))
+    alert_key, incident = asyncio.run(_fill(sqlite_config.parent / "bot.db"))
     timers, runs, breaker = asyncio.run(_history(sqlite_config.parent / "bot.db"))
     before = _gpus(sqlite_config, capsys)
     assert before
@@ -111,6 +117,7 @@ def test_copy_from_sqlite_to_postgresql_keeps_gpu_history_alerts_and_conversatio
             assert await store.watchdog_records() == timers  # the switch goes on: its alert is not raised again
             assert await store.action_runs(MOVED_AT) == runs
             assert await store.get_breaker() == breaker
+            assert await store.get_incident(incident.id) == incident  # an open incident goes on where it was
             later = await store.add_action_run(dataclasses.replace(runs[0], state="requested"))
             assert later.id == runs[0].id + 1  # numbered after the copied runs
         finally:

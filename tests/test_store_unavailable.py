@@ -41,7 +41,8 @@ async def test_webhook_answers_503_and_readyz_fails_until_the_store_is_writable_
 ) -> None:
     # A large group: it needs new pages, as real notifications do.
     payload = body(webhook(gpu_alerts(60, annotations={"description": "d" * 400})))
-    async with running_bot(tmp_path) as bot, httpx.AsyncClient(timeout=10) as client:
+    one_by_one = {"incidents": {"enabled": False}}  # each alert counted on the console, not told as an incident
+    async with running_bot(tmp_path, one_by_one) as bot, httpx.AsyncClient(timeout=10) as client:
         assert (await _ready(client, bot)).status_code == 200
         await _make_unwritable(bot, break_it)
 

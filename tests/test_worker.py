@@ -16,6 +16,7 @@ import pytest
 
 from bot.config import BotConfig, load_config
 from bot.enrich import build_enrichers
+from bot.incident.stage import IncidentStage
 from bot.metrics import Metrics
 from bot.models import Event
 from bot.outbox import Outbox
@@ -72,7 +73,8 @@ class Running:
 
 
 def _config(tmp_path: Path, **worker: Any) -> BotConfig:
-    settings = {"worker": {"retry_backoff": "10ms", "poll_interval": "50ms", **worker}}
+    # Many alerts of one name at once: each is told on its own here, the worker is under test, not incidents.
+    settings = {"worker": {"retry_backoff": "10ms", "poll_interval": "50ms", **worker}, "incidents": {"enabled": False}}
     return load_config(write_config(tmp_path, settings))
 
 
@@ -90,7 +92,14 @@ async def running_worker(
         playbooks = PlaybookSet.load(config.playbooks.dir, config.playbooks.vars)
         enrichers = build_enrichers(config.enrichment, store, metrics, playbooks.xid_catalog)
         pipeline = FlakyPipeline(
-            store, enrichers, playbooks, Router(config.routing), outbox, metrics, late_copy_window=60.0
+            store,
+            enrichers,
+            playbooks,
+            Router(config.routing),
+            outbox,
+            metrics,
+            incidents=IncidentStage(store, config.incidents),
+            late_copy_window=60.0,
         )
         pipeline.failures = dict(failures or {})
         pipeline.breaks_batches = breaks_batches

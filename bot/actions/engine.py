@@ -41,6 +41,7 @@ from bot.actions.targets import Target, TargetRefused, select_target
 from bot.audit import AuditLog
 from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import ActionPolicyConfig, RemediationConfig
+from bot.incident.model import INCIDENT_KEY_PREFIX
 from bot.metrics import Metrics
 from bot.models import AlertState, short_id
 from bot.store.base import ActionRun, BreakerState, Store
@@ -68,6 +69,8 @@ AlertFinder = Callable[[str], Awaitable[AlertState | None]]
 Verifiers = Mapping[str, Verification]
 # What people should do about an alert when the action did not help.
 NextStep = Callable[[AlertState], str]
+# Runs an approved fleet run (one action on every affected host of an incident) to its end.
+FleetRunner = Callable[[ActionRun], Awaitable[None]]
 
 
 class Remediation:
@@ -101,6 +104,22 @@ class Remediation:
             metrics.init_remediation(self.executable_actions())
         self._rails = ExecutionRails(store, config.max_concurrent, self.policy, clock)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._fleet_runner: FleetRunner | None = None
+
+    @property
+    def executors(self) -> Mapping[str, Mapping[str, Executor]]:
+        """Per configured host, per action, the executor that runs it there."""
+        return self._executors
+
+    @property
+    def rails(self) -> ExecutionRails:
+        """The cooldowns and the running actions, shared with fleet runs."""
+        return self._rails
+
+    def run_fleets_with(self, runner: FleetRunner) -> None:
+        """Approved runs about an incident (alert key `incident:<id>`) are run by `runner`, on every affected host
+        (bot/actions/fleet.py); without one they are refused."""
+        self._fleet_runner = runner
 
     def watch_approvals(self, watcher: ApprovalWatcher) -> None:
         """`watcher` is told when a run starts waiting for approval and after each decision on it."""
@@ -155,12 +174,11 @@ class Remediation:
         await self._audit.step(actor, "run", run, "requested", f"run #{run.id}")
         if needs_approval:
             ttl = duration_text(self._config.approval_ttl)
-            await self._talk.announce(
+            await self.ask_approval(
                 run,
                 f"{actor} asks to {action} on {target.host} (run #{run.id}): waiting for "
                 f"approval (`approve {run.id}`), expires in {ttl}",
             )
-            await self._talk.approval_changed(run)
             return run
         who = "automatic policy" if automatic else actor
         await self._talk.announce(run, f"{who}: {action} on {target.host} (run #{run.id})")
@@ -327,8 +345,23 @@ class Remediation:
         await self._talk.announce(run, f"{verb} refused: {reason}")
         raise ActionRefused(reason)
 
+    async def may_decide(self, actor: str, action: str) -> bool:
+        """Whether `actor` may approve, refuse or stop a run of `action`."""
+        return await self._authorizer.may_approve(actor, action)
+
+    async def ask_approval(self, run: ActionRun, text: str) -> None:
+        """Say in the run's conversation that it waits for approval, and tell the approval watchers."""
+        await self._talk.announce(run, text)
+        await self._talk.approval_changed(run)
+
     # --- execution ----------------------------------------------------------------------------------
     async def _execute(self, run: ActionRun) -> None:
+        if run.alert_key.startswith(INCIDENT_KEY_PREFIX):
+            if self._fleet_runner is None:
+                await self._not_run(run, "fleet actions are not set up in this process")
+            else:
+                await self._fleet_runner(run)
+            return
         blocked = await self._rails.blocked(run)
         if blocked is not None:
             await self._not_run(run, blocked)

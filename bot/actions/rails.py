@@ -25,12 +25,16 @@ class ExecutionRails:
 
     async def blocked(self, run: ActionRun) -> str | None:
         """Why `run` may not start now; None when it may. Take its slot with `hold` before the next await."""
-        blocked = await self.cooldown(run.action, run.target, run.id)
-        if blocked is None and (run.action, run.target) in self._active:
-            blocked = f"{run.action} is already running on {run.target}"
-        if blocked is None and len(self._active) >= self._max_concurrent:
-            blocked = f"{len(self._active)} actions are running (limit {self._max_concurrent}); ask again later"
-        return blocked
+        return await self.cooldown(run.action, run.target, run.id) or self.busy(run)
+
+    def busy(self, run: ActionRun) -> str | None:
+        """Why `run` may not start now for what is running (the same action on its host, or `max_concurrent`
+        actions in all); None when it may."""
+        if (run.action, run.target) in self._active:
+            return f"{run.action} is already running on {run.target}"
+        if len(self._active) >= self._max_concurrent:
+            return f"{len(self._active)} actions are running (limit {self._max_concurrent}); ask again later"
+        return None
 
     @contextlib.contextmanager
     def hold(self, run: ActionRun) -> Iterator[None]:

@@ -17,6 +17,8 @@ class ActionSpec:
     label: str
     safety: Safety
     description: str
+    # Acts on one GPU (the alert's `gpu` label) rather than on the whole host.
+    per_gpu: bool = False
 
 
 ACTIONS: Mapping[str, ActionSpec] = {
@@ -33,6 +35,7 @@ ACTIONS: Mapping[str, ActionSpec] = {
             "Collect diagnostics",
             "safe",
             "Read-only: nvidia-smi -q, dcgmi health and the kernel's NVRM lines from the host, posted in the thread.",
+            per_gpu=True,
         ),
         ActionSpec(
             "run-dcgm-diag",
@@ -40,6 +43,7 @@ ACTIONS: Mapping[str, ActionSpec] = {
             "guarded",
             "dcgmi diag (-r 3 on datacenter GPUs, -r 1 on GeForce/RTX PRO) loads the GPU for minutes: only on a "
             "drained GPU, with nv-hostengine running.",
+            per_gpu=True,
         ),
         ActionSpec(
             "restart-dcgm-exporter",
@@ -58,6 +62,7 @@ ACTIONS: Mapping[str, ActionSpec] = {
             "Lower the GPU power limit",
             "guarded",
             "nvidia-smi -pl on this GPU: less heat and power at some throughput cost; reverts at reboot.",
+            per_gpu=True,
         ),
         ActionSpec(
             "cordon-node", "Cordon node", "guarded", "No new work is scheduled on the host; running work continues."
@@ -82,6 +87,7 @@ ACTIONS: Mapping[str, ActionSpec] = {
             "dangerous",
             "nvidia-smi -r -i <UUID>: dcgm-exporter (and nv-hostengine) stopped first and no process left on the "
             "GPU, or the reset fails.",
+            per_gpu=True,
         ),
         ActionSpec("reboot-node", "Reboot node", "dangerous", "Reboots the host: every job on it is lost."),
     )

@@ -1,6 +1,5 @@
-"""Command line: `gpu-alert-bot serve | check-config | explain | xid | gpus | audit | healthcheck | selftest |
-run | approve | refuse | reset-breaker | migrate | store copy` (and
-`python -m bot`).
+"""Command line: `gpu-alert-bot serve | check-config | explain | xid | gpus | report | audit | healthcheck |
+selftest | run | approve | refuse | reset-breaker | migrate | store copy` (and `python -m bot`).
 
 Each command's own modules are imported by its handler (`_xid`, `_gpus`...), not here: every process of `serve`
 imports this module, and would otherwise keep the enrichers, sinks and self-test of the other commands in memory."""
@@ -119,6 +118,13 @@ def build_parser() -> argparse.ArgumentParser:
     gpus.add_argument("--format", choices=("table", "json"), default="table", help="a table (default) or JSON lines")
     _store_option(gpus)
     gpus.set_defaults(run=_gpus)
+
+    report = commands.add_parser("report", help="write an incident's timeline as Markdown, its heat map beside it")
+    report.add_argument("incident", help="the incident's id (as its card shows it)")
+    report.add_argument("--config", type=Path, help="YAML configuration file (default: built-in defaults)")
+    report.add_argument("--out", type=Path, help="the Markdown file (default: incident-ID.md here)")
+    _store_option(report)
+    report.set_defaults(run=_report)
 
     migrate = commands.add_parser("migrate", help="bring the store's schema to this version (serve does it too)")
     migrate.add_argument("--config", type=Path, help="YAML configuration file (default: built-in defaults)")
@@ -297,6 +303,15 @@ def _gpus(args: argparse.Namespace) -> int:
     from bot.commands.gpus import gpus_command
 
     return asyncio.run(gpus_command(config, args.since, args.format))
+
+
+def _report(args: argparse.Namespace) -> int:
+    config = _load_or_report(args.config, _store_override(args))
+    if config is None:
+        return EXIT_CONFIG
+    from bot.commands.report import report_command
+
+    return asyncio.run(report_command(config, args.incident, args.out))
 
 
 def _audit(args: argparse.Namespace) -> int:

@@ -29,6 +29,7 @@ from bot.config.enrichment import (
     PrometheusSource,
     SiteMatch,
 )
+from bot.config.incidents import IncidentsConfig
 from bot.config.interactivity import DEFAULT_PERMISSIONS, InteractivityConfig, SlackRole
 from bot.config.loading import ConfigError, load_config, located
 from bot.config.receivers import (
@@ -76,6 +77,7 @@ __all__ = [
     "EmailReceiver",
     "EnrichmentConfig",
     "HttpUrlText",
+    "IncidentsConfig",
     "InteractivityConfig",
     "KubernetesExecutorConfig",
     "LoggingConfig",

@@ -34,13 +34,21 @@ class SlackReceiver(StrictModel):
     api_url: HttpUrlText = "https://slack.com/api/"
     timeout: Duration = 10.0
     messages_per_second: float = Field(default=1.0, gt=0)
-    # More than storm_threshold new alerts in storm_window: one summary message, details in its thread.
-    storm_threshold: int = Field(default=5, ge=1)
-    storm_window: Duration = 60.0
     # The metric's history as a picture in the alert's thread (needs files:write); unset: on when the `graphs`
     # extra (matplotlib) is installed.
     graphs: bool | None = None
     graph_theme: GraphTheme = "light"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_storm_keys(cls, value: Any) -> Any:
+        old = sorted({"storm_threshold", "storm_window"} & set(value)) if isinstance(value, Mapping) else []
+        if old:
+            raise ValueError(
+                f"{' and '.join(old)}: a Slack receiver no longer groups alerts itself; many alerts with one cause "
+                "are one incident for every receiver, set in the `incidents` section (threshold, window)"
+            )
+        return value
 
 
 class EmailReceiver(StrictModel):
@@ -56,6 +64,8 @@ class EmailReceiver(StrictModel):
     password_file: SecretFile | None = None
     ca_file: ConfigPath | None = None
     timeout: Duration = 30.0
+    # An incident is one mail, then at most one digest of what changed per digest_interval, then its recovery.
+    digest_interval: Duration = Field(default=300.0, gt=0)
     # The metric's history as a picture inline in the HTML part; unset: on when matplotlib is installed.
     graphs: bool | None = None
     graph_theme: GraphTheme = "light"

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Annotated, Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from bot.actions.registry import ACTIONS
 from bot.config.base import ConfigPath, StrictModel
@@ -88,6 +90,24 @@ class ActionPolicyConfig(StrictModel):
     verify_within: Duration = 180.0
 
 
+_RATE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*/\s*(s|min|h)\s*")
+_PER_MINUTE = {"s": 60.0, "min": 1.0, "h": 1 / 60}
+
+
+def _per_minute(value: Any) -> Any:
+    """`10/min`, `1/s`, `120/h` (or a bare number: per minute) -> how many a minute."""
+    if isinstance(value, str):
+        match = _RATE.fullmatch(value)
+        if match is None:
+            raise ValueError(f"{value!r} is not a rate such as 10/min, 1/s or 120/h")
+        return float(match.group(1)) * _PER_MINUTE[match.group(2)]
+    return value
+
+
+# How many a minute, written as 10/min, 1/s or 120/h.
+PerMinute = Annotated[float, BeforeValidator(_per_minute), Field(gt=0)]
+
+
 class CircuitBreakerConfig(StrictModel):
     max_hosts: int = Field(default=3, ge=1)
     window: Duration = 600.0
@@ -106,6 +126,9 @@ class RemediationConfig(StrictModel):
     slurm: SlurmConfig | None = None
     actions: dict[str, ActionPolicyConfig] = Field(default_factory=dict)
     circuit_breaker: CircuitBreakerConfig = CircuitBreakerConfig()
+    # A fleet action (one action on every affected host of an incident, from its card) starts on at most this
+    # many hosts a minute; always with approval.
+    fleet_rate: PerMinute = 10.0
     prometheus: PrometheusConfig | None = None  # for verification; default: enrichment.prometheus
     poll_interval: Duration = 5.0
     # Bearer token of the local admin endpoint that `gpu-alert-bot run|approve|refuse` call; unset: off.

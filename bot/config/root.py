@@ -11,6 +11,7 @@ from bot.config.alertmanager import AlertmanagerConfig, DeadmanConfig
 from bot.config.base import StrictModel
 from bot.config.duration import parse_duration
 from bot.config.enrichment import EnrichmentConfig, PlaybooksConfig
+from bot.config.incidents import IncidentsConfig
 from bot.config.interactivity import InteractivityConfig
 from bot.config.receivers import ConsoleReceiver, Receiver
 from bot.config.remediation import RemediationConfig
@@ -34,6 +35,7 @@ class BotConfig(StrictModel):
     playbooks: PlaybooksConfig = PlaybooksConfig()
     receivers: list[Receiver] = Field(default_factory=_default_receivers)
     routing: RoutingConfig = RoutingConfig()
+    incidents: IncidentsConfig = IncidentsConfig()
     alertmanager: AlertmanagerConfig | None = None
     interactivity: InteractivityConfig | None = None
     deadman: DeadmanConfig = DeadmanConfig()

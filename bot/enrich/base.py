@@ -100,21 +100,24 @@ class EnrichmentRunner:
         [enrichment] = await self.run_batch([BatchItem(alert, hints)])
         return enrichment
 
-    async def run_batch(self, items: Sequence[BatchItem]) -> list[Enrichment]:
-        """Each alert's enrichment, in order, every one within its budget; queries shared across the batch."""
-        if not self._enrichers:
+    async def run_batch(self, items: Sequence[BatchItem], *, remote: bool = True) -> list[Enrichment]:
+        """Each alert's enrichment, in order, every one within its budget; queries shared across the batch.
+        `remote=False`: only the enrichers that ask no external system (no `source`), for alerts told as lines of
+        an incident."""
+        enrichers = self._enrichers if remote else [e for e in self._enrichers if not e.source]
+        if not enrichers or not items:
             return [Enrichment() for _ in items]
         batch = Batch(items, self._clock.now())
         try:
-            return list(await asyncio.gather(*(self._alert(item, batch) for item in items)))
+            return list(await asyncio.gather(*(self._alert(enrichers, item, batch) for item in items)))
         finally:
             await batch.close()
 
-    async def _alert(self, item: BatchItem, batch: Batch) -> Enrichment:
+    async def _alert(self, enrichers: Sequence[Enricher], item: BatchItem, batch: Batch) -> Enrichment:
         loop = asyncio.get_running_loop()
-        results: dict[str, asyncio.Future[EnrichmentSection]] = {e.name: loop.create_future() for e in self._enrichers}
+        results: dict[str, asyncio.Future[EnrichmentSection]] = {e.name: loop.create_future() for e in enrichers}
         request = EnrichmentRequest(item.alert, item.hints, results, batch)
-        tasks = [asyncio.create_task(self._one(e, request, results[e.name])) for e in self._enrichers]
+        tasks = [asyncio.create_task(self._one(e, request, results[e.name])) for e in enrichers]
         everything = _all_done(tasks)
         timer = asyncio.ensure_future(self._clock.sleep(self._budget))
         try:
@@ -126,7 +129,7 @@ class EnrichmentRunner:
             task.cancel()
         await asyncio.gather(*late, return_exceptions=True)
         sections = []
-        for enricher in self._enrichers:
+        for enricher in enrichers:
             future = results[enricher.name]
             if not future.done():
                 future.set_result(

@@ -92,6 +92,7 @@ class AlertLine(_Frozen):
     gpu: str = ""
     value: float | None = None
     status: Literal["firing", "resolved"] = "firing"
+    starts_at: datetime | None = None  # the alert's start: the heat map's columns
 
 
 class HostLine(_Frozen):

@@ -136,7 +136,7 @@ class RemediationCommands:
         return await self._refuse(replace(invocation, args=[invocation.value]))
 
     async def _approve(self, invocation: Invocation) -> Outcome:
-        run_id = _run_id(invocation.args)
+        run_id = run_id_argument(invocation.args)
         actor = engine_actor(invocation.actor.user_id, invocation.actor.name)
         try:
             run = await self._engine.approve(run_id, actor)
@@ -147,7 +147,7 @@ class RemediationCommands:
         return Outcome(text, "approved", run_target(run), audited=True)
 
     async def _refuse(self, invocation: Invocation) -> Outcome:
-        run_id = _run_id(invocation.args)
+        run_id = run_id_argument(invocation.args)
         actor = engine_actor(invocation.actor.user_id, invocation.actor.name)
         try:
             run = await self._engine.refuse(run_id, actor)
@@ -166,7 +166,8 @@ class RemediationCommands:
         return Outcome(text, "done", "circuit breaker", audited=True)
 
 
-def _run_id(args: Sequence[str]) -> int:
+def run_id_argument(args: Sequence[str]) -> int:
+    """The run number a command names (`approve 12`, `approve #12`)."""
     if len(args) != 1 or not args[0].lstrip("#").isdecimal() or len(args[0]) > 12:
         raise UsageError("Give one run number, as shown in the alert's thread.")
     return int(args[0].lstrip("#"))

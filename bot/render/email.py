@@ -36,7 +36,7 @@ _STATUS_WORDS = {
     "note": "NOTE",
 }
 _SEVERITY_COLOURS = {"critical": "#c62828", "error": "#d84315", "warning": "#f9a825", "info": "#1565c0"}
-_RESOLVED_COLOUR = "#2e7d32"
+RESOLVED_COLOUR = "#2e7d32"
 _ACK_COLOUR = "#6a1b9a"
 _OTHER_COLOUR = "#616161"
 _SUBJECT_TITLE_LIMIT = 160
@@ -74,13 +74,24 @@ def graph_image(message: Message, domain: str, png: bytes, alt: str, filename: s
 
 
 @dataclass(frozen=True)
-class _Block:
-    """One titled part of the body. `kind` is a section kind, "pairs" (label: value) or "links" (text, url)."""
+class Block:
+    """One titled part of the body. `kind` is a section kind, "pairs" (label: value), "links" (text, url) or
+    "table" (`rows`, the first one its header)."""
 
     title: str
     kind: SectionKind | str
     lines: tuple[str, ...] = ()
     pairs: tuple[tuple[str, str], ...] = ()
+    rows: tuple[tuple[str, ...], ...] = ()
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """A text file attached to the mail (the alert list of an incident)."""
+
+    filename: str
+    text: str
+    subtype: str = "csv"
 
 
 def thread_message_id(alert_key: str, domain: str, event: str = "firing") -> str:
@@ -92,7 +103,7 @@ def thread_message_id(alert_key: str, domain: str, event: str = "firing") -> str
 def render_email(message: Message, domain: str, image: InlineImage | None = None) -> RenderedEmail:
     """Subject, bodies and threading headers; `domain` is the right-hand side of the Message-IDs. The HTML shows
     `image` (by its cid) when one is given."""
-    title = _one_line(message.title, _SUBJECT_TITLE_LIMIT)
+    title = one_line(message.title, _SUBJECT_TITLE_LIMIT)
     firing_id = thread_message_id(message.alert_key, domain)
     root_id = thread_message_id(message.related_to, domain) if message.related_to else None
     is_reply = message.event != "firing"
@@ -101,8 +112,8 @@ def render_email(message: Message, domain: str, image: InlineImage | None = None
     blocks = _blocks(message)
     return RenderedEmail(
         subject=_subject(message, title, is_reply),
-        text=_text(headline, blocks, message),
-        html=_html(headline, blocks, message, image),
+        text=text_body(headline, blocks, _footer(message)),
+        html=html_body(headline, blocks, _colour(message), _footer(message), image),
         message_id=_reply_id(message, domain) if is_reply else firing_id,
         in_reply_to=parents[-1] if parents else None,
         references=parents,
@@ -125,10 +136,16 @@ def _reply_id(message: Message, domain: str) -> str:
 
 
 def build_email(
-    rendered: RenderedEmail, sender: str, to: Sequence[str], date: datetime, image: InlineImage | None = None
+    rendered: RenderedEmail,
+    sender: str,
+    to: Sequence[str],
+    date: datetime,
+    image: InlineImage | None = None,
+    attachments: Sequence[Attachment] = (),
 ) -> EmailMessage:
     """The MIME message: multipart/alternative, text/plain first, text/html last (the preferred part); with an
-    image, the HTML part is a multipart/related of the HTML and the PNG."""
+    image, the HTML part is a multipart/related of the HTML and the PNG; with attachments, a multipart/mixed of
+    that and the files."""
     mail = EmailMessage()
     mail["From"] = sender
     mail["To"] = ", ".join(to)
@@ -156,6 +173,8 @@ def build_email(
             filename=image.filename,
             disposition="inline",
         )
+    for attachment in attachments:
+        mail.add_attachment(attachment.text, subtype=attachment.subtype, filename=attachment.filename)
     return mail
 
 
@@ -165,7 +184,7 @@ def sender_domain(sender: str) -> str:
 
 
 # --- what the mail says ----------------------------------------------------------------------------------
-def _one_line(text: str, limit: int) -> str:
+def one_line(text: str, limit: int) -> str:
     flat = _WHITESPACE.sub(" ", text).strip()
     return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
 
@@ -174,7 +193,7 @@ def _status_suffix(message: Message) -> str:
     if message.event == "resolved" and message.duration_text:
         return f" after {message.duration_text}"
     if message.event == "ack" and message.acked_by:
-        return f" by {_one_line(message.acked_by, 60)}"
+        return f" by {one_line(message.acked_by, 60)}"
     return ""
 
 
@@ -186,28 +205,28 @@ def _subject(message: Message, title: str, is_reply: bool) -> str:
 def _headline(message: Message) -> str:
     status = _STATUS_WORDS.get(message.event, message.event.upper())
     severity = f" ({message.severity})" if message.severity and message.event != "resolved" else ""
-    return f"{status}{_status_suffix(message)}{severity}: {_one_line(message.title, 1000)}"
+    return f"{status}{_status_suffix(message)}{severity}: {one_line(message.title, 1000)}"
 
 
-def _blocks(message: Message) -> list[_Block]:
-    blocks: list[_Block] = []
+def _blocks(message: Message) -> list[Block]:
+    blocks: list[Block] = []
     if message.note:
-        blocks.append(_Block(title="Note", kind="text", lines=(message.note,)))
+        blocks.append(Block(title="Note", kind="text", lines=(message.note,)))
     if message.summary and message.summary != message.title:
-        blocks.append(_Block(title="", kind="text", lines=(message.summary,)))
+        blocks.append(Block(title="", kind="text", lines=(message.summary,)))
     facts = [(fact.label, fact.value) for fact in message.facts]
     if message.acked_by:
         facts.append(("Acknowledged by", message.acked_by))
     if facts:
-        blocks.append(_Block(title="", kind="pairs", pairs=tuple(facts)))
-    blocks.extend(_Block(title=s.title, kind=s.kind, lines=tuple(s.lines)) for s in message.sections if s.lines)
+        blocks.append(Block(title="", kind="pairs", pairs=tuple(facts)))
+    blocks.extend(Block(title=s.title, kind=s.kind, lines=tuple(s.lines)) for s in message.sections if s.lines)
     if message.links:
-        blocks.append(_Block(title="Links", kind="links", pairs=tuple((link.text, link.url) for link in message.links)))
+        blocks.append(Block(title="Links", kind="links", pairs=tuple((link.text, link.url) for link in message.links)))
     if message.labels:
-        blocks.append(_Block(title="Labels", kind="pairs", pairs=tuple(_ordered_labels(message.labels))))
+        blocks.append(Block(title="Labels", kind="pairs", pairs=tuple(_ordered_labels(message.labels))))
     annotations = _other_annotations(message)
     if annotations:
-        blocks.append(_Block(title="Annotations", kind="pairs", pairs=tuple(annotations)))
+        blocks.append(Block(title="Annotations", kind="pairs", pairs=tuple(annotations)))
     return blocks
 
 
@@ -230,15 +249,15 @@ def _footer(message: Message) -> str:
 
 
 # --- plain text -------------------------------------------------------------------------------------------
-def _text(headline: str, blocks: list[_Block], message: Message) -> str:
+def text_body(headline: str, blocks: list[Block], footer: str) -> str:
     parts = [headline]
     for block in blocks:
         parts.append("\n".join(_text_block(block)))
-    parts.append(f"-- \n{_footer(message)}")
+    parts.append(f"-- \n{footer}")
     return "\n\n".join(parts) + "\n"
 
 
-def _text_block(block: _Block) -> list[str]:
+def _text_block(block: Block) -> list[str]:
     out = [block.title.upper()] if block.title else []
     if block.kind in ("pairs", "links"):
         width = max(len(label) for label, _ in block.pairs) + 1
@@ -246,6 +265,8 @@ def _text_block(block: _Block) -> list[str]:
             lines = value.splitlines() or [""]
             out.append(f"{label + ':':<{width}} {lines[0]}")
             out.extend(f"{'':<{width}} {line}" for line in lines[1:])
+    elif block.kind == "table":
+        out.extend(_text_table(block.rows))
     elif block.kind == "steps":
         out.extend(f"{number}. {line}" for number, line in enumerate(block.lines, 1))
     elif block.kind == "code":
@@ -255,6 +276,11 @@ def _text_block(block: _Block) -> list[str]:
     else:
         out.extend(block.lines)
     return out
+
+
+def _text_table(rows: tuple[tuple[str, ...], ...]) -> list[str]:
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))] if rows else []
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
 
 
 # --- HTML ----------------------------------------------------------------------------------------------
@@ -268,13 +294,17 @@ def _multiline(value: str) -> str:
 
 def _colour(message: Message) -> str:
     if message.event == "resolved":
-        return _RESOLVED_COLOUR
+        return RESOLVED_COLOUR
     if message.event == "ack":
         return _ACK_COLOUR
-    return _SEVERITY_COLOURS.get(message.severity.lower(), _OTHER_COLOUR)
+    return severity_colour(message.severity)
 
 
-def _html(headline: str, blocks: list[_Block], message: Message, image: InlineImage | None) -> str:
+def severity_colour(severity: str) -> str:
+    return _SEVERITY_COLOURS.get(severity.lower(), _OTHER_COLOUR)
+
+
+def html_body(headline: str, blocks: list[Block], colour: str, footer: str, image: InlineImage | None = None) -> str:
     body = "\n".join(_html_block(block) for block in blocks)
     if image is not None:
         body = (
@@ -284,20 +314,20 @@ def _html(headline: str, blocks: list[_Block], message: Message, image: InlineIm
     return (
         '<!DOCTYPE html>\n<html><head><meta charset="utf-8"></head>\n'
         '<body style="font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;font-size:14px;color:#212121">\n'
-        f'<div style="border-left:6px solid {_colour(message)};padding:4px 12px;max-width:900px">\n'
+        f'<div style="border-left:6px solid {colour};padding:4px 12px;max-width:900px">\n'
         f'<h2 style="margin:4px 0 12px 0;font-size:18px">{_esc(headline)}</h2>\n'
         f"{body}\n"
-        f'<p style="color:#757575;font-size:12px;margin-top:20px">-- <br>{_esc(_footer(message))}</p>\n'
+        f'<p style="color:#757575;font-size:12px;margin-top:20px">-- <br>{_esc(footer)}</p>\n'
         "</div>\n</body></html>\n"
     )
 
 
-def _html_block(block: _Block) -> str:
+def _html_block(block: Block) -> str:
     title = f'<h3 style="margin:16px 0 4px 0;font-size:15px">{_esc(block.title)}</h3>\n' if block.title else ""
     return title + _html_content(block)
 
 
-def _html_content(block: _Block) -> str:
+def _html_content(block: Block) -> str:
     if block.kind == "pairs":
         rows = "".join(
             f'<tr><td style="padding:2px 12px 2px 0;vertical-align:top;color:#616161">{_esc(label)}:</td>'
@@ -305,6 +335,8 @@ def _html_content(block: _Block) -> str:
             for label, value in block.pairs
         )
         return f'<table style="border-collapse:collapse">{rows}</table>'
+    if block.kind == "table":
+        return _html_table(block.rows)
     if block.kind == "links":
         items = "".join(f"<li>{_esc(text)}: {_link(url)}</li>" for text, url in block.pairs)
         return f'<ul style="margin:4px 0">{items}</ul>'
@@ -318,6 +350,15 @@ def _html_content(block: _Block) -> str:
         return f'<div style="background:#fff8e1;padding:4px 8px">{lines}</div>'
     weight = "font-weight:bold;" if block.kind == "judgement" else ""
     return "".join(f'<p style="{weight}margin:4px 0">{_multiline(line)}</p>' for line in block.lines)
+
+
+def _html_table(rows: tuple[tuple[str, ...], ...]) -> str:
+    if not rows:
+        return ""
+    cell = 'style="padding:2px 12px 2px 0;text-align:left;vertical-align:top"'
+    head = "".join(f"<th {cell}>{_esc(value)}</th>" for value in rows[0])
+    body = "".join("<tr>" + "".join(f"<td {cell}>{_esc(value)}</td>" for value in row) + "</tr>" for row in rows[1:])
+    return f'<table style="border-collapse:collapse"><tr>{head}</tr>{body}</table>'
 
 
 def _link(url: str) -> str:

@@ -1,6 +1,6 @@
 """How a self-test alert is told apart: its `selftest` label (the run's unique id). Every sink shows it as a test
 (`[self-test]` in the title), PagerDuty is not paged unless the run asked for it, and it never counts as a real
-incident (no GPU history, no storm)."""
+incident (no GPU history, never one of an incident's alerts)."""
 
 from __future__ import annotations
 

@@ -27,6 +27,7 @@ from bot.store import Store, StoreUnavailable, open_store
 
 if TYPE_CHECKING:
     from bot.enrich.base import EnrichmentRunner
+    from bot.incident.stage import IncidentStage
     from bot.interact.service import Interactivity
     from bot.outbox import Outbox
     from bot.worker import Worker
@@ -41,11 +42,13 @@ class Processing:
     outbox: Outbox
     worker: Worker
     enrichers: EnrichmentRunner
+    incidents: IncidentStage
 
     async def close(self) -> None:
         await self.worker.stop()
         await self.outbox.stop()
         await self.enrichers.close()
+        await self.incidents.close()
 
 
 @dataclass
@@ -90,6 +93,8 @@ def start_processing(
     # Imported here: an ingest process (serve --role ingest) never builds the worker side, whose sinks,
     # enrichers and their clients (slack_sdk, httpx, aiosmtplib) would cost it tens of MB.
     from bot.enrich import build_enrichers
+    from bot.incident.analyser import IncidentAnalyser
+    from bot.incident.stage import IncidentStage
     from bot.interact.service import slack_controls
     from bot.outbox import Outbox
     from bot.pipeline import Pipeline
@@ -101,6 +106,9 @@ def start_processing(
     metrics.init_receivers(sinks)
     outbox = Outbox(store, sinks, config.outbox, metrics, receiver_lease=config.store.receiver_lease, clock=clock)
     enrichers = build_enrichers(config.enrichment, store, metrics, playbooks.xid_catalog, config.remediation)
+    prometheus = config.enrichment.prometheus
+    analyser = IncidentAnalyser(prometheus, config.playbooks.vars) if prometheus is not None else None
+    incidents = IncidentStage(store, config.incidents, analyser)
     pipeline = Pipeline(
         store,
         enrichers,
@@ -108,6 +116,7 @@ def start_processing(
         Router(config.routing),
         outbox,
         metrics,
+        incidents=incidents,
         late_copy_window=config.store.late_copy_window,
     )
     worker = Worker(pipeline, store, config.worker, config.store, metrics, clock)
@@ -115,7 +124,7 @@ def start_processing(
     store.subscribe(worker.notify, lambda receiver: outbox.wake([receiver]))
     outbox.start()
     worker.start()
-    return Processing(outbox=outbox, worker=worker, enrichers=enrichers)
+    return Processing(outbox=outbox, worker=worker, enrichers=enrichers, incidents=incidents)
 
 
 async def start_runtime(

@@ -71,11 +71,11 @@ SINK_TYPES: dict[type[Any], SinkType[Any]] = {
         preview=lambda receiver: ConsoleSink(receiver.name),
     ),
     EmailReceiver: SinkType[EmailReceiver](
-        build=lambda receiver, shared: EmailSink(receiver, shared.store, shared.pictures(receiver)),
+        build=lambda receiver, shared: EmailSink(receiver, shared.store, shared.pictures(receiver), shared.clock),
         preview=EmailRendering,
     ),
     PagerDutyReceiver: SinkType[PagerDutyReceiver](
-        build=lambda receiver, _shared: PagerDutySink(receiver),
+        build=lambda receiver, shared: PagerDutySink(receiver, shared.store),
         preview=PagerDutyRendering,
     ),
     SlackReceiver: SinkType[SlackReceiver](

@@ -1,4 +1,6 @@
-"""Email sink (aiosmtplib): one mail per firing alert, its resolve and acknowledgement as replies in the thread.
+"""Email sink (aiosmtplib): one mail per firing alert, its resolve and acknowledgement as replies in the thread; an
+incident is one mail, then digests of what changed at most every `digest_interval`, then its recovery
+(bot/sinks/email_incident.py).
 
 Transport security is never silently downgraded: `security: starttls` requires the server to offer STARTTLS
 (aiosmtplib's default `start_tls=None` would quietly send in clear text when it is missing), `tls` connects with
@@ -30,12 +32,14 @@ from typing import Any
 import aiosmtplib
 from aiosmtplib import SMTPResponse
 
+from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import EmailReceiver
 from bot.message import Message
 from bot.models import Delivery
 from bot.render.email import InlineImage, RenderedEmail, build_email, graph_image, render_email, sender_domain
 from bot.render.graph import graph_description, graph_filename
 from bot.sinks.base import DeliveryResult, Preview
+from bot.sinks.email_incident import IncidentMails, incident_mail
 from bot.sinks.graphs import AlertPictures
 from bot.store.base import Store
 
@@ -70,7 +74,16 @@ class EmailRendering:
         return self._render(message, date, image)[1]
 
     def preview(self, delivery: Delivery) -> Preview:
-        rendered, mail = self._render(delivery.message, delivery.created_at)
+        view = delivery.message.incident
+        if view is not None:  # as the incident's first mail
+            incident = incident_mail(view, self._domain, None)
+            assert incident is not None  # a first mail always says something
+            rendered = incident.rendered
+            mail = build_email(
+                rendered, self._config.sender, self._config.to, delivery.created_at, attachments=incident.attachments
+            )
+        else:
+            rendered, mail = self._render(delivery.message, delivery.created_at)
         headers = {name: str(mail[name]) for name in _PREVIEW_HEADERS if mail[name]}
         return {"email": {"headers": headers, "text": rendered.text, "html": rendered.html}}
 
@@ -82,7 +95,13 @@ class EmailRendering:
 
 
 class EmailSink:
-    def __init__(self, config: EmailReceiver, store: Store, pictures: AlertPictures | None = None) -> None:
+    def __init__(
+        self,
+        config: EmailReceiver,
+        store: Store,
+        pictures: AlertPictures | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         self.name = config.name
         self._config = config
         self._store = store
@@ -91,17 +110,23 @@ class EmailSink:
         self._recipients = [parseaddr(address)[1] for address in config.to]
         self._rendering = EmailRendering(config)
         self._tls = tls_context(config)
+        self._incidents = IncidentMails(config, store, clock, sender_domain(config.sender))
 
     async def deliver(self, delivery: Delivery) -> DeliveryResult:
         message = delivery.message
         if message.event == "repeat":
             return DeliveryResult.ok()
-        state_key = f"delivery:{delivery.id}"
+        if message.incident is not None:
+            return await self._incidents.deliver(delivery.id, message.incident, self._send_mail)
+        picture, alt = await self._picture(message)
+        return await self._send_mail(delivery.id, self._rendering.mail(message, datetime.now(UTC), picture, alt))
+
+    async def _send_mail(self, delivery_id: int, mail: EmailMessage) -> DeliveryResult:
+        """Send to the recipients that do not have this delivery's mail yet (a retry after some were deferred)."""
+        state_key = f"delivery:{delivery_id}"
         state = await self._store.get_sink_state(self.name, state_key) or {}
         already = set(state.get("sent_to", []))
         recipients = [r for r in self._recipients if r not in already]
-        picture, alt = await self._picture(message)
-        mail = self._rendering.mail(message, datetime.now(UTC), picture, alt)
         try:
             refused = await self._send(mail, recipients)
         except _Refused as exc:

@@ -1,6 +1,8 @@
 """PagerDuty sink: Events API v2 over httpx (`url` configurable for the EU region).
 
 Firing -> trigger, acknowledgement -> acknowledge, resolve -> resolve, all with the alert episode's dedup_key.
+An incident is one PagerDuty alert of its own, updated when it changes materially and resolved as a whole; the
+alerts paged on their own before it was recognised are resolved into it (bot/sinks/pagerduty_incident.py).
 Repeats send nothing: PagerDuty keeps the alert open and deduplicates triggers by dedup_key, so a reminder
 would only add a log entry to the alert; its own escalation policy is what re-notifies people.
 
@@ -12,15 +14,19 @@ limited, retried after Retry-After or `rate_limit_delay`; 5xx and network errors
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import httpx
 
 from bot.config import PagerDutyReceiver
 from bot.models import Delivery
 from bot.render.pagerduty import encode_event, pagerduty_event
+from bot.render.pagerduty_incident import incident_trigger
 from bot.retry import classify_error, classify_status
 from bot.retry_after import retry_after_seconds
 from bot.sinks.base import DeliveryResult, Preview
+from bot.sinks.pagerduty_incident import IncidentPages, OpenPages
+from bot.store.base import Store
 
 _DETAIL_LIMIT = 500
 
@@ -34,16 +40,23 @@ class PagerDutyRendering:
 
     def preview(self, delivery: Delivery) -> Preview:
         masked = f"<routing key from {self._config.routing_key_file.path}>"
+        view = delivery.message.incident
+        if view is not None:  # as the incident's first trigger
+            return {"url": self._config.url, "event": incident_trigger(view, self._config, masked, [])}
         return {"url": self._config.url, "event": pagerduty_event(delivery.message, self._config, masked)}
 
 
 class PagerDutySink:
     """`transport`: how requests reach PagerDuty (httpx's own by default; a test or a proxy set-up may give one)."""
 
-    def __init__(self, config: PagerDutyReceiver, transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self, config: PagerDutyReceiver, store: Store, transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
         self.name = config.name
         self._config = config
         self._rendering = PagerDutyRendering(config)
+        self._pages = OpenPages(store, config.name)
+        self._incidents = IncidentPages(config, store, self._pages)
         self._client = httpx.AsyncClient(
             timeout=config.timeout,
             headers={"Content-Type": "application/json", "User-Agent": "gpu-alert-bot"},
@@ -51,9 +64,21 @@ class PagerDutySink:
         )
 
     async def deliver(self, delivery: Delivery) -> DeliveryResult:
-        event = pagerduty_event(delivery.message, self._config, self._config.routing_key_file.get())
+        message = delivery.message
+        routing_key = self._config.routing_key_file.get()
+        if message.incident is not None:
+            return await self._incidents.deliver(message.incident, routing_key, self._post)
+        event = pagerduty_event(message, self._config, routing_key)
         if event is None:
             return DeliveryResult.ok()
+        result = await self._post(event)
+        if result.delivered and event["event_action"] == "trigger":
+            await self._pages.opened(message.alert_key, event["dedup_key"])
+        elif result.delivered and event["event_action"] == "resolve":
+            await self._pages.closed([message.alert_key])
+        return result
+
+    async def _post(self, event: dict[str, Any]) -> DeliveryResult:
         try:
             response = await self._client.post(self._config.url, content=encode_event(event))
         except httpx.TransportError as exc:

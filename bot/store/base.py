@@ -22,6 +22,7 @@ from bot.models import (
     EventRoute,
     GpuEvent,
     GpuHistoryRequest,
+    IncidentRoute,
     WebhookPayload,
 )
 
@@ -31,6 +32,7 @@ from bot.store.entries import AuditEntry as AuditEntry
 from bot.store.entries import BreakerState as BreakerState
 from bot.store.entries import DeliveryRecord as DeliveryRecord
 from bot.store.entries import WatchdogRecord as WatchdogRecord
+from bot.store.incidents import IncidentArrival, IncidentRecord, IncidentRule, Lane, Membership
 
 # The part of the bot a process runs (`serve --role`): "all" is ingest and worker in one process. An SQLite store
 # takes one ingest and one worker, whether they share a process or not.
@@ -132,9 +134,30 @@ class Store(abc.ABC):
         """Lease pending events whose previous lease (if any) has expired, oldest first."""
 
     @abc.abstractmethod
-    async def route_events(self, routes: Sequence[EventRoute]) -> None:
+    async def route_events(self, routes: Sequence[EventRoute], incidents: Sequence[IncidentRoute] = ()) -> None:
         """In one transaction, for each of a batch's events: keep its enrichment with the alert, queue its
-        deliveries, mark it done."""
+        deliveries, mark it done; and for each incident that changed, queue its new version's deliveries on an
+        event of its own."""
+
+    # --- incidents (bot/incident/) -----------------------------------------------------------------
+    @abc.abstractmethod
+    async def attribute_incidents(
+        self, arrivals: Sequence[IncidentArrival], rule: IncidentRule
+    ) -> dict[str, Membership]:
+        """In one transaction: the incident each arriving alert belongs to (by its key; none: alone), opening and
+        joining incidents as `bot.store.incidents.decide_memberships` says."""
+
+    @abc.abstractmethod
+    async def advance_incidents(self, analyses: Mapping[str, dict[str, Any] | None]) -> list[IncidentRecord]:
+        """In one transaction, for each incident id: a new version, its analysis kept when one is given (None keeps
+        the last), resolved when none of its members fires (open again when one does). Returns them as they are."""
+
+    @abc.abstractmethod
+    async def get_incident(self, incident_id: str) -> IncidentRecord | None: ...
+
+    @abc.abstractmethod
+    async def alert_incident(self, alert_key: str) -> str | None:
+        """The id of the incident the alert episode is a member of, if any."""
 
     @abc.abstractmethod
     async def fail_event(self, event_id: int, error: str, retry_in: float | None) -> None:
@@ -142,8 +165,9 @@ class Store(abc.ABC):
 
     # --- outbox --------------------------------------------------------------------------------------
     @abc.abstractmethod
-    async def due_deliveries(self, receiver: str, limit: int) -> list[Delivery]:
-        """Pending deliveries for one receiver whose next attempt is due, in the order they were queued."""
+    async def due_deliveries(self, receiver: str, limit: int, lane: Lane = "alerts") -> list[Delivery]:
+        """Pending deliveries of one receiver's lane whose next attempt is due, in the order they were queued: an
+        alert's after its earlier ones, an incident's newest version only."""
 
     @abc.abstractmethod
     async def delivery_succeeded(self, delivery_id: int) -> None: ...
@@ -155,10 +179,19 @@ class Store(abc.ABC):
     async def delivery_failed(self, delivery_id: int, error: str) -> None: ...
 
     @abc.abstractmethod
-    async def next_delivery_due(self, receiver: str) -> datetime | None:
-        """When the earliest pending delivery of this receiver is due, or None when there is none."""
+    async def next_delivery_due(self, receiver: str, lane: Lane = "alerts") -> datetime | None:
+        """When the earliest pending delivery of this receiver's lane is due, or None when there is none."""
 
-    # --- what sinks remember about a conversation (Slack ts, email Message-ID, storm summaries) ------
+    @abc.abstractmethod
+    async def supersede_deliveries(self, delivery: Delivery) -> int:
+        """Set aside the pending deliveries of the same incident and receiver older than this one (it carries the
+        whole view): returns how many."""
+
+    @abc.abstractmethod
+    async def delivery_held(self, delivery: Delivery, until: datetime, reason: str) -> None:
+        """The sink chose to send this later: no attempt is counted; newer versions of an incident wait as long."""
+
+    # --- what sinks remember about a conversation (Slack ts, email Message-ID, incident cards) --------
     @abc.abstractmethod
     async def get_sink_state(self, receiver: str, key: str) -> dict[str, Any] | None: ...
 
@@ -361,7 +394,7 @@ class Store(abc.ABC):
     # --- several replicas on one store (PostgreSQL); a single-process store has nobody to share with ------
     async def hold_receiver(self, receiver: str, lease_seconds: float) -> bool:
         """Take, or renew, this process's lease on dispatching one receiver; False while another replica holds
-        it. One dispatcher per receiver keeps Slack pacing, storm summaries and threads single-writer."""
+        it. One dispatcher per receiver keeps Slack pacing, incident cards and threads single-writer."""
         return True
 
     async def release_receiver(self, receiver: str) -> None:  # noqa: B027

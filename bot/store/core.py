@@ -483,7 +483,7 @@ def action_run_transition_row(
 # --- store copy: what moves from one store to another ----------------------------------------------------
 # What a site keeps when it moves (SQLite to PostgreSQL): the alert records with their enrichment, acks and
 # silences, the conversations (Slack threads, email Message-IDs), the GPU history that recurrence counts, the
-# audit log, the dead man's switch timers, the remediation runs and breaker.
+# audit log, the dead man's switch timers, the remediation runs and breaker, the incidents and their alerts.
 # Work in progress (notifications, events, deliveries) is not moved: stop the old bot once its queues drained.
 COPIED_TABLES: dict[str, tuple[str, ...]] = {
     "alerts": (
@@ -506,6 +506,19 @@ COPIED_TABLES: dict[str, tuple[str, ...]] = {
     "action_runs": ("id", *ACTION_RUN_COLUMNS.split(", ")),
     "remediation_breaker": ("id", "opened_at", "reason"),
     "remediation_breaker_window": ("id", "since"),
+    # An open incident goes on where it was: its alerts' changes update the same card, mail thread and page.
+    "incidents": (
+        "id",
+        "alertname",
+        "playbook",
+        "state",
+        "opened_at",
+        "last_joined_at",
+        "resolved_at",
+        "version",
+        "analysis",
+    ),
+    "incident_members": ("alert_key", "incident_id", "joined_at", "alone"),
 }
 # Tables whose ids are copied as they are: the destination's id sequence must then go on after them.
 COPIED_WITH_SERIAL_ID = frozenset({"action_runs"})

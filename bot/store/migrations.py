@@ -12,7 +12,8 @@ from bot.store.base import StoreUnavailable
 
 # 2: the webhooks and their idempotency keys are written to an inbox file of their own (bot/store/sqlite/inbox.py).
 # 3: alerts.silence_claimed_at (one silence per alert) and remediation_breaker_window (a reset starts a window).
-SQLITE_SCHEMA_VERSION = 3
+# 4: incidents and their members (bot/incident/).
+SQLITE_SCHEMA_VERSION = 4
 
 
 class SchemaTooNew(StoreUnavailable):
@@ -237,6 +238,36 @@ CREATE TABLE remediation_breaker_window (
     id INTEGER PRIMARY KEY CHECK (id = 1),
     since DOUBLE PRECISION NOT NULL
 );
+""",
+    )
+)
+POSTGRESQL_MIGRATIONS.append(
+    (
+        5,
+        """
+-- Incidents (bot/incident/): alerts of one alertname told as one; `analysis` is the incident-level evidence (JSON).
+CREATE TABLE incidents (
+    id TEXT PRIMARY KEY,
+    alertname TEXT NOT NULL,
+    playbook TEXT NOT NULL,
+    state TEXT NOT NULL,
+    opened_at DOUBLE PRECISION NOT NULL,
+    last_joined_at DOUBLE PRECISION NOT NULL,
+    resolved_at DOUBLE PRECISION,
+    version INTEGER NOT NULL DEFAULT 0,
+    analysis TEXT
+);
+CREATE INDEX incidents_open ON incidents(alertname) WHERE state = 'open';
+CREATE INDEX incidents_opened ON incidents(opened_at);
+
+-- An incident's alerts; `alone`: told on its own before the incident opened (it keeps its own messages).
+CREATE TABLE incident_members (
+    alert_key TEXT PRIMARY KEY,
+    incident_id TEXT NOT NULL,
+    joined_at DOUBLE PRECISION NOT NULL,
+    alone INTEGER NOT NULL
+);
+CREATE INDEX incident_members_incident ON incident_members(incident_id);
 """,
     )
 )

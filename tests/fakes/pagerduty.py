@@ -7,6 +7,10 @@ bodies: 202 `{"status":"success","message":"Event processed","dedup_key":...}`, 
 dedup_key like PagerDuty does (triggered, acknowledged, resolved; a trigger after a resolve opens a new one;
 acknowledge/resolve of an unknown key is accepted and dropped) and records every request it answered.
 
+Like PagerDuty it takes at most `rate_limit` events (120) a minute per routing key and answers 429 "Request Limit
+Exceeded" past that, on a sliding minute of the clock it is given (the tests' fake clock, or the system's); a
+refused event does not count.
+
 Failure modes, switched by the test: `fail_next(n, "429" | "500" | "invalid")` answers the next n requests with
 that error (500 with a text/plain body, as a load balancer would), and `await stop()` / `await start()` take the
 whole service down (connection refused) and back on the same port. `answer_after(seconds)` processes each event
@@ -28,12 +32,15 @@ from typing import Any, Literal
 import httpx
 from aiohttp import web
 
+from bot.clock import SYSTEM_CLOCK, Clock
 from tests.fakes.server import LoopbackServer
 
 SEVERITIES = ("critical", "error", "warning", "info")
 ACTIONS = ("trigger", "acknowledge", "resolve")
 MAX_BODY = 512 * 1024
 FailureMode = Literal["429", "500", "invalid"]
+RATE_LIMIT = 120  # events a minute per routing key, PagerDuty's figure
+RATE_WINDOW = 60.0
 
 
 @dataclass
@@ -71,10 +78,15 @@ class _ToLoopback(httpx.AsyncBaseTransport):
 
 
 class FakePagerDuty(LoopbackServer):
-    def __init__(self, journal: list[tuple[str, Any]] | None = None) -> None:
+    def __init__(
+        self, journal: list[tuple[str, Any]] | None = None, clock: Clock = SYSTEM_CLOCK, rate_limit: int = RATE_LIMIT
+    ) -> None:
         """`journal`, when given, gets ("pagerduty", RecordedEvent) per request: share it with other fakes to
         check the order in which different services were reached."""
         self.journal = journal
+        self._clock = clock
+        self._rate_limit = rate_limit
+        self._taken: dict[str, deque[float]] = {}  # routing key -> when each counted event came (monotonic)
         self.events: list[RecordedEvent] = []
         self.alerts: dict[str, list[Alert]] = {}  # dedup_key -> every alert opened with it, oldest first
         self._failures: deque[FailureMode] = deque()
@@ -126,6 +138,9 @@ class FakePagerDuty(LoopbackServer):
         parsed = body if isinstance(body, dict) else None
         if self._failures:
             return self._record(raw, parsed, self._failure(self._failures.popleft()))
+        routing_key = parsed.get("routing_key") if parsed is not None else None
+        if isinstance(routing_key, str) and self._over_limit(routing_key):
+            return self._record(raw, parsed, self._failure("429"))
         if len(raw) > MAX_BODY:
             return self._record(raw, parsed, _invalid(["Event object is too large"]))
         if parsed is None:
@@ -139,6 +154,17 @@ class FakePagerDuty(LoopbackServer):
         if self._answer_delay:
             await asyncio.sleep(self._answer_delay)
         return recorded
+
+    def _over_limit(self, routing_key: str) -> bool:
+        """Whether this event is one too many for the routing key's last minute; counts it when it is not."""
+        now = self._clock.monotonic()
+        taken = self._taken.setdefault(routing_key, deque())
+        while taken and taken[0] <= now - RATE_WINDOW:
+            taken.popleft()
+        if len(taken) >= self._rate_limit:
+            return True
+        taken.append(now)
+        return False
 
     def _apply(self, body: dict[str, Any]) -> tuple[str, str]:
         action = body["event_action"]

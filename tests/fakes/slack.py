@@ -17,7 +17,8 @@ What it does like Slack (protocols.md section 5):
   `thread_ts`): the file is shared as a reply carrying `files: [{id, title, ...}]`. Errors: `channel_not_found`,
   `not_in_channel` (a channel not in `member_of`), `thread_not_found`, `file_not_found` (never uploaded).
   Completing a completed file shares it once more (Slack's docs do not say; the pessimistic reading). Failures
-  of the upload POST itself are scripted with `fail_next("upload", status=...)`. `uploads` keeps every file.
+  of the upload POST itself are scripted with `fail_next("upload", status=...)`. `uploads` keeps every file
+  (its bytes in `data`); a shared file's `mimetype` follows its name (`.png` a picture, `.txt` a text file).
 - Every answer carries `x-oauth-scopes` (the token's scopes, `scopes`), as Slack's do.
 
 Interactivity (Slack's side of commands and buttons):
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import mimetypes
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
@@ -440,7 +442,8 @@ class FakeSlack(LoopbackServer):
             assert upload is not None
             upload.shares += 1
             title = str(item.get("title") or upload.filename)
-            shown.append({"id": upload.id, "name": upload.filename, "title": title, "mimetype": "image/png"})
+            mimetype = mimetypes.guess_type(upload.filename)[0] or "application/octet-stream"
+            shown.append({"id": upload.id, "name": upload.filename, "title": title, "mimetype": mimetype})
         self.messages.append(
             SlackMessage(
                 channel=channel,

@@ -68,14 +68,6 @@ from bot.render.slack.notes import (
     resolved_note,
 )
 from bot.render.slack.shrink import shrink_for_slack
-from bot.render.slack.storm import (
-    STORM_BATCH_LINES,
-    StormSummary,
-    storm_batch_payload,
-    storm_batch_size,
-    storm_line,
-    storm_summary_payload,
-)
 
 __all__ = [
     "ACK_BUTTON",
@@ -102,7 +94,6 @@ __all__ = [
     "RESOLVED_COLOUR",
     "RUNBOOK_BUTTON",
     "SILENCE_BUTTONS",
-    "STORM_BATCH_LINES",
     "UNACK_BUTTON",
     "UNKNOWN_COLOUR",
     "UNSILENCE_BUTTON",
@@ -110,7 +101,6 @@ __all__ = [
     "Controls",
     "Payload",
     "RelatedNote",
-    "StormSummary",
     "ack_note",
     "approval_payload",
     "block_text_length",
@@ -130,9 +120,5 @@ __all__ = [
     "severity_emoji",
     "shrink_for_slack",
     "slack_payload",
-    "storm_batch_payload",
-    "storm_batch_size",
-    "storm_line",
-    "storm_summary_payload",
     "text_length",
 ]

@@ -1,10 +1,10 @@
-"""Slack sink: one conversation per alert on slack_sdk's AsyncWebClient, paced per channel, storm-proof.
+"""Slack sink: one conversation per alert, or per incident, on slack_sdk's AsyncWebClient, paced per channel.
 
 - `sink`: SlackSink, the per-alert conversation (first post, repeats in the thread, resolve/ack in place,
   related alerts threaded under their root), and SlackRendering, what a new alert's post looks like;
-- `storm`: storm control, one summary message and batched thread replies when alerts flood the channel;
-- `pictures`: an alert's graph in its thread after the message (Slack's three-step upload, exactly once), and
-  `storm_picture`, the storm's one heat map in the summary's thread;
+- `incident`: an incident's card, updated in place, and its compact thread (a line per host, the list of its
+  alerts as one file, its heat map, its recovery);
+- `pictures`: an alert's graph in its thread after the message (Slack's three-step upload, exactly once);
 - `channel`: the Slack Web API calls, their failures classified for the outbox, and the exactly-once lookup of
   a post in doubt by its nonce;
 - `pacing`: a token bucket per channel and slack_sdk's 429 handler, bounded;

@@ -43,15 +43,15 @@ class SlackFiles:
     def __init__(self, channel: SlackChannel) -> None:
         self._channel = channel
 
-    async def upload(self, png: bytes, filename: str, alt_text: str) -> str:
+    async def upload(self, data: bytes, filename: str, alt_text: str, content_type: str = "image/png") -> str:
         """Steps 1 and 2: the ID of the uploaded (not yet shared) file."""
         answer = await self._channel.api(
             "files.getUploadURLExternal",
-            lambda c: c.files_getUploadURLExternal(filename=filename, length=len(png), alt_txt=alt_text),
+            lambda c: c.files_getUploadURLExternal(filename=filename, length=len(data), alt_txt=alt_text),
             paced=False,  # nothing shows in the channel yet: the share is the post that takes a turn
         )
         url, file_id = str(answer.get("upload_url") or ""), str(answer.get("file_id") or "")
-        await self._channel.send_bytes(url, png, "image/png")
+        await self._channel.send_bytes(url, data, content_type)
         return file_id
 
     async def share(self, file_id: str, title: str, channel: str, thread_ts: str) -> None:

@@ -6,7 +6,8 @@
   adds a short reply to the thread;
 - an alert whose `related_to` names an earlier alert posted here goes into that alert's thread, and the earlier
   message is updated to mention it;
-- during a storm, new alerts go to the storm's summary and thread instead (see `storm`);
+- an incident (many alerts, one cause: `message.event == "incident"`) is one card updated in place and a compact
+  thread (see `incident`); a note about one of its alerts (an ack, a silence) goes into that thread;
 - after a new alert's message, the graph of its metric goes into its thread (see `pictures`).
 
 Exactly once: before an alert's first post (top-level, or in a related alert's thread) the sink records its
@@ -16,15 +17,14 @@ before posting again (see `channel`).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 
 from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import SlackReceiver
+from bot.incident.model import incident_key
 from bot.message import Message
 from bot.metrics import Metrics
-from bot.models import Delivery
+from bot.models import Delivery, short_id
 from bot.render.slack import (
     Controls,
     Payload,
@@ -36,22 +36,21 @@ from bot.render.slack import (
     resolved_note,
     slack_payload,
 )
-from bot.selftest.marking import is_selftest
+from bot.render.slack.incident import incident_card
 from bot.sinks.base import DeliveryResult, Preview
 from bot.sinks.graphs import AlertPictures
 from bot.sinks.slack.channel import SlackChannel, SlackFailure
+from bot.sinks.slack.incident import IncidentCards
 from bot.sinks.slack.pacing import SlackRateLimits
-from bot.sinks.slack.pictures import SlackFiles, ThreadPictures
-from bot.sinks.slack.state import AlertRecord, Posting, Related, SinkState, Storm
-from bot.sinks.slack.storm import StormControl
-from bot.sinks.slack.storm_picture import StormPicture
+from bot.sinks.slack.pictures import ThreadPictures
+from bot.sinks.slack.state import AlertRecord, Posting, Related, SinkState
 from bot.store.base import Store, StoreUnavailable
 
 log = logging.getLogger(__package__)
 
 
 class SlackRendering:
-    """The message a new alert is posted as (top-level, outside a storm); needs neither Slack nor the store."""
+    """The message a new alert (or an incident's card) is posted as; needs neither Slack nor the store."""
 
     def __init__(self, receiver: SlackReceiver, controls: Controls = Controls()) -> None:  # noqa: B008 (frozen)
         self.name = receiver.name
@@ -59,7 +58,10 @@ class SlackRendering:
         self._controls = controls
 
     def preview(self, delivery: Delivery) -> Preview:
-        return {"channel": self._channel, "payload": slack_payload(delivery.message, controls=self._controls)}
+        message = delivery.message
+        if message.incident is not None:
+            return {"channel": self._channel, "payload": incident_card(message.incident, self._controls)}
+        return {"channel": self._channel, "payload": slack_payload(message, controls=self._controls)}
 
 
 class SlackSink:
@@ -81,19 +83,17 @@ class SlackSink:
         self._channel = SlackChannel(receiver, self._state, limits or SlackRateLimits(clock))
         self._graphs = pictures
         self._pictures = ThreadPictures(self._channel, self._state, pictures, metrics, clock)
-        storm_picture = None
-        if pictures is not None and pictures.enabled:
-            files = SlackFiles(self._channel)
-            storm_picture = StormPicture(files, self._state, pictures.renderer, receiver.graph_theme, metrics, clock)
-        self._storms = StormControl(receiver, self._state, self._channel, metrics, clock, storm_picture)
-        with contextlib.suppress(RuntimeError):  # no running loop: the first delivery starts the flusher
-            asyncio.get_running_loop()
-            self._storms.ensure_flusher()
+        renderer = pictures.renderer if pictures is not None and pictures.enabled else None
+        self._incidents = IncidentCards(
+            self._channel, self._state, controls, metrics, clock, renderer, receiver.graph_theme
+        )
 
     # --- Sink interface ---------------------------------------------------------------------------------
     async def deliver(self, delivery: Delivery) -> DeliveryResult:
-        self._storms.ensure_flusher()
         try:
+            if delivery.message.incident is not None:
+                wait = await self._incidents.show(delivery.message)
+                return DeliveryResult.ok() if wait is None else DeliveryResult.hold(wait, "incident_edit_paced")
             await self._handle(delivery)
         except SlackFailure as failure:
             return failure.result
@@ -105,7 +105,6 @@ class SlackSink:
         return self._rendering.preview(delivery)
 
     async def close(self) -> None:
-        await self._storms.close()
         await self._channel.close()
         if self._graphs is not None:
             await self._graphs.close()
@@ -116,15 +115,8 @@ class SlackSink:
         record = await self._state.record(message.alert_key)
         if message.event == "note":
             await self._note(message, record, delivery)
-        elif (
-            record is not None
-            and record.mode == "storm"
-            and message.event == "refiring"
-            and record.status == "resolved"
-        ):
-            await self._first(message, None)  # its storm may be long over: shown again like a new alert
-        elif record is not None and record.mode == "storm":
-            await self._storms.handle(message, record)
+        elif record is not None and record.mode == "incident":
+            await self._incident_member(message, record, delivery)
         elif record is None or not record.ts:
             await self._first(message, record)
         elif record.graph is not None and record.graph.stage != "done" and message.event in ("firing", "refiring"):
@@ -138,15 +130,13 @@ class SlackSink:
             await self._show_in_root(message, record)
 
     async def _first(self, message: Message, record: AlertRecord | None) -> None:
-        """The first time this alert shows in Slack: in a storm, in a related alert's thread, or top-level.
+        """The first time this alert shows in Slack: in a related alert's thread, or top-level.
 
         A post in doubt (an earlier attempt without a clear answer) keeps the decision it was made with, so the
         nonce lookup searches the right place.
         """
         if record is None or record.posting is None:
             record = await self._place(message)
-            if record is None:
-                return
             record.graph = self._pictures.wanted(message)  # recorded with the post's intent, before it
         key = message.alert_key
         if record.mode == "related":
@@ -164,15 +154,8 @@ class SlackSink:
             await self._state.save_record(key, record, message)
         await self._pictures.attach(key, record, message)
 
-    async def _place(self, message: Message) -> AlertRecord | None:
-        """Where a new alert goes: into a storm (done here, None), a related alert's thread, or top-level."""
-        if message.event in ("firing", "refiring") and not is_selftest(message.labels):
-            storm_id = await self._storms.admit(message)
-            if storm_id:
-                # Firing again, it is a new line even in the storm that listed it before.
-                earlier = await self._state.record(message.alert_key) if message.event == "firing" else None
-                await self._storms.join(storm_id, message, earlier)
-                return None
+    async def _place(self, message: Message) -> AlertRecord:
+        """Where a new alert goes: a related alert's thread, or top-level."""
         root = await self._root_for(message)
         if root is not None:
             return AlertRecord(mode="related", root=root[0], thread_ts=root[1].ts)
@@ -210,23 +193,31 @@ class SlackSink:
             await self._note_once(message.alert_key, record, ack_note(message), delivery)
             record.told_ack = message.acked_by
             await self._state.save_record(message.alert_key, record)
-        if record.storm and message.status == "resolved":
-            await self._storms.resolve(record.storm, message.alert_key)
-        elif record.storm and message.event == "refiring":
-            await self._storms.reopen(record.storm, message.alert_key)
+
+    async def _incident_member(self, message: Message, record: AlertRecord, delivery: Delivery) -> None:
+        """An event of an alert told as a line of an incident: its card and thread tell it (the incident's own
+        deliveries bring them up to date), an ack goes into the thread; firing again after the incident is over,
+        the alert is shown again like a new one."""
+        if message.event in ("firing", "refiring"):
+            card = await self._state.card(record.incident)
+            if card is None or card.status == "resolved":
+                await self._first(message, None)
+        elif message.event == "ack" and message.acked_by and message.acked_by != record.told_ack:
+            await self._note_once(message.alert_key, record, ack_note(_with_id(message)), delivery)
+            record.told_ack = message.acked_by
+            await self._state.save_record(message.alert_key, record)
 
     async def _note(self, message: Message, record: AlertRecord | None, delivery: Delivery) -> None:
-        """A note goes into the thread the alert was told in (its own, its root's, its storm's); an alert that
+        """A note goes into the thread the alert was told in (its own, its root's, its incident's); an alert that
         never reached this channel has no conversation to add to."""
         if record is None:
             return
         thread_ts = record.thread_ts or record.ts
-        if record.mode == "storm":
-            storm = await self._storms_summary(record.storm)
-            thread_ts = storm.summary_ts if storm is not None else ""
         if not thread_ts:
             return
-        if record.mode != "storm" and record.ts:
+        if record.mode == "incident" and message.alert_key != incident_key(record.incident):
+            message = _with_id(message)  # among a thousand lines, the note says which alert
+        elif record.ts:
             # The message shows the state the note tells of (acknowledged, silenced...): refreshed first, since
             # an update can be repeated and the reply must not be.
             related = [RelatedNote(r.title, r.status) for r in record.related]
@@ -236,15 +227,6 @@ class SlackSink:
         nonce = f"note:{message.alert_key}:{delivery.id}"
         await self._post_once(message.alert_key, record, note_reply(message), thread_ts, nonce)
         await self._state.save_record(message.alert_key, record, message)
-
-    async def _storms_summary(self, storm_id: str) -> Storm | None:
-        storm = await self._state.storm(storm_id)
-        if storm is not None and not storm.summary_ts and not storm.failed:
-            # The flusher has not posted the summary yet: the note waits for its thread.
-            raise SlackFailure(
-                DeliveryResult.retry_later("storm_summary_pending", "waiting for the storm's summary"), False
-            )
-        return storm
 
     # --- related alerts ---------------------------------------------------------------------------------
     async def _root_for(self, message: Message) -> tuple[str, AlertRecord] | None:
@@ -319,3 +301,8 @@ class SlackSink:
             raise
         record.posting = None
         return posted
+
+
+def _with_id(message: Message) -> Message:
+    """The message titled with its alert's short id, for a line in an incident's thread."""
+    return message.model_copy(update={"title": f"{message.title} (id {short_id(message.alert_key)})"})

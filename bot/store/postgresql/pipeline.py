@@ -12,9 +12,10 @@ from typing import Any
 import psycopg
 
 from bot.message import Message
-from bot.models import Delivery, Event, EventKind, EventRoute, short_id
+from bot.models import Delivery, Event, EventKind, EventRoute, IncidentRoute, short_id
 from bot.store import core
 from bot.store.base import IncomingNotification, IngestResult, Planner
+from bot.store.incidents import Lane, lane_condition
 from bot.store.postgresql.connection import (
     _DEDUP_LOCK,
     _OUTBOX_CHANNEL,
@@ -22,6 +23,9 @@ from bot.store.postgresql.connection import (
     Conn,
     PostgresConnection,
 )
+from bot.store.postgresql.incidents import insert_incident_routes
+
+_LANES: dict[Lane, str] = {lane: lane_condition(lane, core.DELIVERY_NOT_BLOCKED) for lane in ("alerts", "incidents")}
 
 log = logging.getLogger(__name__)
 
@@ -195,8 +199,8 @@ class PostgresAlertPath(PostgresConnection):
             for row in joined
         ]
 
-    async def route_events(self, routes: Sequence[EventRoute]) -> None:
-        if not routes:
+    async def route_events(self, routes: Sequence[EventRoute], incidents: Sequence[IncidentRoute] = ()) -> None:
+        if not routes and not incidents:
             return
         async with self._transaction() as conn:
             now = self._now()
@@ -204,6 +208,8 @@ class PostgresAlertPath(PostgresConnection):
             for route in routes:
                 if await self._route_one(conn, route, now):
                     receivers.update(d.receiver for d in route.deliveries)
+            await insert_incident_routes(conn, incidents, now)
+            receivers.update(d.receiver for incident in incidents for d in incident.deliveries)
             for receiver in sorted(receivers):
                 await conn.execute("SELECT pg_notify(%s, %s)", (_OUTBOX_CHANNEL, receiver))
 
@@ -263,10 +269,10 @@ class PostgresAlertPath(PostgresConnection):
         rows = await self._fetchall("SELECT receiver, holder FROM receiver_leases WHERE until >= %s", (self._now(),))
         return {row["receiver"]: row["holder"] for row in rows}
 
-    async def due_deliveries(self, receiver: str, limit: int) -> list[Delivery]:
+    async def due_deliveries(self, receiver: str, limit: int, lane: Lane = "alerts") -> list[Delivery]:
         rows = await self._fetchall(
             f"""SELECT * FROM deliveries d WHERE d.receiver = %s AND d.state = 'pending' AND d.next_attempt_at <= %s
-                 AND {core.DELIVERY_NOT_BLOCKED} ORDER BY d.id LIMIT %s""",  # noqa: S608
+                 AND {_LANES[lane]} ORDER BY d.id LIMIT %s""",  # noqa: S608
             (receiver, self._now(), limit),
         )
         deliveries: list[Delivery] = []
@@ -313,10 +319,10 @@ class PostgresAlertPath(PostgresConnection):
             (self._now(), error[: core.MAX_ERROR_CHARS], delivery_id),
         )
 
-    async def next_delivery_due(self, receiver: str) -> datetime | None:
+    async def next_delivery_due(self, receiver: str, lane: Lane = "alerts") -> datetime | None:
         row = await self._fetchone(
             "SELECT MIN(d.next_attempt_at) AS due FROM deliveries d WHERE d.receiver = %s AND d.state = 'pending' "  # noqa: S608
-            f"AND {core.DELIVERY_NOT_BLOCKED}",
+            f"AND {_LANES[lane]}",
             (receiver,),
         )
         return None if row is None else core.dt(row["due"])

@@ -23,6 +23,7 @@ from psycopg import sql
 
 from bot.store import core
 from bot.store.base import StoreStats, StoreUnavailable
+from bot.store.postgresql.incidents import PostgresIncidents
 from bot.store.postgresql.pipeline import PostgresAlertPath
 from bot.store.postgresql.records import PostgresRecords
 
@@ -30,7 +31,7 @@ from bot.store.postgresql.records import PostgresRecords
 RUNNING_RECENTLY = 60.0
 
 
-class PostgresStore(PostgresAlertPath, PostgresRecords):
+class PostgresStore(PostgresAlertPath, PostgresRecords, PostgresIncidents):
     # --- health and housekeeping -----------------------------------------------------------------------
     async def check_writable(self) -> None:
         if self._group_commit.stopped:
@@ -106,6 +107,7 @@ class PostgresStore(PostgresAlertPath, PostgresRecords):
                 "DELETE FROM gpu_events WHERE at < %(cutoff)s",
                 "DELETE FROM audit_log WHERE at < %(cutoff)s",
                 "DELETE FROM action_runs WHERE updated_at < %(cutoff)s",
+                "DELETE FROM incidents WHERE state = 'resolved' AND resolved_at < %(cutoff)s",
             ):
                 removed += (await conn.execute(statement.encode(), cutoff)).rowcount
             # Parts of rows removed above, not counted on their own.
@@ -114,6 +116,9 @@ class PostgresStore(PostgresAlertPath, PostgresRecords):
             )
             await conn.execute(
                 "DELETE FROM alert_short_ids s WHERE NOT EXISTS (SELECT 1 FROM alerts a WHERE a.key = s.alert_key)"
+            )
+            await conn.execute(
+                "DELETE FROM incident_members m WHERE NOT EXISTS (SELECT 1 FROM incidents i WHERE i.id = m.incident_id)"
             )
             expired = {"cutoff": self._now() - self._dedup_window}
             for statement in (

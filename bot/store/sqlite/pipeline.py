@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from bot.message import Message
-from bot.models import AlertState, Delivery, Event, EventKind, EventRoute, short_id
+from bot.models import AlertState, Delivery, Event, EventKind, EventRoute, IncidentRoute, short_id
 from bot.store.base import IncomingNotification, IngestResult, Planner
 from bot.store.core import (
     ALERT_INSERT_COLUMNS,
@@ -24,8 +24,10 @@ from bot.store.core import (
     split_copies,
 )
 from bot.store.core import alert_from_row as _alert_from_row
+from bot.store.incidents import Lane, lane_condition
 from bot.store.sqlite import inbox
 from bot.store.sqlite.connection import SqliteConnection, _dt
+from bot.store.sqlite.incidents import insert_incident_routes
 from bot.store.sqlite.threads import _URGENT
 
 log = logging.getLogger(__name__)
@@ -34,11 +36,7 @@ log = logging.getLogger(__name__)
 _TAKEN_AT_ONCE = 64
 
 
-_NOT_BLOCKED = DELIVERY_NOT_BLOCKED
-_NEXT_DUE = (
-    "SELECT MIN(d.next_attempt_at) AS due FROM deliveries d WHERE d.receiver = ? AND d.state = 'pending' AND "  # noqa: S608
-    + _NOT_BLOCKED
-)
+_LANES: dict[Lane, str] = {lane: lane_condition(lane, DELIVERY_NOT_BLOCKED) for lane in ("alerts", "incidents")}
 
 
 class SqliteAlertPath(SqliteConnection):
@@ -246,15 +244,16 @@ class SqliteAlertPath(SqliteConnection):
 
         return self._transaction(claim)
 
-    async def route_events(self, routes: Sequence[EventRoute]) -> None:
-        if routes:
-            await self._run(self._route_events_sync, list(routes))
+    async def route_events(self, routes: Sequence[EventRoute], incidents: Sequence[IncidentRoute] = ()) -> None:
+        if routes or incidents:
+            await self._run(self._route_events_sync, list(routes), list(incidents))
 
-    def _route_events_sync(self, routes: list[EventRoute]) -> None:
+    def _route_events_sync(self, routes: list[EventRoute], incidents: list[IncidentRoute]) -> None:
         def route(conn: sqlite3.Connection) -> None:
             now = self._now()
             for one in routes:
                 self._route_one(conn, one, now)
+            insert_incident_routes(conn, incidents, now)
 
         self._transaction(route)
 
@@ -287,13 +286,13 @@ class SqliteAlertPath(SqliteConnection):
         await self._run(self._execute, sql, args)
 
     # --- outbox ----------------------------------------------------------------------------------------
-    async def due_deliveries(self, receiver: str, limit: int) -> list[Delivery]:
-        return await self._run(self._due_deliveries_sync, receiver, limit)
+    async def due_deliveries(self, receiver: str, limit: int, lane: Lane = "alerts") -> list[Delivery]:
+        return await self._run(self._due_deliveries_sync, receiver, limit, lane)
 
-    def _due_deliveries_sync(self, receiver: str, limit: int) -> list[Delivery]:
+    def _due_deliveries_sync(self, receiver: str, limit: int, lane: Lane) -> list[Delivery]:
         rows = self.connection.execute(
             f"""SELECT * FROM deliveries d WHERE d.receiver = ? AND d.state = 'pending' AND d.next_attempt_at <= ?
-                 AND {_NOT_BLOCKED} ORDER BY d.id LIMIT ?""",  # noqa: S608
+                 AND {_LANES[lane]} ORDER BY d.id LIMIT ?""",  # noqa: S608
             (receiver, self._now(), limit),
         ).fetchall()
         deliveries: list[Delivery] = []
@@ -343,11 +342,12 @@ class SqliteAlertPath(SqliteConnection):
             (self._now(), error[:2000], delivery_id),
         )
 
-    async def next_delivery_due(self, receiver: str) -> datetime | None:
+    async def next_delivery_due(self, receiver: str, lane: Lane = "alerts") -> datetime | None:
         row = await self._run(
             self._fetchone,
             # Only deliveries free to go: one waiting behind an earlier delivery is not due, whatever its time.
-            _NEXT_DUE,
+            "SELECT MIN(d.next_attempt_at) AS due FROM deliveries d WHERE d.receiver = ? AND d.state = 'pending' "  # noqa: S608
+            f"AND {_LANES[lane]}",
             (receiver,),
         )
         return None if row is None else _dt(row["due"])

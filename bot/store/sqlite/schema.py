@@ -180,6 +180,30 @@ CREATE TABLE IF NOT EXISTS heartbeat (
     at REAL NOT NULL
 );
 
+-- Incidents (bot/incident/): alerts of one alertname told as one; `analysis` is the incident-level evidence (JSON).
+CREATE TABLE IF NOT EXISTS incidents (
+    id TEXT PRIMARY KEY,
+    alertname TEXT NOT NULL,
+    playbook TEXT NOT NULL,
+    state TEXT NOT NULL,
+    opened_at REAL NOT NULL,
+    last_joined_at REAL NOT NULL,
+    resolved_at REAL,
+    version INTEGER NOT NULL DEFAULT 0,
+    analysis TEXT
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS incidents_open ON incidents(alertname) WHERE state = 'open';
+CREATE INDEX IF NOT EXISTS incidents_opened ON incidents(opened_at);
+
+-- An incident's alerts; `alone`: told on its own before the incident opened (it keeps its own messages).
+CREATE TABLE IF NOT EXISTS incident_members (
+    alert_key TEXT PRIMARY KEY,
+    incident_id TEXT NOT NULL,
+    joined_at REAL NOT NULL,
+    alone INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS incident_members_incident ON incident_members(incident_id);
+
 CREATE TABLE IF NOT EXISTS write_probe (
     data BLOB NOT NULL
 );

@@ -19,6 +19,7 @@ from typing import Any
 from bot.store.base import StoreStats, StoreUnavailable
 from bot.store.core import copied_columns
 from bot.store.sqlite import inbox
+from bot.store.sqlite.incidents import SqliteIncidents
 from bot.store.sqlite.pipeline import SqliteAlertPath
 from bot.store.sqlite.records import SqliteRecords
 from bot.store.sqlite.threads import _HEALTH, LOCK_SUFFIXES, lock_held
@@ -28,7 +29,7 @@ from bot.store.sqlite.threads import _HEALTH, LOCK_SUFFIXES, lock_held
 _WRITE_PROBE_BYTES = 64 * 1024
 
 
-class SqliteStore(SqliteAlertPath, SqliteRecords):
+class SqliteStore(SqliteAlertPath, SqliteRecords, SqliteIncidents):
     # --- health and housekeeping -----------------------------------------------------------------------
     async def check_writable(self) -> None:
         if self._group_commit.stopped:
@@ -116,12 +117,16 @@ class SqliteStore(SqliteAlertPath, SqliteRecords):
                 "DELETE FROM gpu_events WHERE at < :cutoff",
                 "DELETE FROM audit_log WHERE at < :cutoff",
                 "DELETE FROM action_runs WHERE updated_at < :cutoff",
+                "DELETE FROM incidents WHERE state = 'resolved' AND resolved_at < :cutoff",
             ):
                 removed += conn.execute(sql, {"cutoff": cutoff}).rowcount
             # Parts of rows removed above, not counted on their own.
             conn.execute("DELETE FROM event_notes WHERE NOT EXISTS (SELECT 1 FROM events e WHERE e.id = event_id)")
             conn.execute(
                 "DELETE FROM alert_short_ids WHERE NOT EXISTS (SELECT 1 FROM alerts a WHERE a.key = alert_key)"
+            )
+            conn.execute(
+                "DELETE FROM incident_members WHERE NOT EXISTS (SELECT 1 FROM incidents i WHERE i.id = incident_id)"
             )
             removed += conn.execute("DELETE FROM group_resolves WHERE resolved_at < ?", (expired,)).rowcount
             return removed

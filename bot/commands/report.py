@@ -1,0 +1,164 @@
+"""`gpu-alert-bot report INCIDENT`: an incident's record as Markdown, and its heat map as an image beside it.
+
+The timeline reads the store: the first alert, when the bot told it as one incident, the peak, what the affected
+hosts shared and the stated cause (the incident-level evidence as last gathered), the actions asked for on it or
+its alerts with who approved them, the acknowledgements and silences, and the resolution. `gpu-alert-bot audit`
+has every request, refused ones included.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from bot.config import BotConfig
+from bot.incident.model import IncidentView, incident_key
+from bot.incident.view import alert_value, build_view
+from bot.message import format_duration
+from bot.models import host_from_labels, short_id
+from bot.render import incident_text as text
+from bot.render.graph_worker import GraphRenderer
+from bot.render.incident_graph import incident_heat, render_incident_heat
+from bot.store import StoreUnavailable, open_store
+from bot.store.base import ActionRun
+from bot.store.incidents import IncidentRecord
+
+
+@dataclass(frozen=True)
+class Moment:
+    at: datetime
+    text: str
+
+
+def _time(at: datetime) -> str:
+    return at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _value(value: float | None, unit: str) -> str:
+    return text.value_range(value, value, unit) or "n/a"
+
+
+def timeline(record: IncidentRecord, runs: Sequence[ActionRun]) -> list[Moment]:
+    """What happened, oldest first: the first alert, the opening, the peak, actions, acks, silences, resolution."""
+    view = build_view(record)
+    alerts = [m.alert for m in record.members]
+    first = min(alerts, key=lambda a: (a.starts_at, a.key))
+    moments = [
+        Moment(first.starts_at, f"First alert: {_alert_words(first.labels, first.key)}"),
+        Moment(record.opened_at, f"Told as one incident: {view.title}"),
+    ]
+    valued = [(v, a) for a in alerts if (v := alert_value(a)[0]) is not None]
+    if valued:
+        peak, peak_alert = max(valued, key=lambda pair: (pair[0], pair[1].key))
+        words = _alert_words(peak_alert.labels, peak_alert.key)
+        moments.append(Moment(peak_alert.starts_at, f"Peak {_value(peak, view.scope.unit)}: {words}"))
+    for alert in alerts:
+        if alert.acked_by and alert.acked_at:
+            moments.append(Moment(alert.acked_at, f"Acknowledged by {alert.acked_by}: `{short_id(alert.key)}`"))
+        if alert.silence_id and alert.silenced_by:
+            until = f" until {_time(alert.silenced_until)}" if alert.silenced_until else ""
+            moments.append(Moment(alert.last_seen, f"Silenced by {alert.silenced_by}{until}: `{short_id(alert.key)}`"))
+    for run in runs:
+        approved = f", approved by {', '.join(run.approvals)}" if run.approvals else ""
+        moments.append(
+            Moment(
+                run.requested_at,
+                f"Action `{run.action}` on {run.target}{' GPU ' + run.gpu if run.gpu else ''} asked by "
+                f"{run.requested_by}{approved}: {run.state}{' (' + run.detail + ')' if run.detail else ''}",
+            )
+        )
+    if record.resolved_at is not None:
+        lasted = format_duration((record.resolved_at - view.scope.since).total_seconds())
+        moments.append(Moment(record.resolved_at, f"All {len(alerts)} alerts resolved, {lasted} after the first"))
+    return sorted(moments, key=lambda m: m.at)
+
+
+def _alert_words(labels: dict[str, str], key: str) -> str:
+    host = host_from_labels(labels) or "unknown host"
+    gpu = f" GPU {labels['gpu']}" if labels.get("gpu") else ""
+    return f"{labels.get('alertname', '')} on `{host}`{gpu} (`{short_id(key)}`)"
+
+
+def report_markdown(record: IncidentRecord, runs: Sequence[ActionRun], picture: str | None) -> str:
+    view = build_view(record)
+    lines = [f"# Incident {record.id}: {view.title}", "", *_summary(view, record.playbook), ""]
+    lines += ["## What the affected hosts share", ""]
+    lines += [f"- {text.trait_text(t)}" for t in view.traits] or [
+        "- Nothing stated: the affected hosts do not differ from the fleet enough to say so."
+    ]
+    lines += ["", "## What moved with them", ""]
+    moved = [text.signal_text(s) for s in view.signals] + [text.companion_text(c) for c in view.companions]
+    lines += [f"- {line}" for line in moved] or ["- Nothing found."]
+    lines += ["", "## Stated cause", ""]
+    if view.cause is None:
+        lines.append("- None stated." if view.analysed else "- Not gathered.")
+    else:
+        lines += [f"**{view.cause.title}**: {view.cause.reason}", ""]
+        lines += [f"{n}. {step}" for n, step in enumerate(view.cause.steps, 1)]
+        if view.cause.runbook_url:
+            lines.append(f"\nRunbook: {view.cause.runbook_url}")
+    lines += ["", "## Timeline", "", "| time | what |", "| --- | --- |"]
+    lines += [f"| {_time(m.at)} | {m.text.replace('|', '/')} |" for m in timeline(record, runs)]
+    if picture:
+        lines += ["", "## Alerts by host over time", "", f"![alerts by host and start time]({picture})"]
+    lines += ["", "## Hosts, worst first", ""]
+    lines += [f"- {text.host_text(h, view.scope.unit)}" for h in view.hosts]
+    return "\n".join(lines) + "\n"
+
+
+def _summary(view: IncidentView, playbook: str) -> list[str]:
+    status = text.resolution_text(view) if view.status == "resolved" else f"open, {view.scope.firing:,} firing"
+    return [
+        f"- **Status:** {status}",
+        f"- **Scope:** {text.scope_text(view.scope)}",
+        f"- **Since:** {_time(view.scope.since)}; told as one incident at {_time(view.opened_at)}",
+        f"- **Key:** `{incident_key(view.id)}`; playbook `{playbook}`",
+    ]
+
+
+async def _write_heat_map(record: IncidentRecord, report: Path) -> Path | None:
+    """The alerts by host and start time beside the report (`incident-ID.png`); None without matplotlib."""
+    starts: dict[str, list[datetime]] = defaultdict(list)
+    for member in record.members:
+        starts[host_from_labels(member.alert.labels) or "unknown host"].append(member.alert.starts_at)
+    until = record.resolved_at or max(m.alert.last_seen for m in record.members)
+    heat = incident_heat(build_view(record).title, starts, until)
+    renderer = GraphRenderer()
+    try:
+        png = await renderer.render(render_incident_heat, heat) if heat is not None else None
+    finally:
+        await renderer.close()
+    if png is None:
+        print("gpu-alert-bot report: no heat map (matplotlib, the graphs extra, is not installed)", file=sys.stderr)
+        return None
+    picture = report.with_suffix(".png")
+    picture.write_bytes(png)
+    return picture
+
+
+async def report_command(config: BotConfig, incident_id: str, out: Path | None) -> int:
+    try:
+        store = await open_store(config.store, read_only=True)
+    except StoreUnavailable as exc:
+        print(f"gpu-alert-bot report: cannot read the store: {exc}", file=sys.stderr)
+        return 1
+    try:
+        record = await store.get_incident(incident_id)
+        if record is None:
+            print(f"gpu-alert-bot report: no incident {incident_id!r} in the store", file=sys.stderr)
+            return 1
+        keys = {m.alert.key for m in record.members} | {incident_key(record.id)}
+        runs = [r for r in await store.action_runs(record.opened_at) if r.alert_key in keys]
+    finally:
+        await store.close()
+    path = out or Path(f"incident-{record.id}.md")
+    picture = await _write_heat_map(record, path)
+    path.write_text(report_markdown(record, runs, picture.name if picture else None))
+    print(path)
+    if picture:
+        print(picture)
+    return 0

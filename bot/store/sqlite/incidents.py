@@ -1,0 +1,123 @@
+"""The SQLite store's incidents: membership, versions, and the incident lane of the outbox."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from bot.models import Delivery, EventKind, IncidentRoute
+from bot.store import incidents as shared
+from bot.store.core import MAX_ERROR_CHARS
+from bot.store.core import alert_from_row as _alert_from_row
+from bot.store.incidents import IncidentArrival, IncidentRecord, IncidentRule, Membership
+from bot.store.sqlite.connection import SqliteConnection
+
+
+def _q(sql: str) -> str:
+    return sql.format(p="?")
+
+
+def insert_incident_routes(conn: sqlite3.Connection, incidents: Sequence[IncidentRoute], now: float) -> None:
+    """Each incident's new version: an event of its own, routed at once, and one delivery per receiver. A version
+    queued while an older one is held waits as long (the sink's interval holds the incident)."""
+    for incident in incidents:
+        if not incident.deliveries:
+            continue
+        event_id = conn.execute(
+            "INSERT INTO events (alert_key, kind, created_at, state) VALUES (?, ?, ?, 'routed')",
+            (incident.incident_key, EventKind.INCIDENT.value, now),
+        ).lastrowid
+        for delivery in incident.deliveries:
+            row = conn.execute(_q(shared.PENDING_DUE), (delivery.receiver, incident.incident_key)).fetchone()
+            due = max(now, row["due"] or now)
+            conn.execute(
+                """INSERT OR IGNORE INTO deliveries
+                       (event_id, alert_key, receiver, message, next_attempt_at, created_at)
+                   VALUES (?, ?, ?, ?, ?, ?)""",
+                (event_id, incident.incident_key, delivery.receiver, delivery.message.model_dump_json(), due, now),
+            )
+
+
+class SqliteIncidents(SqliteConnection):
+    async def attribute_incidents(
+        self, arrivals: Sequence[IncidentArrival], rule: IncidentRule
+    ) -> dict[str, Membership]:
+        if not arrivals:
+            return {}
+        return await self._run(self._transaction, lambda conn: self._attribute(conn, list(arrivals), rule))
+
+    def _attribute(
+        self, conn: sqlite3.Connection, arrivals: list[IncidentArrival], rule: IncidentRule
+    ) -> dict[str, Membership]:
+        now = self._now()
+        known: dict[str, Membership] = {}
+        for arrival in arrivals:
+            row = conn.execute(_q(shared.MEMBERSHIP), (arrival.alert_key,)).fetchone()
+            if row is not None:
+                known[arrival.alert_key] = Membership(row["incident_id"], bool(row["alone"]))
+        names = sorted({a.alertname for a in arrivals if a.new and a.alert_key not in known})
+        open_incidents: dict[str, shared.OpenIncident] = {}
+        candidates: list[shared.Candidate] = []
+        for name in names:
+            row = conn.execute(_q(shared.OPEN_INCIDENT), (name,)).fetchone()
+            if row is not None:
+                open_incidents[name] = shared.OpenIncident(row["id"], row["alertname"], row["last_joined_at"])
+            if row is None or now - row["last_joined_at"] > rule.window:
+                candidates += [
+                    shared.Candidate(c["key"], c["alertname"], bool(c["told"]))
+                    for c in conn.execute(_q(shared.CANDIDATES), (name, now - rule.window)).fetchall()
+                ]
+        plan = shared.decide_memberships(arrivals, known, open_incidents, candidates, rule, now)
+        conn.executemany(_q(shared.OPEN), [(i, name, playbook, now, now) for i, name, playbook in plan.opened])
+        conn.executemany(_q(shared.ADD_MEMBER), [(key, i, now, int(alone)) for key, i, alone in plan.members])
+        conn.executemany(_q(shared.JOINED), [(now, i) for i in sorted(plan.joined)])
+        return plan.result
+
+    async def advance_incidents(self, analyses: Mapping[str, dict[str, Any] | None]) -> list[IncidentRecord]:
+        if not analyses:
+            return []
+        return await self._run(self._transaction, lambda conn: self._advance(conn, dict(analyses)))
+
+    def _advance(self, conn: sqlite3.Connection, analyses: dict[str, dict[str, Any] | None]) -> list[IncidentRecord]:
+        now = self._now()
+        records = []
+        for incident_id, analysis in sorted(analyses.items()):
+            conn.execute(_q(shared.ADVANCE), (None if analysis is None else json.dumps(analysis), now, incident_id))
+            record = self._incident(conn, incident_id)
+            if record is not None:
+                records.append(record)
+        return records
+
+    async def get_incident(self, incident_id: str) -> IncidentRecord | None:
+        return await self._run(lambda: self._incident(self.connection, incident_id.strip()))
+
+    @staticmethod
+    def _incident(conn: sqlite3.Connection, incident_id: str) -> IncidentRecord | None:
+        row = conn.execute(_q(shared.INCIDENT), (incident_id,)).fetchone()
+        if row is None:
+            return None
+        members = conn.execute(_q(shared.MEMBERS), (incident_id,)).fetchall()
+        return shared.incident_from_rows(row, [(_alert_from_row(m), m) for m in members])
+
+    async def alert_incident(self, alert_key: str) -> str | None:
+        row = await self._run(self._fetchone, _q(shared.MEMBERSHIP), (alert_key,))
+        return None if row is None else str(row["incident_id"])
+
+    async def supersede_deliveries(self, delivery: Delivery) -> int:
+        def supersede(conn: sqlite3.Connection) -> int:
+            cursor = conn.execute(
+                _q(shared.SUPERSEDE), (self._now(), delivery.receiver, delivery.alert_key, delivery.id)
+            )
+            return cursor.rowcount
+
+        return await self._run(self._transaction, supersede)
+
+    async def delivery_held(self, delivery: Delivery, until: datetime, reason: str) -> None:
+        await self._run(
+            self._execute,
+            _q(shared.HOLD),
+            (until.timestamp(), reason[:MAX_ERROR_CHARS], delivery.receiver, delivery.alert_key, delivery.id),
+        )

@@ -1,0 +1,112 @@
+"""The store's part of incidents, on both backends (the `opened` fixture): which alerts open an incident, which join
+it, which were told alone before it; its versions and resolution; and the incident lane of the outbox (the newest
+version stands for the older ones, a hold makes newer versions wait as long)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+from bot.incident.model import incident_key
+from bot.incident.stage import incident_message
+from bot.models import Event, EventRoute, IncidentRoute, NewDelivery
+from bot.store.base import Store
+from bot.store.incidents import IncidentArrival, IncidentRule
+from tests.support.payloads import gpu_alerts, webhook
+from tests.support.store import Opener, ingest_and_dedup, message, postgres_store
+
+RULE = IncidentRule(threshold=5, window=60.0)
+
+
+def arrivals(events: list[Event]) -> list[IncidentArrival]:
+    return [
+        IncidentArrival(e.alert.key, e.alert.labels["alertname"], "gpu-xid", new=e.kind.value == "firing")
+        for e in events
+    ]
+
+
+async def storm(store: Store, host: str, count: int) -> list[Event]:
+    await ingest_and_dedup(store, webhook(gpu_alerts(count, host=host), group_key=f'{{}}:{{host="{host}"}}'))
+    return await store.claim_events(1000, 60)
+
+
+async def test_more_new_alerts_of_one_name_than_the_threshold_open_one_incident(opened: Opener) -> None:
+    async with opened() as store:
+        few = await storm(store, "k-ai-01", 5)
+        assert await store.attribute_incidents(arrivals(few), RULE) == {}  # 5 is not more than 5
+        await store.route_events([EventRoute(e.id, None, []) for e in few])  # told on their own
+        more = await storm(store, "k-ai-02", 3)
+        found = await store.attribute_incidents(arrivals(more), RULE)
+        [incident_id] = {m.incident_id for m in found.values()}
+        assert len(found) == 3 and all(m.opened and not m.alone for m in found.values())
+        record = await store.get_incident(incident_id)
+        assert record is not None and record.state == "open" and record.version == 0
+        # The five told before it opened are members too, and keep their own messages.
+        assert sorted(m.alone for m in record.members) == [False] * 3 + [True] * 5
+        assert await store.alert_incident(few[0].alert.key) == incident_id
+        # Later alerts of that name join it; asked again, an arrival keeps its membership.
+        later = await storm(store, "k-ai-03", 1)
+        joined = await store.attribute_incidents(arrivals(later), RULE)
+        assert [(m.incident_id, m.alone, m.opened) for m in joined.values()] == [(incident_id, False, False)]
+        again = await store.attribute_incidents(arrivals(later), RULE)
+        assert again == joined
+
+
+async def test_an_incident_resolves_when_all_its_alerts_have(opened: Opener) -> None:
+    async with opened() as store:
+        events = await storm(store, "k-ai-01", 6)
+        [incident_id] = {m.incident_id for m in (await store.attribute_incidents(arrivals(events), RULE)).values()}
+        [record] = await store.advance_incidents({incident_id: {"traits": []}})
+        assert (record.version, record.state, record.analysis) == (1, "open", {"traits": []})
+        await store.route_events([EventRoute(e.id, None, []) for e in events])
+        resolved = [{**a, "status": "resolved"} for a in gpu_alerts(6, host="k-ai-01")]
+        await ingest_and_dedup(store, webhook(resolved, group_key='{}:{host="k-ai-01"}'))
+        [record] = await store.advance_incidents({incident_id: None})
+        assert (record.version, record.state, record.analysis) == (2, "resolved", {"traits": []})
+        assert record.resolved_at is not None and {m.alert.status for m in record.members} == {"resolved"}
+
+
+async def test_an_incidents_newest_pending_version_stands_for_the_older_ones(opened: Opener) -> None:
+    async with opened() as store:
+        events = await storm(store, "k-ai-01", 6)
+        [incident_id] = {m.incident_id for m in (await store.attribute_incidents(arrivals(events), RULE)).values()}
+        key = incident_key(incident_id)
+        for _ in range(3):
+            [record] = await store.advance_incidents({incident_id: None})
+            deliveries = [NewDelivery(receiver="slack", message=incident_message(record))]
+            await store.route_events([], [IncidentRoute(key, deliveries)])
+        # An alert outside the incident goes in the other lane, whatever waits in this one.
+        await ingest_and_dedup(store, webhook(gpu_alerts(1, host="k-ai-09", alertname="GPUFellOffTheBus")))
+        [alone] = await store.claim_events(10, 60)
+        await store.route_events(
+            [EventRoute(alone.id, None, [NewDelivery(receiver="slack", message=message(alone.alert.key))])]
+        )
+        [alert_delivery] = await store.due_deliveries("slack", 10)
+        assert alert_delivery.alert_key == alone.alert.key
+        [newest] = await store.due_deliveries("slack", 10, "incidents")
+        assert newest.message.incident is not None and newest.message.incident.version == 3
+        assert await store.supersede_deliveries(newest) == 2
+        # The sink holds it (a digest's interval): no attempt counted, and a newer version waits as long.
+        until = (datetime.now(UTC) + timedelta(minutes=5)).replace(microsecond=0)
+        await store.delivery_held(newest, until, "held")
+        assert await store.due_deliveries("slack", 10, "incidents") == []
+        [record] = await store.advance_incidents({incident_id: None})
+        await store.route_events(
+            [], [IncidentRoute(key, [NewDelivery(receiver="slack", message=incident_message(record))])]
+        )
+        assert await store.due_deliveries("slack", 10, "incidents") == []
+        assert await store.next_delivery_due("slack", "incidents") == until
+
+
+async def test_two_replicas_attributing_two_halves_of_a_storm_at_once_agree_on_one_incident(postgres_dsn: str) -> None:
+    async with postgres_store(postgres_dsn) as first, postgres_store(postgres_dsn) as second:
+        for host in ("k-ai-01", "k-ai-02"):
+            await ingest_and_dedup(first, webhook(gpu_alerts(4, host=host), group_key=f'{{}}:{{host="{host}"}}'))
+        events = await first.claim_events(100, 60)
+        halves = [[e for e in events if e.alert.labels["host"] == host] for host in ("k-ai-01", "k-ai-02")]
+        found = await asyncio.gather(
+            first.attribute_incidents(arrivals(halves[0]), RULE), second.attribute_incidents(arrivals(halves[1]), RULE)
+        )
+    memberships = {**found[0], **found[1]}
+    assert len(memberships) == 8 and len({m.incident_id for m in memberships.values()}) == 1
+    assert sum(m.opened for m in memberships.values()) == 4  # one replica opened it, the other found it open
