@@ -114,7 +114,9 @@ class Pipeline:
         )
         unheard = await self._unheard_self_tests(events)
         routes, decided, undecided = self._decide(matched, gathered, attribution, unheard)
-        incidents = await self._incidents.routes(attribution, decided, analyses)
+        alert_keys = {event.id: event.alert.key for event in events}
+        fresh = {alert_keys[r.event_id]: r.enrichment for r in routes if r.enrichment is not None}
+        incidents = await self._incidents.routes(attribution, decided, analyses, fresh)
         await self._store.route_events(routes, incidents)
         receivers = {d.receiver for route in routes for d in route.deliveries}
         receivers.update(d.receiver for incident in incidents for d in incident.deliveries)

@@ -124,5 +124,8 @@ class IncidentView(_Frozen):
     cause: Cause | None = None
     # False while the incident-level evidence (traits, signals, cause) is still being gathered.
     analysed: bool = False
+    # Who is hurt: the jobs, users, pods and containers on the incident's GPUs, from its alerts' workload evidence,
+    # e.g. "12 Slurm jobs of 5 users, 3 pods (15 likely lost)"; empty when none was found.
+    work: str = ""
     hosts: list[HostLine] = Field(default_factory=list)  # worst first
     alerts: list[AlertLine] = Field(default_factory=list)

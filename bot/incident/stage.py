@@ -116,9 +116,10 @@ class IncidentStage:
         attribution: Attribution,
         decided: Sequence[tuple[Event, Playbook, Sequence[str]]],
         analyses: Mapping[str, dict[str, Any] | None],
+        fresh: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> list[IncidentRoute]:
         """Each incident the batch changed, at its new version with `analyses` kept, for the receivers its changed
-        alerts go to."""
+        alerts go to. `fresh`: the evidence this batch gathered, by alert key (not stored with the alerts yet)."""
         receivers: dict[str, set[str]] = {}
         for event, _, told in decided:
             membership = attribution.memberships.get(event.id)
@@ -126,7 +127,7 @@ class IncidentStage:
                 receivers.setdefault(membership.incident_id, set()).update(told)
         routes = []
         for record in await self._store.advance_incidents({i: analyses.get(i) for i in receivers}):
-            message = incident_message(record)
+            message = incident_message(record, fresh)
             routes.append(
                 IncidentRoute(
                     incident_key=message.alert_key,
@@ -155,9 +156,9 @@ class IncidentStage:
         return {**found, "analysed_hosts": hosts}
 
 
-def incident_message(record: IncidentRecord) -> Message:
+def incident_message(record: IncidentRecord, fresh: Mapping[str, Mapping[str, Any]] | None = None) -> Message:
     """The neutral message of an incident's version: every sink renders its `incident` view its own way."""
-    view = build_view(record)
+    view = build_view(record, fresh)
     scope = view.scope
     summary = f"{scope.firing} of {scope.alerts} alerts firing on {scope.hosts} hosts"
     if view.cause is not None:

@@ -6,6 +6,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from pydantic import ValidationError
+
+from bot.evidence.outputs import WorkloadEvidence
+from bot.evidence.workload import affected_work
 from bot.incident.model import AlertLine, Cause, Companion, HostLine, IncidentView, Scope, Signal, Trait
 from bot.models import AlertState, host_from_labels, short_id
 from bot.store.incidents import IncidentRecord
@@ -30,8 +34,9 @@ def alert_value(alert: AlertState) -> tuple[float | None, str]:
     return float(number), unit.strip()
 
 
-def build_view(record: IncidentRecord) -> IncidentView:
-    """The whole incident at this version: scope, hosts worst first, every alert, and its analysis when gathered."""
+def build_view(record: IncidentRecord, fresh: Mapping[str, Mapping[str, Any]] | None = None) -> IncidentView:
+    """The whole incident at this version: scope, hosts worst first, every alert, and its analysis when gathered.
+    `fresh`: evidence gathered for some of its alerts and not stored with them yet (by alert key)."""
     alerts = [m.alert for m in record.members]
     values = {a.key: alert_value(a) for a in alerts}
     hosts: dict[str, list[AlertState]] = {}
@@ -71,6 +76,7 @@ def build_view(record: IncidentRecord) -> IncidentView:
         companions=[Companion.model_validate(c) for c in analysis.get("companions", [])],
         cause=None if analysis.get("cause") is None else Cause.model_validate(analysis["cause"]),
         analysed=record.analysis is not None,
+        work=affected_work(_workload(fresh.get(a.key) if fresh else None, a) for a in alerts).text(),
         hosts=host_lines,
         alerts=[
             AlertLine(
@@ -100,6 +106,18 @@ def _host_line(host: str, alerts: list[AlertState], values: Mapping[str, tuple[f
         firing=sum(1 for a in alerts if a.status == "firing"),
         resolved=sum(1 for a in alerts if a.status == "resolved"),
     )
+
+
+def _workload(fresh: Mapping[str, Any] | None, alert: AlertState) -> WorkloadEvidence | None:
+    """The workload evidence of one alert: gathered in this batch, else stored with it."""
+    enrichment = fresh if fresh is not None else alert.enrichment
+    for section in (enrichment or {}).get("sections", []):
+        if section.get("name") == "workload" and section.get("data"):
+            try:
+                return WorkloadEvidence.model_validate(section["data"])
+            except ValidationError:  # evidence stored by another version of the bot: counted as none
+                return None
+    return None
 
 
 def _severity(alerts: list[AlertState]) -> str:

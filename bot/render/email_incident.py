@@ -149,6 +149,8 @@ def _lead(view: IncidentView, kind: MailKind, changed: list[str], since: datetim
 
 def _body(view: IncidentView) -> list[Block]:
     blocks = [Block(title="Scope", kind="text", lines=(f"{scope_text(view.scope)}; {since_text(view)}",))]
+    if view.work:
+        blocks.append(Block(title="Who is hurt", kind="text", lines=(view.work,)))
     if not view.analysed:
         blocks.append(Block(title="Evidence", kind="text", lines=("Still being gathered: a later mail tells it.",)))
     else:

@@ -103,6 +103,8 @@ def _details(view: IncidentView, earlier_pages: list[str]) -> dict[str, Any]:
         "signals": [signal_text(s) for s in view.signals],
         "other_alerts_on_these_hosts": [companion_text(c) for c in view.companions],
     }
+    if view.work:
+        details["who_is_hurt"] = view.work
     if view.cause is not None:
         details["cause"] = {
             "title": view.cause.title,

@@ -126,6 +126,8 @@ def scope_text(view: IncidentView) -> str:
     values = value_range(scope.value_min, scope.value_max, scope.unit)
     if values:
         lines.append(f"*Value:* {escape(values)}")
+    if view.work:
+        lines.append(f"*Who is hurt:* {escape(view.work)}")
     return "\n".join(lines)
 
 
