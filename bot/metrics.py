@@ -163,7 +163,7 @@ class Metrics:
             "Time an alert's GPU history took in the store (recorded and read with its batch's, the wait for the "
             "batch's turn included).",
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 1.5, 2, 2.5, 3, 5),
-            registry=r,
+            registry=worker,
         )
         self.enrichment_results = Counter(
             f"{_PREFIX}_enrichment_results",

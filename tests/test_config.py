@@ -111,7 +111,7 @@ def test_a_slack_receivers_storm_keys_point_at_incidents(tmp_path: Path) -> None
     token.write_text("xoxb-1")
     slack = {"name": "s", "type": "slack", "channel": "#x", "token_file": str(token), "storm_threshold": 5}
     [problem] = _problems(tmp_path, {"receivers": [slack], "routing": {"default": ["s"]}})
-    assert problem.startswith("receivers.0.slack: ") and "storm_threshold" in problem and "`incidents`" in problem
+    assert problem.startswith("receivers.0: ") and "storm_threshold" in problem and "`incidents`" in problem
 
 
 def test_references_to_receivers_are_checked_with_key_paths(tmp_path: Path) -> None:

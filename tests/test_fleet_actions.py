@@ -20,7 +20,7 @@ import pytest
 from bot.actions.authorization import ConfigAuthorizer
 from bot.actions.build import alert_finder, build_executors
 from bot.actions.engine import Remediation
-from bot.actions.executor import ExecResult, Executor
+from bot.actions.executor import ExecResult, Executor, RunContext
 from bot.actions.fleet import FleetRemediation, members_from_views
 from bot.actions.runs import ActionRefused
 from bot.audit import AuditLog
@@ -58,9 +58,9 @@ class TimedExecutor(RecordingExecutor):
         self.clock = clock
         self.times: list[float] = []
 
-    async def run(self, action: str, gpu: str | None) -> ExecResult:
+    async def run(self, action: str, gpu: str | None, context: RunContext | None = None) -> ExecResult:
         self.times.append(self.clock.monotonic())
-        return await super().run(action, gpu)
+        return await super().run(action, gpu, context)
 
 
 def view_of(alerts: Sequence[AlertState], actions: Sequence[str]) -> IncidentView:
@@ -235,9 +235,9 @@ async def test_a_host_in_cooldown_is_skipped_and_the_breaker_stops_the_run_befor
         fleet_run = (await setup.runs())[-1]
         opened = setup.executors["gpu02"]
 
-        async def open_the_breaker(action: str, gpu: str | None) -> ExecResult:
+        async def open_the_breaker(action: str, gpu: str | None, context: RunContext | None = None) -> ExecResult:
             await setup.store.set_breaker(BreakerState(setup.clock.now(), "an admin opened it"))
-            return await TimedExecutor.run(opened, action, gpu)
+            return await TimedExecutor.run(opened, action, gpu, context)
 
         opened.run = open_the_breaker  # type: ignore[method-assign]
         async with running(setup.clock):

@@ -112,7 +112,7 @@ async def test_an_unknown_action_is_refused_with_the_valid_ones(
             assert capsys.readouterr().err == (
                 f"run refused (409): {action!r} is not a remediation action: collect-diagnostics, run-dcgm-diag, "
                 "restart-dcgm-exporter, restart-inference-server, lower-power-limit, cordon-node, uncordon-node, "
-                "drain-node, reset-gpu, reboot-node\n"
+                "drain-node, resume-node, reset-gpu, reboot-node\n"
             )
 
 

@@ -57,6 +57,8 @@ def _replica(directory: Path, dsn: str, name: str) -> BotProcess:
         "store": store_section(directory, dsn, name, connect_timeout="1s", receiver_lease="3s"),
         # Work caught mid-way by the outage waits for its lease to expire: short leases keep the test short.
         "worker": {"poll_interval": "200ms", "event_lease": "3s"},
+        # Each alert told on its own, so that each is counted on the console.
+        "incidents": {"enabled": False},
     }
     (directory / "bot.yaml").write_text(yaml.safe_dump(config))
     return BotProcess(directory / "bot.yaml")

@@ -25,7 +25,7 @@ from typing import NoReturn, Protocol
 
 from bot.actions.conversation import Announcer, RunConversation
 from bot.actions.engine import Remediation
-from bot.actions.executor import ExecutorError
+from bot.actions.executor import ExecutorError, RunContext
 from bot.actions.registry import ACTIONS
 from bot.actions.runs import (
     APPROVED,
@@ -46,7 +46,7 @@ from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import RemediationConfig
 from bot.incident.model import INCIDENT_KEY_PREFIX, IncidentView, incident_key
 from bot.metrics import Metrics
-from bot.models import AlertState
+from bot.models import AlertState, short_id
 from bot.store.base import ActionRun, Store
 
 # Hosts named in the end's message, for each of failed and skipped; the audit log has every one.
@@ -95,9 +95,11 @@ def members_from_views(store: Store, view_of: IncidentLookup) -> IncidentMembers
 
 @dataclass
 class HostWork:
-    """One host's part: its targets, (alert key, GPU index or None for a host action)."""
+    """One host's part: its targets, (alert key, GPU index or None for a host action), and their alerts' name (what
+    an executor that records why it acts, a Slurm drain's reason, says)."""
 
     host: str
+    alertname: str = ""
     targets: list[tuple[str, str | None]] = field(default_factory=list)
 
 
@@ -122,7 +124,7 @@ def plan(action: str, alerts: Sequence[AlertState], config: RemediationConfig) -
         if per_gpu and target.gpu is None:
             unusable += 1
             continue
-        host = work.setdefault(target.host, HostWork(target.host))
+        host = work.setdefault(target.host, HostWork(target.host, alert.alertname))
         gpu = target.gpu if per_gpu else None
         if all(existing != gpu for _, existing in host.targets):
             host.targets.append((alert.key, gpu))
@@ -291,7 +293,8 @@ class FleetRemediation:
             with self._engine.rails.hold(child):
                 await self._store.transition_action_run(child.id, APPROVED, RUNNING, self._clock.now())
                 try:
-                    result = await executor.run(fleet.action, gpu)
+                    context = RunContext(child.id, short_id(alert_key), host.alertname)
+                    result = await executor.run(fleet.action, gpu, context)
                     ok, output = result.ok, result.summary
                 except ExecutorError as exc:
                     ok, output = False, str(exc)

@@ -177,15 +177,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--alert", required=True, help="the alert's short id (as in its message), key or fingerprint")
     run.add_argument("--dry-run", action="store_true", help="only say what would be done")
     _admin_options(run)
-    run.set_defaults(run=_run_action)
+    run.set_defaults(
+        run=_ask_bot, verb="run", payload=lambda a: {"action": a.action, "alert": a.alert, "dry_run": a.dry_run}
+    )
     for verb in ("approve", "refuse"):
         decide = commands.add_parser(verb, help=f"{verb} a remediation run waiting for approval")
         decide.add_argument("run_id", type=int, metavar="RUN", help="the run number the request printed")
         _admin_options(decide)
-        decide.set_defaults(run=_decide, verb=verb)
+        decide.set_defaults(run=_ask_bot, verb=verb, payload=lambda a: {"run": a.run_id})
     reset = commands.add_parser("reset-breaker", help="close the remediation circuit breaker (admins)")
     _admin_options(reset)
-    reset.set_defaults(run=_reset_breaker)
+    reset.set_defaults(run=_ask_bot, verb="reset-breaker", payload=lambda a: {})
     return parser
 
 
@@ -202,26 +204,15 @@ def _admin_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", help="the bot's address (default: from server.listen, on loopback)")
 
 
-def _run_action(args: argparse.Namespace) -> int:
-    payload = {"action": args.action, "alert": args.alert, "dry_run": args.dry_run}
-    return _ask_bot(args, "run", payload)
-
-
-def _decide(args: argparse.Namespace) -> int:
-    return _ask_bot(args, args.verb, {"run": args.run_id})
-
-
-def _reset_breaker(args: argparse.Namespace) -> int:
-    return _ask_bot(args, "reset-breaker", {})
-
-
-def _ask_bot(args: argparse.Namespace, verb: str, payload: dict[str, Any]) -> int:
+def _ask_bot(args: argparse.Namespace) -> int:
+    """`run`, `approve`, `refuse`, `reset-breaker`: the running bot's admin endpoint, `args.verb` with the request
+    `args.payload(args)` makes from the options."""
     config = _load_or_report(args.config)
     if config is None:
         return EXIT_CONFIG
     from bot.actions.cli import remediation_command
 
-    return remediation_command(config, verb, payload, args.url)
+    return remediation_command(config, args.verb, args.payload(args), args.url)
 
 
 def _duration(text: str) -> float:
