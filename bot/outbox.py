@@ -30,6 +30,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_result, wait_expone
 
 from bot.clock import SYSTEM_CLOCK, Clock, wait_for_event, within
 from bot.config import OutboxConfig
+from bot.logs import RateLimitedLog
 from bot.metrics import DeliveryOutcome, Metrics
 from bot.models import Delivery
 from bot.sinks.base import DeliveryResult, Sink
@@ -76,6 +77,8 @@ class Outbox:
         self._unrecorded: dict[tuple[str, Lane], list[_Outcome]] = {
             (name, lane): [] for name in self._sinks for lane in LANES
         }
+        # A store outage fails every lane's every read: one line a minute per receiver says so, with a count.
+        self._store_failures = RateLimitedLog(log, clock=clock.monotonic)
         self._attempts: set[asyncio.Task[DeliveryResult]] = set()
 
     @property
@@ -149,7 +152,9 @@ class Outbox:
                 timeout = await self._idle_timeout(sink.name, lane)
             except StoreUnavailable as exc:
                 self._metrics.error("store_unavailable")
-                log.warning("outbox cannot read the store", extra={"receiver": sink.name, "reason": str(exc)})
+                self._store_failures.log(
+                    logging.WARNING, sink.name, "outbox cannot read the store", receiver=sink.name, reason=str(exc)
+                )
                 timeout = self._config.initial_backoff
             except Exception:  # a bug must not silence this receiver until the next restart
                 self._metrics.error("outbox")

@@ -90,7 +90,7 @@ class Worker:
                 await self._housekeeping()
             except StoreUnavailable as exc:
                 self._metrics.error("store_unavailable")
-                log.warning("worker cannot use the store", extra={"reason": str(exc)})
+                self._store_waits.log(logging.WARNING, "cycle", "worker cannot use the store", reason=str(exc))
                 busy = False
             except Exception:
                 # A bug must not stop the worker for good: the work stays in the store for the next cycle.
