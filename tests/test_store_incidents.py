@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 from bot.incident.model import incident_key
 from bot.incident.stage import incident_message
+from bot.incident.view import build_view
 from bot.models import Event, EventRoute, IncidentRoute, NewDelivery
 from bot.store.base import Store
 from bot.store.incidents import IncidentArrival, IncidentRule
@@ -110,3 +111,22 @@ async def test_two_replicas_attributing_two_halves_of_a_storm_at_once_agree_on_o
     memberships = {**found[0], **found[1]}
     assert len(memberships) == 8 and len({m.incident_id for m in memberships.values()}) == 1
     assert sum(m.opened for m in memberships.values()) == 4  # one replica opened it, the other found it open
+
+
+async def test_an_incidents_members_come_back_with_their_workload_alone_of_their_evidence(opened: Opener) -> None:
+    """A version reads every member back: with only the workload of their evidence (who is hurt), not all of it,
+    so that an incident of thousands of alerts does not hold every alert's evidence at each version."""
+    async with opened() as store:
+        events = await storm(store, "k-ai-01", 6)
+        [incident_id] = {m.incident_id for m in (await store.attribute_incidents(arrivals(events), RULE)).values()}
+        job = {"jobs": [{"id": "4121", "user": "alice"}], "likely_lost": True}
+        workload = {"name": "workload", "title": "Workload", "status": "ok", "data": job}
+        xid = {"name": "xid", "title": "Kernel Xid", "status": "ok", "lines": ["NVRM: Xid 79"] * 50}
+        evidence = {"sections": [xid, workload]}
+        await store.route_events([EventRoute(e.id, evidence if e is events[0] else None, []) for e in events])
+        record = await store.get_incident(incident_id)
+        assert record is not None
+        read_back = {m.alert.key: m.alert.enrichment for m in record.members}
+        assert read_back[events[0].alert.key] == {"sections": [workload]}
+        assert all(read_back[e.alert.key] == {"sections": []} for e in events[1:])
+        assert build_view(record).work == "1 Slurm job of 1 user (1 likely lost)"

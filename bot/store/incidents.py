@@ -160,8 +160,18 @@ ADVANCE = """UPDATE incidents SET version = version + 1,
                     THEN NULL ELSE COALESCE(resolved_at, {p}) END
  WHERE id = {p}"""
 INCIDENT = "SELECT * FROM incidents WHERE id = {p}"
-MEMBERS = """SELECT m.alone, m.joined_at, a.* FROM incident_members m JOIN alerts a ON a.key = m.alert_key
+# An incident's members without their evidence, but for their workload section (who is hurt): a large incident's
+# version would otherwise read back every member's whole evidence. `{workload}`: the backend's JSON expression.
+MEMBERS = """SELECT m.alone, m.joined_at, a.key, a.fingerprint, a.status, a.labels, a.annotations, a.starts_at,
+       a.ends_at, a.generator_url, a.group_key, a.receiver, a.external_url, a.first_seen, a.last_seen, a.times_seen,
+       a.resolved_at, a.acked_by, a.acked_at, a.silence_id, a.silenced_by, a.silenced_until,
+       {workload} AS enrichment
+  FROM incident_members m JOIN alerts a ON a.key = m.alert_key
  WHERE m.incident_id = {p} ORDER BY m.joined_at, a.key"""
+SQLITE_WORKLOAD = """(SELECT json_object('sections', json_group_array(json(s.value)))
+  FROM json_each(a.enrichment, '$.sections') s WHERE json_extract(s.value, '$.name') = 'workload')"""
+POSTGRESQL_WORKLOAD = """(SELECT json_build_object('sections', COALESCE(json_agg(s), '[]'::json))::text
+  FROM json_array_elements(a.enrichment::json -> 'sections') s WHERE s ->> 'name' = 'workload')"""
 # The newest pending delivery of an incident for a receiver stands for every older one (each carries the whole view).
 INCIDENT_NEWEST = """NOT EXISTS (SELECT 1 FROM deliveries p WHERE p.receiver = d.receiver AND p.state = 'pending'
                                  AND p.alert_key = d.alert_key AND p.id > d.id)"""

@@ -17,6 +17,9 @@ from bot.store.postgresql.connection import Conn, PostgresConnection
 _INCIDENT_LOCK = 0x696E6364
 
 
+_MEMBERS = shared.MEMBERS.format(p="%s", workload=shared.POSTGRESQL_WORKLOAD).encode()
+
+
 def _q(sql: str) -> bytes:
     return sql.format(p="%s").encode()
 
@@ -100,7 +103,11 @@ class PostgresIncidents(PostgresConnection):
         row = await (await conn.execute(_q(shared.INCIDENT), (incident_id,))).fetchone()
         if row is None:
             return None
-        members = await (await conn.execute(_q(shared.MEMBERS), (incident_id,))).fetchall()
+        members = await (
+            await conn.execute(
+                shared.MEMBERS.format(p="%s", workload=shared.POSTGRESQL_WORKLOAD).encode(), (incident_id,)
+            )
+        ).fetchall()
         return shared.incident_from_rows(row, [(core.alert_from_row(m), m) for m in members])
 
     async def alert_incident(self, alert_key: str) -> str | None:

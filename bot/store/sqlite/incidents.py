@@ -15,6 +15,8 @@ from bot.store.core import alert_from_row as _alert_from_row
 from bot.store.incidents import IncidentArrival, IncidentRecord, IncidentRule, Membership
 from bot.store.sqlite.connection import SqliteConnection
 
+_MEMBERS = shared.MEMBERS.format(p="?", workload=shared.SQLITE_WORKLOAD)
+
 
 def _q(sql: str) -> str:
     return sql.format(p="?")
@@ -99,7 +101,7 @@ class SqliteIncidents(SqliteConnection):
         row = conn.execute(_q(shared.INCIDENT), (incident_id,)).fetchone()
         if row is None:
             return None
-        members = conn.execute(_q(shared.MEMBERS), (incident_id,)).fetchall()
+        members = conn.execute(_MEMBERS, (incident_id,)).fetchall()
         return shared.incident_from_rows(row, [(_alert_from_row(m), m) for m in members])
 
     async def alert_incident(self, alert_key: str) -> str | None:
