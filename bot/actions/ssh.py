@@ -4,10 +4,9 @@ the command. The host key is pinned by the configured known_hosts file."""
 
 from __future__ import annotations
 
-import asyncssh
-
 from bot.actions.executor import ExecResult, ExecutorError, RunContext
 from bot.config import SshExecutorConfig
+from bot.sshrun import SshFailure, ssh_run
 
 # The verbs scripts/gpu-node-actions.sh knows, and whether each takes the GPU index.
 SSH_VERBS: dict[str, bool] = {
@@ -47,28 +46,9 @@ class SshExecutor:
 
     async def run(self, action: str, gpu: str | None, context: RunContext | None = None) -> ExecResult:
         command = self.command(action, gpu)
-        config = self._config
         try:
-            async with asyncssh.connect(
-                config.address,
-                port=config.port,
-                username=config.user,
-                client_keys=[str(config.key_file)],
-                known_hosts=str(config.known_hosts),
-                connect_timeout=config.timeout,
-                agent_path=None,
-                config=[],
-            ) as connection:
-                result = await connection.run(command, check=False, timeout=config.timeout)
-        except asyncssh.HostKeyNotVerifiable as exc:
-            raise ExecutorError(f"{self._host}: host key not verified against {config.known_hosts}: {exc}") from exc
-        except (asyncssh.Error, OSError, TimeoutError) as exc:
-            raise ExecutorError(f"{self._host}: ssh failed: {type(exc).__name__}: {exc}") from exc
-        output = _text(result.stdout) + _text(result.stderr)
-        return ExecResult(ok=result.exit_status == 0, output=output or f"exit status {result.exit_status}")
-
-
-def _text(data: str | bytes | None) -> str:
-    if data is None:
-        return ""
-    return data.decode(errors="replace") if isinstance(data, bytes) else data
+            answer = await ssh_run(self._config, command, self._config.timeout)
+        except SshFailure as exc:
+            raise ExecutorError(f"{self._host}: {exc}") from exc
+        output = answer.stdout + answer.stderr
+        return ExecResult(ok=answer.exit_status == 0, output=output or f"exit status {answer.exit_status}")

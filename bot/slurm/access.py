@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from bot.config import SshExecutorConfig
 from bot.config.slurm import SLURM_NODE
+from bot.sshrun import SshFailure, ssh_run
 
 NODE_NAME = re.compile(SLURM_NODE)
 # What the script accepts in a reason; anything else is left out before it is sent.
@@ -57,30 +58,9 @@ class SlurmAccess:
             words.append(node)
         if reason:
             words.append(reason_text(reason))
-        # Imported here: a bot whose enrichment or remediation never asks Slurm does not pay for loading it.
-        import asyncssh
-
         config = self.config
         try:
-            async with asyncssh.connect(
-                config.address,
-                port=config.port,
-                username=config.user,
-                client_keys=[str(config.key_file)],
-                known_hosts=str(config.known_hosts),
-                connect_timeout=self._timeout,
-                agent_path=None,
-                config=[],
-            ) as connection:
-                result = await connection.run(" ".join(words), check=False, timeout=self._timeout)
-        except asyncssh.HostKeyNotVerifiable as exc:
-            raise SchedulerError(f"{self.where()}: host key not verified against {config.known_hosts}") from exc
-        except (asyncssh.Error, OSError, TimeoutError) as exc:
-            raise SchedulerError(f"{self.where()}: ssh failed: {type(exc).__name__}: {exc}") from exc
-        return Answer(result.exit_status or 0, _text(result.stdout), _text(result.stderr))
-
-
-def _text(data: str | bytes | None) -> str:
-    if data is None:
-        return ""
-    return data.decode(errors="replace") if isinstance(data, bytes) else data
+            answer = await ssh_run(config, " ".join(words), self._timeout)
+        except SshFailure as exc:
+            raise SchedulerError(f"{self.where()}: {exc}") from exc
+        return Answer(answer.exit_status, answer.stdout, answer.stderr)
