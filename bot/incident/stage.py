@@ -22,7 +22,7 @@ from typing import Any
 from bot import deadman
 from bot.config import IncidentsConfig
 from bot.incident.analyser import IncidentAnalyser
-from bot.incident.model import incident_key
+from bot.incident.model import IncidentView, incident_key
 from bot.incident.view import build_view
 from bot.message import Message
 from bot.models import AlertState, Event, EventKind, IncidentRoute, NewDelivery
@@ -158,24 +158,29 @@ class IncidentStage:
 
 def incident_message(record: IncidentRecord, fresh: Mapping[str, Mapping[str, Any]] | None = None) -> Message:
     """The neutral message of an incident's version: every sink renders its `incident` view its own way."""
-    view = build_view(record, fresh)
+    return view_message(build_view(record, fresh))
+
+
+def view_message(view: IncidentView) -> Message:
+    """The message that carries an incident's view (keyed `incident:<id>`, whatever version it is)."""
     scope = view.scope
     summary = f"{scope.firing} of {scope.alerts} alerts firing on {scope.hosts} hosts"
     if view.cause is not None:
         summary += f"; likely cause: {view.cause.title}"
+    alertname = view.alertnames[0] if view.alertnames else ""
     return Message(
-        alert_key=incident_key(record.id),
-        fingerprint=record.id,
-        group_key=incident_key(record.id),
+        alert_key=incident_key(view.id),
+        fingerprint=view.id,
+        group_key=incident_key(view.id),
         event="incident",
         status="firing" if view.status == "open" else "resolved",
         severity=view.severity,
         alert_severity=view.severity,
         title=view.title,
         summary=summary,
-        alertname=record.alertname,
+        alertname=alertname,
         starts_at=scope.since,
         resolved_at=view.resolved_at,
-        labels={"alertname": record.alertname, "severity": view.severity},
+        labels={"alertname": alertname, "severity": view.severity},
         incident=view,
     )

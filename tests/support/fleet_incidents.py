@@ -7,8 +7,8 @@ import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from bot.incident.model import AlertLine, Cause, Companion, HostLine, IncidentView, Scope, Signal, Trait, incident_key
-from bot.message import Message
+from bot.incident.model import AlertLine, Cause, Companion, HostLine, IncidentView, Scope, Signal, Trait
+from bot.incident.stage import view_message
 from bot.models import Delivery, alert_key, short_id
 
 OPENED = datetime(2026, 12, 2, 14, 2, 0, tzinfo=UTC)
@@ -130,24 +130,9 @@ def fleet_view(
     return IncidentView(**fields)
 
 
-def incident_message(view: IncidentView) -> Message:
-    return Message(
-        alert_key=incident_key(view.id),
-        fingerprint=incident_key(view.id),
-        group_key="incident",
-        event="incident",
-        status="resolved" if view.status == "resolved" else "firing",
-        severity=view.severity,
-        title=view.title,
-        starts_at=view.opened_at,
-        resolved_at=view.resolved_at,
-        incident=view,
-    )
-
-
 def incident_delivery(view: IncidentView) -> Delivery:
     number = next(_ids)
-    message = incident_message(view)
+    message = view_message(view)
     return Delivery(
         id=number,
         event_id=number,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from bot.incident.model import AlertLine, Cause, Companion, HostLine, IncidentView, Scope, Signal, Trait, incident_key
-from bot.message import Message
+from bot.incident.model import AlertLine, Cause, Companion, HostLine, IncidentView, Scope, Signal, Trait
+from bot.incident.stage import view_message
 from bot.models import Delivery
 from tests.support.messages import STARTED, delivery_of
 
@@ -123,23 +123,5 @@ def resolved_view(view: IncidentView, version: int, after: timedelta = timedelta
     )
 
 
-def incident_message(view: IncidentView) -> Message:
-    """The message an incident's delivery carries."""
-    return Message(
-        alert_key=incident_key(view.id),
-        fingerprint=view.id,
-        group_key=incident_key(view.id),
-        event="incident",
-        status="resolved" if view.status == "resolved" else "firing",
-        severity=view.severity,
-        alert_severity=view.severity,
-        title=view.title,
-        alertname=view.alertnames[0],
-        starts_at=view.opened_at,
-        resolved_at=view.resolved_at,
-        incident=view,
-    )
-
-
 def incident_delivery(view: IncidentView, receiver: str, delivery_id: int | None = None) -> Delivery:
-    return delivery_of(incident_message(view), receiver, view.version if delivery_id is None else delivery_id)
+    return delivery_of(view_message(view), receiver, view.version if delivery_id is None else delivery_id)
