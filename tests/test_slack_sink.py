@@ -28,6 +28,7 @@ from bot.store.sqlite import SqliteStore
 from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack
 from tests.support.bot import eventually
 from tests.support.clock import FakeClock
+from tests.support.messages import delivery_of
 from tests.support.slack_receiver import slack_receiver
 from tests.test_secret_files import rotate
 
@@ -61,16 +62,7 @@ def alert(n: int = 1, event: str = "firing", **changes: Any) -> Message:
 
 
 def delivery(message: Message) -> Delivery:
-    number = next(_ids)
-    return Delivery(
-        id=number,
-        event_id=number,
-        alert_key=message.alert_key,
-        receiver="slack",
-        message=message,
-        attempts=0,
-        created_at=datetime.now(UTC),
-    )
+    return delivery_of(message, "slack", next(_ids))
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from typing import Any
 from bot.incident.model import AlertLine, Cause, Companion, HostLine, IncidentView, Scope, Signal, Trait
 from bot.incident.stage import view_message
 from bot.models import Delivery, alert_key, short_id
+from tests.support.messages import delivery_of
 
 OPENED = datetime(2026, 12, 2, 14, 2, 0, tzinfo=UTC)
 _ids = itertools.count(100_000)
@@ -131,14 +132,4 @@ def fleet_view(
 
 
 def incident_delivery(view: IncidentView) -> Delivery:
-    number = next(_ids)
-    message = view_message(view)
-    return Delivery(
-        id=number,
-        event_id=number,
-        alert_key=message.alert_key,
-        receiver="slack",
-        message=message,
-        attempts=0,
-        created_at=datetime.now(UTC),
-    )
+    return delivery_of(view_message(view), "slack", next(_ids))
