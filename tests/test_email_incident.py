@@ -5,6 +5,7 @@ restart of the sink. Time is a fake clock."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 from email.message import EmailMessage
 from typing import Any
@@ -146,7 +147,7 @@ async def test_an_incident_already_resolved_at_its_first_mail_is_one_mail(store:
 def test_label_values_are_escaped_in_html_and_never_formulas_in_the_list() -> None:
     view = incident_view(hosts=1, gpus=1)
     line = view.hosts[0].model_copy(update={"host": HOSTILE})
-    alert = view.alerts[0].model_copy(update={"host": '=HYPERLINK("http://x")', "alertname": HOSTILE})
+    alert = dataclasses.replace(view.alerts[0], host='=HYPERLINK("http://x")', alertname=HOSTILE)
     hostile = view.model_copy(update={"hosts": [line], "alerts": [alert], "title": HOSTILE})
     rendered = render_incident_email(hostile, "example.com", "opening").rendered
     assert "<script>" not in rendered.html and "&lt;script&gt;" in rendered.html

@@ -111,6 +111,10 @@ async def test_a_fleet_incident_is_one_card_one_mail_one_page_and_an_unrelated_a
     # Email: one mail for the incident (digests come at most every 5 minutes), one for the unrelated alert.
     subjects = sorted(m.mail["Subject"] for m in mails.received())
     assert sum("GPUTempCritical" in s for s in subjects) == 1 and sum("GPUFellOffTheBus" in s for s in subjects) == 1
+    # Its alerts.csv lists every alert, read from the store as the mail was sent (a delivery carries no list).
+    [mail] = [m.mail for m in mails.received() if "GPUTempCritical" in m.mail["Subject"]]
+    [csv_part] = [part for part in mail.iter_attachments() if part.get_filename() == "alerts.csv"]
+    assert all(i in csv_part.get_content() for i in ids)
     # PagerDuty: one alert for the incident (its own dedup_key) and the unrelated one; no page per GPU.
     assert len(pagerduty.alerts) == 2
     assert sum(len(pagerduty.accepted(a)) for a in ("trigger", "acknowledge", "resolve")) <= 4

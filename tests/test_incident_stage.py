@@ -17,6 +17,7 @@ from bot.config import BotConfig, load_config
 from bot.deadman import ALERTNAME as WATCHDOG_MISSING
 from bot.enrich import build_enrichers
 from bot.incident.analyser import IncidentAnalyser
+from bot.incident.lines import with_alerts
 from bot.incident.model import IncidentView
 from bot.incident.stage import IncidentStage
 from bot.metrics import Metrics
@@ -46,10 +47,12 @@ class Stage:
         return await self.store.due_deliveries("console", 5000)
 
     async def incident(self) -> IncidentView:
-        """The newest version of the one incident, as its receiver would get it."""
+        """The newest version of the one incident, as its receiver would get it, with its alerts' lines as a sink
+        that attaches them reads them."""
         [newest] = await self.store.due_deliveries("console", 10, "incidents")
         assert newest.message.event == "incident" and newest.message.incident is not None
-        return newest.message.incident
+        assert newest.message.incident.alerts is None  # a delivery carries none
+        return await with_alerts(newest.message.incident, self.store)
 
 
 @asynccontextmanager

@@ -9,12 +9,12 @@ from typing import Any
 
 from bot.config import PagerDutyReceiver
 from bot.evidence.outputs import PodFound, SlurmJobFound, WorkloadEvidence
+from bot.incident.members import MemberSummary, alert_line
 from bot.incident.view import build_view
 from bot.render.email_incident import render_incident_email
 from bot.render.pagerduty_incident import incident_trigger
 from bot.render.slack.incident import scope_text
-from bot.store.incidents import IncidentMember, IncidentRecord
-from tests.support.payloads import alert_state
+from bot.store.incidents import IncidentRecord
 
 OPENED = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -25,13 +25,13 @@ def _enrichment(evidence: WorkloadEvidence) -> dict[str, Any]:
 
 
 def _record(stored: dict[str, dict[str, Any]]) -> IncidentRecord:
-    members = []
+    summary = MemberSummary()
     for n in range(4):
         key = f"k{n}"
         labels = {"alertname": "GPUXIDError", "severity": "critical", "host": f"k-ai-0{n}", "gpu": "0", "xid": "79"}
-        alert = alert_state(labels, starts_at=OPENED, key=key).model_copy(update={"enrichment": stored.get(key)})
-        members.append(IncidentMember(alert=alert, alone=False, joined_at=OPENED))
-    return IncidentRecord("inc1", "GPUXIDError", "GPUXIDError", "open", OPENED, None, 3, None, members)
+        line = alert_line(key, "firing", labels, {}, OPENED, "GPUXIDError")
+        summary.add(line, {}, labels, alone=False, last_seen=OPENED, enrichment=stored.get(key))
+    return IncidentRecord("inc1", "GPUXIDError", "GPUXIDError", "open", OPENED, None, 3, None, summary)
 
 
 def test_an_incident_counts_the_jobs_users_and_pods_on_its_gpus_stored_or_just_gathered() -> None:

@@ -43,7 +43,7 @@ async def test_more_new_alerts_of_one_name_than_the_threshold_open_one_incident(
         record = await store.get_incident(incident_id)
         assert record is not None and record.state == "open" and record.version == 0
         # The five told before it opened are members too, and keep their own messages.
-        assert sorted(m.alone for m in record.members) == [False] * 3 + [True] * 5
+        assert (record.summary.alerts, record.summary.alone) == (8, 5)
         assert await store.alert_incident(few[0].alert.key) == incident_id
         # Later alerts of that name join it; asked again, an arrival keeps its membership.
         later = await storm(store, "k-ai-03", 1)
@@ -64,7 +64,8 @@ async def test_an_incident_resolves_when_all_its_alerts_have(opened: Opener) -> 
         await ingest_and_dedup(store, webhook(resolved, group_key='{}:{host="k-ai-01"}'))
         [record] = await store.advance_incidents({incident_id: None})
         assert (record.version, record.state, record.analysis) == (2, "resolved", {"traits": []})
-        assert record.resolved_at is not None and {m.alert.status for m in record.members} == {"resolved"}
+        assert record.resolved_at is not None and record.summary.firing == 0
+        assert {line.status for line in await store.incident_alerts(incident_id)} == {"resolved"}
 
 
 async def test_an_incidents_newest_pending_version_stands_for_the_older_ones(opened: Opener) -> None:
@@ -114,8 +115,8 @@ async def test_two_replicas_attributing_two_halves_of_a_storm_at_once_agree_on_o
 
 
 async def test_an_incidents_members_come_back_with_their_workload_alone_of_their_evidence(opened: Opener) -> None:
-    """A version reads every member back: with only the workload of their evidence (who is hurt), not all of it,
-    so that an incident of thousands of alerts does not hold every alert's evidence at each version."""
+    """A version folds every member in as it reads it: with only the workload of their evidence (who is hurt), not
+    all of it, so that an incident of thousands of alerts does not hold every alert's evidence at each version."""
     async with opened() as store:
         events = await storm(store, "k-ai-01", 6)
         [incident_id] = {m.incident_id for m in (await store.attribute_incidents(arrivals(events), RULE)).values()}
@@ -126,7 +127,6 @@ async def test_an_incidents_members_come_back_with_their_workload_alone_of_their
         await store.route_events([EventRoute(e.id, evidence if e is events[0] else None, []) for e in events])
         record = await store.get_incident(incident_id)
         assert record is not None
-        read_back = {m.alert.key: m.alert.enrichment for m in record.members}
-        assert read_back[events[0].alert.key] == {"sections": [workload]}
-        assert all(read_back[e.alert.key] == {"sections": []} for e in events[1:])
+        assert list(record.summary.workloads) == [events[0].alert.key]  # the others found none
+        assert record.summary.workloads[events[0].alert.key].model_dump(exclude_defaults=True) == job
         assert build_view(record).work == "1 Slurm job of 1 user (1 likely lost)"

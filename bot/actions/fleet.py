@@ -44,6 +44,7 @@ from bot.actions.targets import TargetRefused, select_target
 from bot.audit import AuditLog
 from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import RemediationConfig
+from bot.incident.lines import alert_lines
 from bot.incident.model import INCIDENT_KEY_PREFIX, IncidentView, incident_key
 from bot.metrics import Metrics
 from bot.models import AlertState, short_id
@@ -84,7 +85,7 @@ def members_from_views(store: Store, view_of: IncidentLookup) -> IncidentMembers
             return None
         rank = {line.host: index for index, line in enumerate(view.hosts)}
         alerts = []
-        for line in sorted(view.alerts, key=lambda alert: rank.get(alert.host, len(rank))):
+        for line in sorted(await alert_lines(view, store), key=lambda alert: rank.get(alert.host, len(rank))):
             alert = await store.get_alert(line.alert_key) if line.status == "firing" else None
             if alert is not None and alert.status == "firing":
                 alerts.append(alert)

@@ -16,10 +16,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bot.config import BotConfig
+from bot.incident.members import alert_value
 from bot.incident.model import IncidentView, incident_key
-from bot.incident.view import alert_value, build_view
+from bot.incident.view import build_view
 from bot.message import format_duration
-from bot.models import host_from_labels, short_id
+from bot.models import AlertState, host_from_labels, short_id
 from bot.render import incident_text as text
 from bot.render.graph_worker import GraphRenderer
 from bot.render.incident_graph import incident_heat, render_incident_heat
@@ -42,16 +43,16 @@ def _value(value: float | None, unit: str) -> str:
     return text.value_range(value, value, unit) or "n/a"
 
 
-def timeline(record: IncidentRecord, runs: Sequence[ActionRun]) -> list[Moment]:
-    """What happened, oldest first: the first alert, the opening, the peak, actions, acks, silences, resolution."""
+def timeline(record: IncidentRecord, alerts: Sequence[AlertState], runs: Sequence[ActionRun]) -> list[Moment]:
+    """What happened, oldest first: the first alert, the opening, the peak, actions, acks, silences, resolution.
+    `alerts`: the incident's, as stored."""
     view = build_view(record)
-    alerts = [m.alert for m in record.members]
     first = min(alerts, key=lambda a: (a.starts_at, a.key))
     moments = [
         Moment(first.starts_at, f"First alert: {_alert_words(first.labels, first.key)}"),
         Moment(record.opened_at, f"Told as one incident: {view.title}"),
     ]
-    valued = [(v, a) for a in alerts if (v := alert_value(a)[0]) is not None]
+    valued = [(v, a) for a in alerts if (v := alert_value(a.annotations)[0]) is not None]
     if valued:
         peak, peak_alert = max(valued, key=lambda pair: (pair[0], pair[1].key))
         words = _alert_words(peak_alert.labels, peak_alert.key)
@@ -83,7 +84,9 @@ def _alert_words(labels: dict[str, str], key: str) -> str:
     return f"{labels.get('alertname', '')} on `{host}`{gpu} (`{short_id(key)}`)"
 
 
-def report_markdown(record: IncidentRecord, runs: Sequence[ActionRun], picture: str | None) -> str:
+def report_markdown(
+    record: IncidentRecord, alerts: Sequence[AlertState], runs: Sequence[ActionRun], picture: str | None
+) -> str:
     view = build_view(record)
     lines = [f"# Incident {record.id}: {view.title}", "", *_summary(view, record.playbook), ""]
     lines += ["## What the affected hosts share", ""]
@@ -102,7 +105,7 @@ def report_markdown(record: IncidentRecord, runs: Sequence[ActionRun], picture: 
         if view.cause.runbook_url:
             lines.append(f"\nRunbook: {view.cause.runbook_url}")
     lines += ["", "## Timeline", "", "| time | what |", "| --- | --- |"]
-    lines += [f"| {_time(m.at)} | {m.text.replace('|', '/')} |" for m in timeline(record, runs)]
+    lines += [f"| {_time(m.at)} | {m.text.replace('|', '/')} |" for m in timeline(record, alerts, runs)]
     if picture:
         lines += ["", "## Alerts by host over time", "", f"![alerts by host and start time]({picture})"]
     lines += ["", "## Hosts, worst first", ""]
@@ -120,12 +123,12 @@ def _summary(view: IncidentView, playbook: str) -> list[str]:
     ]
 
 
-async def _write_heat_map(record: IncidentRecord, report: Path) -> Path | None:
+async def _write_heat_map(record: IncidentRecord, alerts: Sequence[AlertState], report: Path) -> Path | None:
     """The alerts by host and start time beside the report (`incident-ID.png`); None without matplotlib."""
     starts: dict[str, list[datetime]] = defaultdict(list)
-    for member in record.members:
-        starts[host_from_labels(member.alert.labels) or "unknown host"].append(member.alert.starts_at)
-    until = record.resolved_at or max(m.alert.last_seen for m in record.members)
+    for alert in alerts:
+        starts[host_from_labels(alert.labels) or "unknown host"].append(alert.starts_at)
+    until = record.resolved_at or max(alert.last_seen for alert in alerts)
     heat = incident_heat(build_view(record).title, starts, until)
     renderer = GraphRenderer()
     try:
@@ -151,13 +154,14 @@ async def report_command(config: BotConfig, incident_id: str, out: Path | None) 
         if record is None:
             print(f"gpu-alert-bot report: no incident {incident_id!r} in the store", file=sys.stderr)
             return 1
-        keys = {m.alert.key for m in record.members} | {incident_key(record.id)}
+        alerts = [a for line in await store.incident_alerts(record.id) if (a := await store.get_alert(line.alert_key))]
+        keys = {a.key for a in alerts} | {incident_key(record.id)}
         runs = [r for r in await store.action_runs(record.opened_at) if r.alert_key in keys]
     finally:
         await store.close()
     path = out or Path(f"incident-{record.id}.md")
-    picture = await _write_heat_map(record, path)
-    path.write_text(report_markdown(record, runs, picture.name if picture else None))
+    picture = await _write_heat_map(record, alerts, path)
+    path.write_text(report_markdown(record, alerts, runs, picture.name if picture else None))
     print(path)
     if picture:
         print(picture)

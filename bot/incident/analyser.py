@@ -10,7 +10,6 @@ from typing import Any
 from bot.config import PrometheusConfig
 from bot.enrich.prometheus.client import PrometheusClient
 from bot.incident.analysis import AffectedAlert, AnalysisRequest, analyse_incident
-from bot.incident.view import alert_value
 from bot.models import AlertState, host_from_labels
 from bot.playbooks import Playbook
 from bot.store.incidents import IncidentRecord
@@ -23,25 +22,16 @@ class IncidentAnalyser:
 
     async def analyse(self, record: IncidentRecord, playbook: Playbook, firing: Sequence[AlertState]) -> dict[str, Any]:
         """Traits, signals, companions, the likely cause and the fleet's size, as JSON for the store."""
-        members = {m.alert.key for m in record.members}
+        summary = record.summary
         request = AnalysisRequest(
             alertname=record.alertname,
             section=playbook.incident,
-            alerts=[
-                AffectedAlert(
-                    host=host_from_labels(m.alert.labels),
-                    instance=m.alert.labels.get("instance", ""),
-                    gpu=m.alert.labels.get("gpu", ""),
-                    value=alert_value(m.alert)[0],
-                )
-                for m in record.members
-            ],
-            start=min(m.alert.starts_at for m in record.members),
+            alerts=[AffectedAlert(host=host, instance=instance) for host, instance in sorted(summary.targets)],
+            start=summary.since or record.opened_at,
             api=self._client,
+            # The incident's own alerts are left out by their name (`companions`).
             firing=[
-                (a.labels.get("alertname", ""), host_from_labels(a.labels))
-                for a in firing
-                if a.key not in members and a.status == "firing"
+                (a.labels.get("alertname", ""), host_from_labels(a.labels)) for a in firing if a.status == "firing"
             ],
             variables=self._variables,
         )

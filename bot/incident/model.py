@@ -2,11 +2,13 @@
 
 An incident's message (`Message.event == "incident"`, `Message.incident` set) is delivered to a receiver whenever
 the incident changes: opened, alerts joined or resolved, evidence or cause found, all resolved. Each delivery
-carries the whole view at that moment, so a sink renders the latest view and a later one supersedes an earlier.
+carries the whole view at that moment but its alerts' lines (its hosts' lines name their ids), so a sink renders
+the latest view and a later one supersedes an earlier; a sink that attaches every alert reads them when it does.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
@@ -82,8 +84,9 @@ class Cause(_Frozen):
     runbook_url: str = ""
 
 
-class AlertLine(_Frozen):
-    """One alert of the incident, for the attached list and `/gpu` commands."""
+@dataclass(frozen=True, slots=True)
+class AlertLine:
+    """One alert of the incident, for the attached list, the heat map, fleet actions and `report`."""
 
     alert_key: str
     short_id: str
@@ -93,6 +96,7 @@ class AlertLine(_Frozen):
     value: float | None = None
     status: Literal["firing", "resolved"] = "firing"
     starts_at: datetime | None = None  # the alert's start: the heat map's columns
+    instance: str = ""
 
 
 class HostLine(_Frozen):
@@ -128,4 +132,6 @@ class IncidentView(_Frozen):
     # e.g. "12 Slurm jobs of 5 users, 3 pods (15 likely lost)"; empty when none was found.
     work: str = ""
     hosts: list[HostLine] = Field(default_factory=list)  # worst first
-    alerts: list[AlertLine] = Field(default_factory=list)
+    # Every alert's line: never carried by a delivery (an incident of 100,000 alerts would carry them all in each
+    # version); None: a receiver that attaches the list reads it from the store (`Store.incident_alerts`).
+    alerts: list[AlertLine] | None = Field(default=None, exclude=True)

@@ -121,13 +121,18 @@ class IncidentStage:
         """Each incident the batch changed, at its new version with `analyses` kept, for the receivers its changed
         alerts go to. `fresh`: the evidence this batch gathered, by alert key (not stored with the alerts yet)."""
         receivers: dict[str, set[str]] = {}
+        members: dict[str, dict[str, Mapping[str, Any]]] = {}  # the fresh evidence of each incident's alerts
         for event, _, told in decided:
             membership = attribution.memberships.get(event.id)
-            if membership is not None and event.kind in _CHANGES:
+            if membership is None:
+                continue
+            if event.kind in _CHANGES:
                 receivers.setdefault(membership.incident_id, set()).update(told)
+            if fresh is not None and event.alert.key in fresh:
+                members.setdefault(membership.incident_id, {})[event.alert.key] = fresh[event.alert.key]
         routes = []
         for record in await self._store.advance_incidents({i: analyses.get(i) for i in receivers}):
-            message = incident_message(record, fresh)
+            message = incident_message(record, members.get(record.id))
             routes.append(
                 IncidentRoute(
                     incident_key=message.alert_key,
@@ -143,7 +148,7 @@ class IncidentStage:
             return None
         if self._analyser is None:  # nothing to gather: the incident is told with its scope and hosts
             return {} if record.analysis is None else None
-        hosts = build_view(record).scope.hosts
+        hosts = len(record.summary.hosts)
         analysed_hosts = (record.analysis or {}).get("analysed_hosts", 0)
         if record.analysis is not None and hosts < analysed_hosts * _REANALYSE_GROWTH:
             return None

@@ -200,7 +200,7 @@ def alerts_csv(view: IncidentView) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(["id", "alertname", "host", "gpu", "value", "status"])
-    for alert in view.alerts:
+    for alert in view.alerts or ():
         value = number(alert.value) if alert.value is not None else ""
         labels = [_cell(cell) for cell in (alert.short_id, alert.alertname, alert.host, alert.gpu)]
         writer.writerow([*labels, value, alert.status])

@@ -18,6 +18,7 @@ from typing import Any
 
 from bot.clock import Clock
 from bot.config import EmailReceiver
+from bot.incident.lines import with_alerts
 from bot.incident.model import IncidentView, incident_key
 from bot.render.email import build_email
 from bot.render.email_incident import IncidentMail, changes, incident_snapshot, render_incident_email
@@ -46,7 +47,7 @@ class IncidentMails:
             wait = self._config.digest_interval - (now - datetime.fromisoformat(state["mailed_at"])).total_seconds()
             if wait > 0:
                 return DeliveryResult.hold(wait, "digest_interval")
-        mail = incident_mail(view, self._domain, state)
+        mail = incident_mail(await with_alerts(view, self._store), self._domain, state)
         if mail is None:  # nothing to tell: remember the version, keep the interval running from the last mail
             await self._store.put_sink_state(self._config.name, key, {**(state or {}), "version": view.version})
             return DeliveryResult.ok()

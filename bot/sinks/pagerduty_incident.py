@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from bot.config import PagerDutyReceiver
+from bot.incident.lines import alert_lines
 from bot.incident.model import IncidentView, incident_key
 from bot.render.pagerduty_incident import incident_dedup_key, incident_trigger, material, resolve_event
 from bot.sinks.base import DeliveryResult
@@ -76,7 +77,7 @@ class IncidentPages:
         state = await self._store.get_sink_state(self._config.name, key) or {}
         if view.version <= int(state.get("version", 0)):
             return DeliveryResult.ok()  # told already (a retried or superseded version)
-        earlier = await self._pages.among(alert.alert_key for alert in view.alerts)
+        earlier = await self._pages.among(alert.alert_key for alert in await alert_lines(view, self._store))
         if view.status == "resolved":
             if state.get("triggered") and not state.get("resolved"):
                 result = await post(resolve_event(routing_key, incident_dedup_key(view.id)))

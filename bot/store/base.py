@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any, Literal, Protocol
 
 from bot.dedup import AlertDecision
+from bot.incident.model import AlertLine
 from bot.models import (
     AlertState,
     AmAlert,
@@ -153,7 +154,12 @@ class Store(abc.ABC):
         the last), resolved when none of its members fires (open again when one does). Returns them as they are."""
 
     @abc.abstractmethod
-    async def get_incident(self, incident_id: str) -> IncidentRecord | None: ...
+    async def get_incident(self, incident_id: str) -> IncidentRecord | None:
+        """The incident with its members folded by host (read one row at a time)."""
+
+    @abc.abstractmethod
+    async def incident_alerts(self, incident_id: str) -> list[AlertLine]:
+        """Each alert of the incident as a line, in the order they joined (none: no such incident)."""
 
     @abc.abstractmethod
     async def alert_incident(self, alert_key: str) -> str | None:

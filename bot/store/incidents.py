@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from bot.incident.model import INCIDENT_KEY_PREFIX
-from bot.models import AlertState, short_id
+from bot.incident.members import MemberSummary, alert_line
+from bot.incident.model import INCIDENT_KEY_PREFIX, AlertLine
+from bot.models import short_id
 
 IncidentState = Literal["open", "resolved"]
 # A receiver's deliveries go in two lanes: an alert's never wait behind an incident's, and the other way round.
@@ -115,13 +116,6 @@ def decide_memberships(
 
 # --- the incident as kept, for building its view and its record -----------------------------------------
 @dataclass(frozen=True)
-class IncidentMember:
-    alert: AlertState
-    alone: bool
-    joined_at: datetime
-
-
-@dataclass(frozen=True)
 class IncidentRecord:
     id: str
     alertname: str
@@ -132,7 +126,8 @@ class IncidentRecord:
     version: int
     # The incident-level evidence as last gathered (traits, signals, cause...), JSON; None: not gathered yet.
     analysis: dict[str, Any] | None
-    members: list[IncidentMember]
+    # Its alerts folded by host: a record holds its hosts, not its alerts (`Store.incident_alerts` lists those).
+    summary: MemberSummary
 
 
 # --- SQL both backends run ({p}: the backend's placeholder) ------------------------------------------------
@@ -160,12 +155,14 @@ ADVANCE = """UPDATE incidents SET version = version + 1,
                     THEN NULL ELSE COALESCE(resolved_at, {p}) END
  WHERE id = {p}"""
 INCIDENT = "SELECT * FROM incidents WHERE id = {p}"
-# An incident's members without their evidence, but for their workload section (who is hurt): a large incident's
-# version would otherwise read back every member's whole evidence. `{workload}`: the backend's JSON expression.
-MEMBERS = """SELECT m.alone, m.joined_at, a.key, a.fingerprint, a.status, a.labels, a.annotations, a.starts_at,
-       a.ends_at, a.generator_url, a.group_key, a.receiver, a.external_url, a.first_seen, a.last_seen, a.times_seen,
-       a.resolved_at, a.acked_by, a.acked_at, a.silence_id, a.silenced_by, a.silenced_until,
+# An incident's members, read one row at a time and folded (`summary_from_rows`): what a version shows, with no
+# evidence but the workload section (who is hurt). `{workload}`: the backend's JSON expression.
+MEMBERS = """SELECT m.alone, a.key, a.status, a.labels, a.annotations, a.starts_at, a.last_seen,
        {workload} AS enrichment
+  FROM incident_members m JOIN alerts a ON a.key = m.alert_key
+ WHERE m.incident_id = {p} ORDER BY m.joined_at, a.key"""
+# Each member's line, for the receivers that attach the whole list, fleet actions and `report`.
+LINES = """SELECT a.key, a.status, a.labels, a.annotations, a.starts_at
   FROM incident_members m JOIN alerts a ON a.key = m.alert_key
  WHERE m.incident_id = {p} ORDER BY m.joined_at, a.key"""
 SQLITE_WORKLOAD = """(SELECT json_object('sections', json_group_array(json(s.value)))
@@ -194,8 +191,8 @@ def lane_condition(lane: Lane, not_blocked: str) -> str:
     return f"NOT {IS_INCIDENT_DELIVERY} AND {not_blocked}"
 
 
-def incident_from_rows(row: Any, members: Sequence[tuple[AlertState, Any]]) -> IncidentRecord:
-    """A record from its row and its members' (alert, membership row) pairs."""
+def incident_from_rows(row: Any, summary: MemberSummary) -> IncidentRecord:
+    """A record from its row and its members folded."""
     analysis = row["analysis"]
     return IncidentRecord(
         id=row["id"],
@@ -206,11 +203,27 @@ def incident_from_rows(row: Any, members: Sequence[tuple[AlertState, Any]]) -> I
         resolved_at=dt(row["resolved_at"]),
         version=row["version"],
         analysis=json.loads(analysis) if analysis else None,
-        members=[
-            IncidentMember(alert, bool(member["alone"]), _required(dt(member["joined_at"])))
-            for alert, member in members
-        ],
+        summary=summary,
     )
+
+
+def fold_member(summary: MemberSummary, row: Any, alertname: str) -> None:
+    """Fold one row of `MEMBERS` into the incident's summary."""
+    labels, annotations = json.loads(row["labels"]), json.loads(row["annotations"])
+    summary.add(
+        alert_line(row["key"], row["status"], labels, annotations, _required(dt(row["starts_at"])), alertname),
+        annotations,
+        labels,
+        alone=bool(row["alone"]),
+        last_seen=_required(dt(row["last_seen"])),
+        enrichment=json.loads(row["enrichment"]) if row["enrichment"] else None,
+    )
+
+
+def line_from_row(row: Any, alertname: str) -> AlertLine:
+    """One row of `LINES` as the alert's line."""
+    labels, annotations = json.loads(row["labels"]), json.loads(row["annotations"])
+    return alert_line(row["key"], row["status"], labels, annotations, _required(dt(row["starts_at"])), alertname)
 
 
 def _required(value: datetime | None) -> datetime:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 from typing import Any
 
@@ -109,7 +110,7 @@ def incident_view(
 def resolved_view(view: IncidentView, version: int, after: timedelta = timedelta(minutes=23)) -> IncidentView:
     scope = view.scope.model_copy(update={"firing": 0})
     hosts = [line.model_copy(update={"firing": 0, "resolved": line.firing + line.resolved}) for line in view.hosts]
-    alerts = [alert.model_copy(update={"status": "resolved"}) for alert in view.alerts]
+    alerts = [dataclasses.replace(alert, status="resolved") for alert in view.alerts or ()]
     return view.model_copy(
         update={
             "version": version,

@@ -113,12 +113,12 @@ def recovery_reply(view: IncidentView) -> Payload:
 def alert_list(view: IncidentView, at: str) -> str:
     """Every alert of the incident, one per line with its id (what `/gpu ack` takes), worst host first."""
     order = {h.host: n for n, h in enumerate(view.hosts)}
-    alerts = sorted(view.alerts, key=lambda a: (order.get(a.host, len(order)), a.host, _gpu_order(a), a.short_id))
+    alerts = sorted(view.alerts or (), key=lambda a: (order.get(a.host, len(order)), a.host, _gpu_order(a), a.short_id))
     rows: list[tuple[str, ...]] = [("id", "status", "alert", "host", "GPU", "value")]
     rows += [_row(a, view.scope.unit) for a in alerts]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1] for row in rows]
-    head = f"{view.title}: {number(len(view.alerts))} alerts, as of {at}"
+    head = f"{view.title}: {number(len(alerts))} alerts, as of {at}"
     return "\n".join([head, "", *(line.rstrip() for line in lines)]) + "\n"
 
 

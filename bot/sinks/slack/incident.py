@@ -21,6 +21,7 @@ import logging
 from datetime import datetime
 
 from bot.clock import Clock
+from bot.incident.lines import with_alerts
 from bot.incident.model import IncidentView, incident_key
 from bot.message import Message
 from bot.metrics import Metrics
@@ -33,6 +34,7 @@ from bot.render.slack.incident_thread import HOSTS_PER_REPLY, alert_list, hosts_
 from bot.sinks.slack.channel import SlackChannel, SlackFailure
 from bot.sinks.slack.pictures import SlackFiles
 from bot.sinks.slack.state import AlertRecord, Attachment, HostReply, IncidentCard, Posting, SinkState, Upload
+from bot.store.base import Store
 
 log = logging.getLogger(__package__)
 
@@ -61,6 +63,7 @@ class IncidentCards:
     def __init__(
         self,
         channel: SlackChannel,
+        store: Store,
         state: SinkState,
         controls: Controls,
         metrics: Metrics,
@@ -71,6 +74,7 @@ class IncidentCards:
         self.name = channel.name
         self._channel = channel
         self._files = SlackFiles(channel)
+        self._store = store
         self._state = state
         self._controls = controls
         self._metrics = metrics
@@ -86,6 +90,7 @@ class IncidentCards:
         card = await self._state.card(view.id) or IncidentCard()
         if view.version < card.version:
             return None
+        view = await with_alerts(view, self._store)
         paced = self._paced(card, view)
         put_off = await self._card(view, card, paced)
         await self._members(view, card)
@@ -127,7 +132,7 @@ class IncidentCards:
         """A record for each alert new to the incident that has none in this channel yet (one write)."""
         members = await self._state.members(view.id)
         known = set(members.keys)
-        new = [a.alert_key for a in view.alerts if a.alert_key not in known]
+        new = [a.alert_key for a in view.alerts or () if a.alert_key not in known]
         if not new:
             return
         records: dict[str, tuple[AlertRecord, None]] = {}
@@ -169,24 +174,24 @@ class IncidentCards:
     async def _alert_list(self, view: IncidentView, card: IncidentCard) -> None:
         """Every alert with its id, as one text file in the thread: shared with the first hosts, renewed when
         alerts joined since, at most every five minutes, and once when the incident is over."""
-        wanted = digest(sorted(a.alert_key for a in view.alerts))
+        wanted = digest(sorted(a.alert_key for a in view.alerts or ()))
         over = view.status == "resolved"
         if not self._due(card.alert_list, wanted, renew=over) or not view.alerts:
             return
         at = f"{self._clock.now():%Y-%m-%d %H:%M:%S} UTC"
         data = alert_list(view, at).encode()
-        title = f"All {len(view.alerts):,} alerts of this incident, with their ids"
+        title = f"All {view.scope.alerts:,} alerts of this incident, with their ids"
         await self._share(view.id, card, card.alert_list, wanted, (data, f"incident-{view.id}-alerts.txt", title))
 
     async def _heat_map(self, view: IncidentView, card: IncidentCard) -> None:
         """The alerts by host and start time, with the card's first complete version; renewed like the list."""
         if self._renderer is None or not view.analysed:
             return
-        wanted = digest(sorted(a.alert_key for a in view.alerts))
+        wanted = digest(sorted(a.alert_key for a in view.alerts or ()))
         if not self._due(card.heat, wanted, renew=False):
             return
         starts: dict[str, list[datetime]] = {h.host: [] for h in view.hosts}  # worst first
-        for alert in view.alerts:
+        for alert in view.alerts or ():
             starts.setdefault(alert.host, []).append(alert.starts_at or view.scope.since)
         heat = incident_heat(view.title, starts, self._clock.now())
         render = functools.partial(render_incident_heat, theme=self._theme)

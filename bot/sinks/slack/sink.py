@@ -85,7 +85,7 @@ class SlackSink:
         self._pictures = ThreadPictures(self._channel, self._state, pictures, metrics, clock)
         renderer = pictures.renderer if pictures is not None and pictures.enabled else None
         self._incidents = IncidentCards(
-            self._channel, self._state, controls, metrics, clock, renderer, receiver.graph_theme
+            self._channel, store, self._state, controls, metrics, clock, renderer, receiver.graph_theme
         )
 
     # --- Sink interface ---------------------------------------------------------------------------------

@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from bot.incident.members import MemberSummary
+from bot.incident.model import AlertLine
 from bot.models import Delivery, EventKind, IncidentRoute
 from bot.store import core
 from bot.store import incidents as shared
@@ -103,12 +105,19 @@ class PostgresIncidents(PostgresConnection):
         row = await (await conn.execute(_q(shared.INCIDENT), (incident_id,))).fetchone()
         if row is None:
             return None
-        members = await (
-            await conn.execute(
-                shared.MEMBERS.format(p="%s", workload=shared.POSTGRESQL_WORKLOAD).encode(), (incident_id,)
-            )
-        ).fetchall()
-        return shared.incident_from_rows(row, [(core.alert_from_row(m), m) for m in members])
+        summary = MemberSummary()
+        async with conn.cursor() as cursor:
+            async for member in cursor.stream(_MEMBERS, (incident_id,)):  # one row at a time: a record holds no alert
+                shared.fold_member(summary, member, row["alertname"])
+        return shared.incident_from_rows(row, summary)
+
+    async def incident_alerts(self, incident_id: str) -> list[AlertLine]:
+        async with self._connection() as conn:
+            row = await (await conn.execute(_q(shared.INCIDENT), (incident_id,))).fetchone()
+            if row is None:
+                return []
+            members = await (await conn.execute(_q(shared.LINES), (incident_id,))).fetchall()
+            return [shared.line_from_row(member, row["alertname"]) for member in members]
 
     async def alert_incident(self, alert_key: str) -> str | None:
         row = await self._fetchone(shared.MEMBERSHIP.format(p="%s"), (alert_key,))

@@ -8,10 +8,11 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from bot.incident.members import MemberSummary
+from bot.incident.model import AlertLine
 from bot.models import Delivery, EventKind, IncidentRoute
 from bot.store import incidents as shared
 from bot.store.core import MAX_ERROR_CHARS
-from bot.store.core import alert_from_row as _alert_from_row
 from bot.store.incidents import IncidentArrival, IncidentRecord, IncidentRule, Membership
 from bot.store.sqlite.connection import SqliteConnection
 
@@ -101,8 +102,20 @@ class SqliteIncidents(SqliteConnection):
         row = conn.execute(_q(shared.INCIDENT), (incident_id,)).fetchone()
         if row is None:
             return None
-        members = conn.execute(_MEMBERS, (incident_id,)).fetchall()
-        return shared.incident_from_rows(row, [(_alert_from_row(m), m) for m in members])
+        summary = MemberSummary()
+        for member in conn.execute(_MEMBERS, (incident_id,)):  # one row at a time: a record holds no alert
+            shared.fold_member(summary, member, row["alertname"])
+        return shared.incident_from_rows(row, summary)
+
+    async def incident_alerts(self, incident_id: str) -> list[AlertLine]:
+        def lines() -> list[AlertLine]:
+            row = self.connection.execute(_q(shared.INCIDENT), (incident_id,)).fetchone()
+            if row is None:
+                return []
+            members = self.connection.execute(_q(shared.LINES), (incident_id,))
+            return [shared.line_from_row(member, row["alertname"]) for member in members]
+
+        return await self._run(lines)
 
     async def alert_incident(self, alert_key: str) -> str | None:
         row = await self._run(self._fetchone, _q(shared.MEMBERSHIP), (alert_key,))
