@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from bot.evidence.outputs import WorkloadEvidence
-from bot.incident.model import AlertLine
+from bot.incident.model import HOST_IDS, AlertLine
 from bot.models import host_from_labels, short_id
 
 # The alert's value as its rule states it: a `value` annotation, else the last "(93 °C)" of its summary.
@@ -115,7 +115,8 @@ class MemberSummary:
             host.gpus.add(line.gpu)
         else:
             host.gpuless += 1
-        host.short_ids.append(line.short_id)
+        if len(host.short_ids) < HOST_IDS:
+            host.short_ids.append(line.short_id)
         self.targets.add((line.host, line.instance))
         firing = line.status == "firing"
         host.firing += firing

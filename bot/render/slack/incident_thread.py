@@ -40,25 +40,27 @@ def host_line(host: HostLine, unit: str, severity: str) -> str:
     if host.resolved:
         parts.append("all resolved" if host.firing == 0 else f"{host.resolved} resolved")
     line = " · ".join(parts)
-    return _with_ids(line, host.short_ids)
+    return _with_ids(line, host.short_ids, host.firing + host.resolved)
 
 
-def _with_ids(line: str, short_ids: Sequence[str]) -> str:
-    """The line with as many of the host's alert ids as fit; the others are counted (all are in the list)."""
+def _with_ids(line: str, short_ids: Sequence[str], total: int) -> str:
+    """The line with as many of the host's alert ids as fit; the others of its `total` alerts are counted (all are
+    in the list)."""
+    total = max(total, len(short_ids))
     shown = 0
-    while shown < len(short_ids) and text_length(_ids_line(line, short_ids, shown + 1)) <= _HOST_LINE_BUDGET:
+    while shown < len(short_ids) and text_length(_ids_line(line, short_ids, shown + 1, total)) <= _HOST_LINE_BUDGET:
         shown += 1
-    return clip(_ids_line(line, short_ids, shown), _HOST_LINE_BUDGET)
+    return clip(_ids_line(line, short_ids, shown, total), _HOST_LINE_BUDGET)
 
 
-def _ids_line(line: str, short_ids: Sequence[str], shown: int) -> str:
+def _ids_line(line: str, short_ids: Sequence[str], shown: int, total: int) -> str:
     ids = " ".join(f"`{escape(sid)}`" for sid in short_ids[:shown])
-    hidden = len(short_ids) - shown
-    if not short_ids:
+    hidden = total - shown
+    if not total:
         return line
     if not shown:
         return f"{line} · {hidden} id{'s' if hidden != 1 else ''} in the list"
-    return f"{line} · id{'s' if len(short_ids) != 1 else ''} {ids}" + (f" +{hidden} in the list" if hidden else "")
+    return f"{line} · id{'s' if total != 1 else ''} {ids}" + (f" +{hidden} in the list" if hidden else "")
 
 
 def gpus_text(gpus: Sequence[str]) -> str:
