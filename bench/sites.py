@@ -224,20 +224,37 @@ def bound(hosts: int) -> dict[str, int]:
 
 
 def lost_evidence(db: Path, site: str) -> dict[str, Any]:
-    """Of `site`'s alerts: how many, how many lack their Prometheus evidence, and why (the budget spent on a busy
-    machine is not the replica's doing: a stopped replica's alerts would name it)."""
-    alerts = 0
+    """Of `site`'s alerts: how many, how many of those told on their own lack their Prometheus evidence, and why
+    (the budget spent on a busy machine is not the replica's doing: a stopped replica's alerts would name it). An
+    alert told as a line of an incident asks for no evidence of its own: the incident's analysis is its evidence,
+    and what that analysis could not gather is counted as `incident_problems`."""
+    alerts = lines = 0
     why: Counter[str] = Counter()
     with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
-        for labels_text, stored in conn.execute("SELECT labels, enrichment FROM alerts"):
+        as_lines = {key for (key,) in conn.execute("SELECT alert_key FROM incident_members WHERE alone = 0")}
+        for key, labels_text, stored in conn.execute("SELECT key, labels, enrichment FROM alerts"):
             if json.loads(labels_text).get("site") != site:
                 continue
             alerts += 1
+            if key in as_lines:
+                lines += 1
+                continue
             sections = json.loads(stored or "{}").get("sections", [])
             prometheus = [s for s in sections if s["name"] == "prometheus"]
             if not prometheus or prometheus[0]["status"] != "ok":
                 why[prometheus[0].get("reason") or prometheus[0]["status"] if prometheus else "no section"] += 1
-    return {"alerts": alerts, "without_prometheus_evidence": sum(why.values()), "why": dict(why)}
+        problems = [
+            problem
+            for (analysis,) in conn.execute("SELECT analysis FROM incidents WHERE analysis IS NOT NULL")
+            for problem in json.loads(analysis).get("problems", [])
+        ]
+    return {
+        "alerts": alerts,
+        "told_as_incident_lines": lines,
+        "without_prometheus_evidence": sum(why.values()),
+        "why": dict(why),
+        "incident_problems": problems,
+    }
 
 
 def throughput(layout: Layout, loki: FakeLoki, args: argparse.Namespace) -> dict[str, Any]:

@@ -19,13 +19,17 @@ from bot.enrich import build_enrichers
 from bot.enrich.batch import BatchItem
 from bot.evidence import Enrichment, EnrichmentSection
 from bot.gpu.xid_catalog import bundled_catalog
+from bot.incident.analyser import IncidentAnalyser
+from bot.incident.members import MemberSummary, alert_line
 from bot.metrics import Metrics
 from bot.models import AlertState
+from bot.playbooks import PlaybookSet
 from bot.store.base import Store
+from bot.store.incidents import IncidentRecord
 from tests.fakes.loki import FakeLoki
 from tests.support.exporter import DCGM_GPU_TEMP, SyntheticExporter, dcgm_labels, scrape_config
 from tests.support.payloads import alert_state
-from tests.support.processes import Prometheus, free_port, wait_scraped
+from tests.support.processes import REPO, Prometheus, free_port, wait_scraped
 
 pytestmark = pytest.mark.realstack
 
@@ -124,6 +128,33 @@ async def test_each_alert_is_enriched_from_its_own_sites_source(sites: Sites, st
     assert _current(_prometheus(a)) == A1_VALUE and _prometheus(a).source == "Prometheus (a)"
     assert _current(_prometheus(b)) == B_VALUE and _prometheus(b).source == "Prometheus (b)"
     assert _prometheus(c).status == "unavailable" and _prometheus(c).source == "Prometheus"
+
+
+async def test_an_incident_over_two_sites_is_compared_with_both_sites_fleets(sites: Sites) -> None:
+    """The incident's own analysis asks the source of each site its alerts come from (the default source answers
+    nothing here), so its fleet is both sites' and no site is missing from what its hosts are compared with."""
+    summary = MemberSummary()
+    for host in ("a-01", "b-01"):
+        labels = {"alertname": "GPUTempCritical", "severity": "critical", **dcgm_labels(0, hostname=host)}
+        line = alert_line(f"{host}@0", "firing", labels, {"value": "93"}, datetime.now(UTC), "GPUTempCritical")
+        summary.add(line, {"value": "93"}, labels, alone=False, last_seen=datetime.now(UTC), enrichment=None)
+    record = IncidentRecord("inc1", "GPUTempCritical", "GPUTempCritical", "open", datetime.now(UTC), None, 1, None,
+                            summary)  # fmt: skip
+    playbook = PlaybookSet.load(REPO / "playbooks").get("GPUTempCritical")
+    prometheus = _config(sites).prometheus
+    assert playbook is not None and prometheus is not None
+    analyser = IncidentAnalyser(prometheus, {})
+    try:
+        assert analyser.site_labels == ["site"]
+        origins = [({"site": "a"}, "http://prometheus-a.example:9090/graph"), ({}, f"{sites.b.url}/graph")]
+        found = await analyser.analyse(record, playbook, [], origins)
+        alone = await analyser.analyse(record, playbook, [], origins[:1])
+        nowhere = await analyser.analyse(record, playbook, [], [({}, "http://prometheus-c.example:9090/graph")])
+    finally:
+        await analyser.close()
+    assert (found["fleet_hosts"], found["fleet_gpus"], found["problems"]) == (2, 2, [])
+    assert alone["fleet_hosts"] == 1  # site a's fleet alone: b-01 is not in it
+    assert nowhere["fleet_hosts"] is None and nowhere["problems"]  # the default source answers nothing
 
 
 async def test_a_stopped_replica_costs_no_alert_its_evidence_and_is_skipped_for_a_while(

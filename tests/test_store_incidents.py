@@ -130,3 +130,13 @@ async def test_an_incidents_members_come_back_with_their_workload_alone_of_their
         assert list(record.summary.workloads) == [events[0].alert.key]  # the others found none
         assert record.summary.workloads[events[0].alert.key].model_dump(exclude_defaults=True) == job
         assert build_view(record).work == "1 Slurm job of 1 user (1 likely lost)"
+
+
+async def test_an_incidents_origins_are_its_alerts_distinct_site_labels_and_generator_urls(opened: Opener) -> None:
+    async with opened() as store:
+        events = await storm(store, "k-ai-01", 6) + await storm(store, "k-ai-02", 2)
+        [incident_id] = {m.incident_id for m in (await store.attribute_incidents(arrivals(events), RULE)).values()}
+        origins = await store.incident_origins(incident_id, ["host", "site"])  # no alert has a `site` label
+        generator = events[0].alert.generator_url
+        assert sorted(origins, key=str) == [({"host": "k-ai-01"}, generator), ({"host": "k-ai-02"}, generator)]
+        assert await store.incident_origins(incident_id, []) == [({}, generator)]

@@ -9,7 +9,7 @@ are planned per source first and one site's alerts never share a query with anot
 from __future__ import annotations
 
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from bot.config import SiteMatch
@@ -18,13 +18,14 @@ from bot.evidence import EnrichmentSection
 from bot.models import AlertState
 
 
-def site_matches(match: SiteMatch, alert: AlertState) -> bool:
-    if match.labels and all(alert.labels.get(name) == value for name, value in match.labels.items()):
+def site_matches(match: SiteMatch, labels: Mapping[str, str], generator_url: str) -> bool:
+    """Whether an alert with these labels and generatorURL is the site's."""
+    if match.labels and all(labels.get(name) == value for name, value in match.labels.items()):
         return True
-    if not match.generator_hosts or not alert.generator_url:
+    if not match.generator_hosts or not generator_url:
         return False
     try:
-        location = urllib.parse.urlsplit(alert.generator_url)
+        location = urllib.parse.urlsplit(generator_url)
         host = location.hostname or ""
     except ValueError:  # a generatorURL is the sender's text: a malformed one matches no site
         return False
@@ -50,7 +51,7 @@ class Sited:
         self._sites = list(sites)
 
     def site_of(self, alert: AlertState) -> Site | None:
-        return next((site for site in self._sites if site_matches(site.match, alert)), None)
+        return next((s for s in self._sites if site_matches(s.match, alert.labels, alert.generator_url)), None)
 
     async def enrich(self, request: EnrichmentRequest) -> EnrichmentSection:
         site = self.site_of(request.alert)

@@ -1,34 +1,72 @@
-"""The incident stage's evidence: the incident-level analysis (bot/incident/analysis.py) asked of the configured
-Prometheus for one incident, from what the store keeps of it. Without Prometheus there is nothing to ask: an
-incident is then told with its scope and hosts only."""
+"""The incident stage's evidence: the incident-level analysis (bot/incident/analysis.py) asked of Prometheus for one
+incident, from what the store keeps of it. With a Prometheus per site (`enrichment.prometheus.sites`), it asks the
+sources of the sites its alerts come from, each once, and compares the affected hosts with all of their fleets.
+Without Prometheus there is nothing to ask: an incident is then told with its scope and hosts only."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from bot.config import PrometheusConfig
-from bot.enrich.prometheus.client import PrometheusClient
+from bot.config import PrometheusConfig, SiteMatch
+from bot.enrich.prometheus.client import PrometheusClient, RawSeries
+from bot.enrich.queryapi import Deadline
+from bot.enrich.sites import site_matches
 from bot.incident.analysis import AffectedAlert, AnalysisRequest, analyse_incident
 from bot.models import AlertState, host_from_labels
 from bot.playbooks import Playbook
-from bot.store.incidents import IncidentRecord
+from bot.store.incidents import IncidentRecord, Origin
+
+
+class Sources:
+    """Several sources asked one question together, their answers put together (each site's hosts are series of
+    their own). One that fails fails the question: a fleet that lacks a site would make its hosts look alike."""
+
+    def __init__(self, clients: Sequence[PrometheusClient]) -> None:
+        self._clients = list(clients)
+
+    async def query(self, query: str, at: float | None, deadline: Deadline) -> list[RawSeries]:
+        answers = await asyncio.gather(*(client.query(query, at, deadline) for client in self._clients))
+        return [series for answer in answers for series in answer]
+
+    async def query_range(
+        self, query: str, start: float, end: float, step: float, deadline: Deadline
+    ) -> list[RawSeries]:
+        calls = (client.query_range(query, start, end, step, deadline) for client in self._clients)
+        return [series for answer in await asyncio.gather(*calls) for series in answer]
 
 
 class IncidentAnalyser:
     def __init__(self, config: PrometheusConfig, variables: Mapping[str, str]) -> None:
-        self._client = PrometheusClient(config)
+        self._default = PrometheusClient(config)
+        self._sites: list[tuple[SiteMatch, PrometheusClient]] = [
+            (site.match, PrometheusClient(site, name=site.name)) for site in config.sites
+        ]
         self._variables = dict(variables)
 
-    async def analyse(self, record: IncidentRecord, playbook: Playbook, firing: Sequence[AlertState]) -> dict[str, Any]:
-        """Traits, signals, companions, the likely cause and the fleet's size, as JSON for the store."""
+    @property
+    def per_site(self) -> bool:
+        """Whether sources are per site: `analyse` then needs the incident's origins."""
+        return bool(self._sites)
+
+    @property
+    def site_labels(self) -> list[str]:
+        """The labels a site is picked by: what the store is asked of the incident's alerts (`analyse`'s origins)."""
+        return sorted({name for match, _ in self._sites for name in match.labels})
+
+    async def analyse(
+        self, record: IncidentRecord, playbook: Playbook, firing: Sequence[AlertState], origins: Sequence[Origin] = ()
+    ) -> dict[str, Any]:
+        """Traits, signals, companions, the likely cause and the fleet's size, as JSON for the store. `origins`:
+        where its alerts come from (`Store.incident_origins` of `site_labels`), when sources are per site."""
         summary = record.summary
         request = AnalysisRequest(
             alertname=record.alertname,
             section=playbook.incident,
             alerts=[AffectedAlert(host=host, instance=instance) for host, instance in sorted(summary.targets)],
             start=summary.since or record.opened_at,
-            api=self._client,
+            api=self._sources(origins),
             # The incident's own alerts are left out by their name (`companions`).
             firing=[
                 (a.labels.get("alertname", ""), host_from_labels(a.labels)) for a in firing if a.status == "firing"
@@ -37,5 +75,18 @@ class IncidentAnalyser:
         )
         return (await analyse_incident(request)).model_dump(mode="json")
 
+    def _sources(self, origins: Sequence[Origin]) -> PrometheusClient | Sources:
+        """The default source without sites; else the source of each site an alert comes from (the default for
+        an alert no site picks), each once."""
+        if not self._sites:
+            return self._default
+        picked: dict[int, PrometheusClient] = {}
+        for labels, generator_url in origins:
+            client = next((c for m, c in self._sites if site_matches(m, labels, generator_url)), self._default)
+            picked[id(client)] = client
+        return Sources(list(picked.values()) or [self._default])
+
     async def close(self) -> None:
-        await self._client.close()
+        await self._default.close()
+        for _, client in self._sites:
+            await client.close()

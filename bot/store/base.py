@@ -33,7 +33,7 @@ from bot.store.entries import AuditEntry as AuditEntry
 from bot.store.entries import BreakerState as BreakerState
 from bot.store.entries import DeliveryRecord as DeliveryRecord
 from bot.store.entries import WatchdogRecord as WatchdogRecord
-from bot.store.incidents import IncidentArrival, IncidentRecord, IncidentRule, Lane, Membership
+from bot.store.incidents import IncidentArrival, IncidentRecord, IncidentRule, Lane, Membership, Origin
 
 # The part of the bot a process runs (`serve --role`): "all" is ingest and worker in one process. An SQLite store
 # takes one ingest and one worker, whether they share a process or not.
@@ -160,6 +160,10 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def incident_alerts(self, incident_id: str) -> list[AlertLine]:
         """Each alert of the incident as a line, in the order they joined (none: no such incident)."""
+
+    @abc.abstractmethod
+    async def incident_origins(self, incident_id: str, labels: Sequence[str]) -> list[Origin]:
+        """The distinct (values of `labels`, generatorURL) of the incident's alerts: which sites they come from."""
 
     @abc.abstractmethod
     async def alert_incident(self, alert_key: str) -> str | None:

@@ -20,6 +20,8 @@ from bot.incident.model import INCIDENT_KEY_PREFIX, AlertLine
 from bot.models import short_id
 
 IncidentState = Literal["open", "resolved"]
+# Where an incident's alerts come from: the values of some labels (those a site is picked by), and a generatorURL.
+Origin = tuple[dict[str, str], str]
 # A receiver's deliveries go in two lanes: an alert's never wait behind an incident's, and the other way round.
 Lane = Literal["alerts", "incidents"]
 _PREFIX_LENGTH = len(INCIDENT_KEY_PREFIX)
@@ -161,6 +163,19 @@ MEMBERS = """SELECT m.alone, a.key, a.status, a.labels, a.annotations, a.starts_
        {workload} AS enrichment
   FROM incident_members m JOIN alerts a ON a.key = m.alert_key
  WHERE m.incident_id = {p} ORDER BY m.joined_at, a.key"""
+# The distinct origins of an incident's alerts (`{labels}`: one column per label name asked, then the generatorURL):
+# which site each comes from, for the sources its analysis asks.
+ORIGINS = """SELECT DISTINCT {labels}a.generator_url
+  FROM incident_members m JOIN alerts a ON a.key = m.alert_key WHERE m.incident_id = {p}"""
+SQLITE_LABEL = "json_extract(a.labels, ?) AS l{n}, "
+POSTGRESQL_LABEL = "(a.labels::json ->> %s) AS l{n}, "
+
+
+def origins_sql(label: str, labels: int, placeholder: str) -> str:
+    """`ORIGINS` asking `labels` label values, each by the backend's `label` expression."""
+    return ORIGINS.format(labels="".join(label.format(n=n) for n in range(labels)), p=placeholder)
+
+
 # Each member's line, for the receivers that attach the whole list, fleet actions and `report`.
 LINES = """SELECT a.key, a.status, a.labels, a.annotations, a.starts_at
   FROM incident_members m JOIN alerts a ON a.key = m.alert_key
@@ -218,6 +233,15 @@ def fold_member(summary: MemberSummary, row: Any, alertname: str) -> None:
         last_seen=_required(dt(row["last_seen"])),
         enrichment=json.loads(row["enrichment"]) if row["enrichment"] else None,
     )
+
+
+def origins_from_rows(rows: Sequence[Any], names: Sequence[str]) -> list[Origin]:
+    """`ORIGINS`' rows as (labels found, generatorURL) pairs."""
+    found = []
+    for row in rows:
+        values = {name: row[f"l{n}"] for n, name in enumerate(names)}
+        found.append(({k: v for k, v in values.items() if v is not None}, row["generator_url"] or ""))
+    return found
 
 
 def line_from_row(row: Any, alertname: str) -> AlertLine:

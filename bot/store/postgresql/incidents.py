@@ -12,7 +12,7 @@ from bot.incident.model import AlertLine
 from bot.models import Delivery, EventKind, IncidentRoute
 from bot.store import core
 from bot.store import incidents as shared
-from bot.store.incidents import IncidentArrival, IncidentRecord, IncidentRule, Membership
+from bot.store.incidents import IncidentArrival, IncidentRecord, IncidentRule, Membership, Origin
 from bot.store.postgresql.connection import Conn, PostgresConnection
 
 # Replicas attribute incidents one at a time: two batches of one storm must not each open an incident.
@@ -110,6 +110,12 @@ class PostgresIncidents(PostgresConnection):
             async for member in cursor.stream(_MEMBERS, (incident_id,)):  # one row at a time: a record holds no alert
                 shared.fold_member(summary, member, row["alertname"])
         return shared.incident_from_rows(row, summary)
+
+    async def incident_origins(self, incident_id: str, labels: Sequence[str]) -> list[Origin]:
+        sql = shared.origins_sql(shared.POSTGRESQL_LABEL, len(labels), "%s").encode()
+        async with self._connection() as conn:
+            rows = await (await conn.execute(sql, (*labels, incident_id))).fetchall()
+        return shared.origins_from_rows(rows, labels)
 
     async def incident_alerts(self, incident_id: str) -> list[AlertLine]:
         async with self._connection() as conn:

@@ -13,7 +13,7 @@ from bot.incident.model import AlertLine
 from bot.models import Delivery, EventKind, IncidentRoute
 from bot.store import incidents as shared
 from bot.store.core import MAX_ERROR_CHARS
-from bot.store.incidents import IncidentArrival, IncidentRecord, IncidentRule, Membership
+from bot.store.incidents import IncidentArrival, IncidentRecord, IncidentRule, Membership, Origin
 from bot.store.sqlite.connection import SqliteConnection
 
 _MEMBERS = shared.MEMBERS.format(p="?", workload=shared.SQLITE_WORKLOAD)
@@ -106,6 +106,12 @@ class SqliteIncidents(SqliteConnection):
         for member in conn.execute(_MEMBERS, (incident_id,)):  # one row at a time: a record holds no alert
             shared.fold_member(summary, member, row["alertname"])
         return shared.incident_from_rows(row, summary)
+
+    async def incident_origins(self, incident_id: str, labels: Sequence[str]) -> list[Origin]:
+        sql = shared.origins_sql(shared.SQLITE_LABEL, len(labels), "?")
+        paths = [f'$."{name}"' for name in labels]  # a JSON path per label name, bound as a parameter
+        rows = await self._run(lambda: self.connection.execute(sql, (*paths, incident_id)).fetchall())
+        return shared.origins_from_rows(rows, labels)
 
     async def incident_alerts(self, incident_id: str) -> list[AlertLine]:
         def lines() -> list[AlertLine]:
