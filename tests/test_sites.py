@@ -130,6 +130,15 @@ async def test_each_alert_is_enriched_from_its_own_sites_source(sites: Sites, st
     assert _prometheus(c).status == "unavailable" and _prometheus(c).source == "Prometheus"
 
 
+async def test_an_alert_told_as_a_line_of_an_incident_asks_no_sites_source(sites: Sites, store: Store) -> None:
+    runner = build_enrichers(_config(sites), store, Metrics(), bundled_catalog())
+    try:
+        [local] = await runner.run_batch([BatchItem(_alert("a-01", "a", site="a"), None)], remote=False)
+    finally:
+        await runner.close()
+    assert "prometheus" not in {section.name for section in local.sections}
+
+
 async def test_an_incident_over_two_sites_is_compared_with_both_sites_fleets(sites: Sites) -> None:
     """The incident's own analysis asks the source of each site its alerts come from (the default source answers
     nothing here), so its fleet is both sites' and no site is missing from what its hosts are compared with."""

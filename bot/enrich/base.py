@@ -139,7 +139,8 @@ class EnrichmentRunner:
                 )
                 self._metrics.enrichment_results.labels(enricher.name, "timeout").inc()
             section = future.result()
-            sections.append(section.model_copy(update={"source": enricher.source}) if enricher.source else section)
+            named = section.source or not enricher.source  # a section may name its source itself (its site's)
+            sections.append(section if named else section.model_copy(update={"source": enricher.source}))
         return Enrichment(sections=sections)
 
     async def _one(

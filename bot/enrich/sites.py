@@ -45,8 +45,9 @@ class Sited:
     def __init__(self, default: Enricher, sites: Sequence[Site]) -> None:
         self.name = default.name
         self.title = default.title
-        # Each section names its own source (with its site): set below, not by the runner.
-        self.source = ""
+        # Each section names its own source, with its site (set in `enrich`); a remote source all the same, which
+        # an alert told as a line of an incident is not enriched from.
+        self.source = default.source
         self._default = default
         self._sites = list(sites)
 
