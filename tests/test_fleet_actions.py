@@ -161,9 +161,9 @@ async def test_a_fleet_button_waits_for_approval_then_runs_on_every_affected_gpu
         # 2 hosts a minute: a host every 30 s, its GPUs one after the other.
         assert [setup.executors[h].times for h in HOSTS] == [[0.0, 0.0], [30.0, 30.0], [60.0, 60.0]]
         parent = await setup.store.get_action_run(run.id)
-        assert parent is not None and parent.state == "done" and parent.detail == "done on 6"
+        assert parent is not None and parent.state == "done" and parent.detail == "done on 6 hosts"
         texts = setup.thread.texts(INCIDENT)
-        assert texts[-1] == "lower-power-limit (run #1) done: done on 6"
+        assert texts[-1] == "lower-power-limit (run #1) done: done on 6 hosts"
         # Each GPU's run is in the store, for the cooldowns and the audit log; the member threads stay quiet.
         children = [r for r in await setup.runs() if r.id != run.id]
         assert {(r.target, r.gpu, r.state) for r in children} == {(h, g, "done") for h in HOSTS for g in ("0", "1")}
@@ -246,7 +246,7 @@ async def test_a_host_in_cooldown_is_skipped_and_the_breaker_stops_the_run_befor
         assert setup.ran() == [("gpu01", POWER, "0"), ("gpu02", POWER, "0"), ("gpu02", POWER, "1")]
         done = await setup.store.get_action_run(fleet_run.id)
         assert done is not None and done.state == "done"
-        assert done.detail.startswith("done on 2; skipped 2: gpu01 (cooldown: lower-power-limit ran on gpu01 at")
+        assert done.detail.startswith("done on 2 hosts; skipped 2: gpu01 (cooldown: lower-power-limit ran on gpu01 at")
         assert done.detail.endswith("gpu03 (circuit breaker open)")
         # With the breaker open, the card's button is refused at once.
         assert "circuit breaker is open" in await setup.click(RESPONDER, POWER)
@@ -268,7 +268,7 @@ async def test_stop_ends_a_fleet_run_before_its_next_host(tmp_path: Path) -> Non
         done = await setup.store.get_action_run(1)
         assert done is not None and done.state == "done"
         stopper = "slack:U0RESPOND1 alice"
-        assert done.detail == f"done on 2; skipped 2: gpu02 (stopped by {stopper}), gpu03 (stopped by {stopper})"
+        assert done.detail == f"done on 2 hosts; skipped 2: gpu02 (stopped by {stopper}), gpu03 (stopped by {stopper})"
         assert "Refused: run #1 is no fleet run under way" in await setup.dispatcher.command(RESPONDER, "stop 1")
 
 

@@ -9,8 +9,10 @@ from dataclasses import dataclass
 from functools import partial
 
 from bot.actions.authorization import ConfigAuthorizer
+from bot.actions.conversation import Announcer
 from bot.actions.engine import AlertFinder, Authorizer, Remediation, Verification
 from bot.actions.executor import Executor
+from bot.actions.fleet import FleetRemediation, latest_view, members_from_views
 from bot.actions.policy import AutomaticPolicy
 from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import BotConfig, RemediationConfig
@@ -95,6 +97,8 @@ class RemediationService:
     poll_interval: float
     # Lines for `/gpu status`: the state of the nodes a scheduler executor serves.
     status: Callable[[], Awaitable[list[str]]]
+    # An incident's fleet actions (its card's buttons), run by the engine once approved.
+    fleet: FleetRemediation
     _task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -126,8 +130,10 @@ def build_remediation(
     playbooks: PlaybookSet,
     clock: Clock = SYSTEM_CLOCK,
     authorizer: Callable[[Authorizer], Authorizer] | None = None,
+    announcer: Callable[[Announcer], Announcer] | None = None,
 ) -> RemediationService:
-    """`authorizer` wraps the configured approvers (`remediation.approvers`, `admins`): Slack's roles."""
+    """`authorizer` wraps the configured approvers (`remediation.approvers`, `admins`): Slack's roles. `announcer`
+    wraps the notes in the alert's conversation: Slack's incident threads."""
     remediation = config.remediation
     prometheus = remediation.prometheus or config.enrichment.prometheus
     verifiers: dict[str, Verification] = {}
@@ -138,11 +144,13 @@ def build_remediation(
 
         verifiers["restart-dcgm-exporter"] = ExporterRestartCheck(prometheus, clock, remediation.poll_interval)
     executors = build_executors(remediation)
+    notes: Announcer = NoteAnnouncer(store, notify)
+    talk = announcer(notes) if announcer else notes
     engine = Remediation(
         store,
         remediation,
         executors,
-        NoteAnnouncer(store, notify),
+        talk,
         authorizer(ConfigAuthorizer(remediation)) if authorizer else ConfigAuthorizer(remediation),
         alert_finder(store),
         verifiers,
@@ -150,8 +158,11 @@ def build_remediation(
         metrics,
         lambda alert: " ".join(playbooks.match(alert).escalate.split()),
     )
+    fleet = FleetRemediation(
+        store, remediation, engine, members_from_views(store, latest_view(store)), talk, clock, metrics
+    )
     policy = AutomaticPolicy(engine, store, clock)
-    return RemediationService(engine, policy, clock, remediation.poll_interval, partial(node_status, executors))
+    return RemediationService(engine, policy, clock, remediation.poll_interval, partial(node_status, executors), fleet)
 
 
 async def node_status(executors: dict[str, dict[str, Executor]]) -> list[str]:

@@ -46,6 +46,7 @@ from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import RemediationConfig
 from bot.incident.lines import alert_lines
 from bot.incident.model import INCIDENT_KEY_PREFIX, IncidentView, incident_key
+from bot.incident.view import build_view
 from bot.metrics import Metrics
 from bot.models import AlertState, short_id
 from bot.store.base import ActionRun, Store
@@ -73,6 +74,16 @@ class IncidentMembers(Protocol):
 
 # The incident's latest view, from the store.
 IncidentLookup = Callable[[str], Awaitable[IncidentView | None]]
+
+
+def latest_view(store: Store) -> IncidentLookup:
+    """The incident's view as the store has it now."""
+
+    async def view_of(incident_id: str) -> IncidentView | None:
+        record = await store.get_incident(incident_id)
+        return None if record is None else build_view(record)
+
+    return view_of
 
 
 def members_from_views(store: Store, view_of: IncidentLookup) -> IncidentMembers:
@@ -208,7 +219,7 @@ class FleetRemediation:
             id=0,
             action=action,
             alert_key=incident_key(incident_id),
-            target=f"incident {incident_id} ({len(work)} hosts)",
+            target=f"incident {incident_id} ({len(work)} host{'s' if len(work) != 1 else ''})",
             gpu=None,
             requested_by=actor,
             automatic=False,
@@ -336,7 +347,7 @@ def _extent(work: list[HostWork], unusable: int) -> str:
 def _summary(tally: _Tally) -> str:
     if not (tally.done or tally.failed or tally.skipped):
         return "nothing to do: none of the incident's alerts fires on a configured host now"
-    parts = [f"done on {len(tally.done)}"]
+    parts = [f"done on {len(tally.done)} host{'s' if len(tally.done) != 1 else ''}"]
     for word, names in (("failed on", tally.failed), ("skipped", tally.skipped)):
         if names:
             more = f" and {len(names) - _NAMED} more" if len(names) > _NAMED else ""

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from pydantic import BaseModel
 from slack_sdk.web.async_client import AsyncWebClient
 
+from bot.actions.conversation import Announcer
 from bot.actions.runs import APPROVED, EXPIRED, REFUSED, REQUESTED
 from bot.config import BotConfig
+from bot.incident.model import INCIDENT_KEY_PREFIX
 from bot.interact.remediation import SLACK_ACTOR, run_target
 from bot.interact.service import Interactivity
 from bot.render.slack import approval_payload, escape
@@ -100,6 +103,39 @@ def _person(actor: str) -> str:
 
 def _key(run_id: int) -> str:
     return f"approval:{run_id}"
+
+
+class IncidentThreadNotes:
+    """What a fleet run says about an incident (its key `incident:<id>`), as a reply in the incident card's thread of
+    the interactive Slack receiver, where its buttons were clicked; what a run says about an alert goes to `notes`
+    (the alert's conversation, through the outbox). An incident is no stored alert: its notes cannot take that
+    path."""
+
+    def __init__(self, web: AsyncWebClient, store: Store, receiver: str, notes: Announcer) -> None:
+        self._web = web
+        self._threads = SinkState(store, receiver)
+        self._notes = notes
+
+    async def announce(self, alert_key: str, text: str) -> None:
+        if not alert_key.startswith(INCIDENT_KEY_PREFIX):
+            await self._notes.announce(alert_key, text)
+            return
+        record = await self._threads.record(alert_key)
+        if record is None or not record.channel or not (record.thread_ts or record.ts):
+            log.info("no Slack thread for an incident's note", extra={"alert_key": alert_key})
+            return
+        await self._web.chat_postMessage(
+            channel=record.channel, thread_ts=record.thread_ts or record.ts, text=escape(text), unfurl_links=False
+        )
+
+
+def incident_thread_notes(
+    config: BotConfig, interactivity: Interactivity, store: Store
+) -> Callable[[Announcer], Announcer]:
+    """Notes about incidents in the interactive Slack receiver's incident threads, the others as they were."""
+    assert config.interactivity is not None  # interactivity runs only when configured
+    receiver = config.interactivity.receiver
+    return lambda notes: IncidentThreadNotes(interactivity.web, store, receiver, notes)
 
 
 def approval_messages(config: BotConfig, interactivity: Interactivity, store: Store) -> ApprovalMessages:

@@ -189,7 +189,8 @@ def _remediation_service(
     if interactivity is None:
         return build_remediation(config, store, notify, metrics, playbooks)
     # Imported here like the Interactivity they extend (_interactivity).
-    from bot.interact.approval import approval_messages
+    from bot.interact.approval import approval_messages, incident_thread_notes
+    from bot.interact.fleet import FleetCommands
     from bot.interact.remediation import RemediationCommands, SlackAuthorizer
 
     access = interactivity.access
@@ -201,8 +202,10 @@ def _remediation_service(
         playbooks,
         # Approvals by Slack users are judged by their Slack role; the CLI's by `remediation.approvers`.
         authorizer=lambda configured: SlackAuthorizer(access, configured),
+        announcer=incident_thread_notes(config, interactivity, store),
     )
     RemediationCommands(remediation.engine, access).register(interactivity.dispatcher)
+    FleetCommands(remediation.fleet, access).register(interactivity.dispatcher)
     interactivity.commands.add_status(remediation.status)
     remediation.engine.watch_approvals(approval_messages(config, interactivity, store))
     return remediation
