@@ -130,6 +130,10 @@ async def test_an_incidents_members_come_back_with_their_workload_alone_of_their
         assert list(record.summary.workloads) == [events[0].alert.key]  # the others found none
         assert record.summary.workloads[events[0].alert.key].model_dump(exclude_defaults=True) == job
         assert build_view(record).work == "1 Slurm job of 1 user (1 likely lost)"
+        # The firing alerts an incident's analysis reads (for other alerts on its hosts) come without evidence.
+        light = {a.key: a.enrichment for a in await store.list_alerts("firing", 100, evidence=False)}
+        whole = {a.key: a.enrichment for a in await store.list_alerts("firing", 100)}
+        assert light == dict.fromkeys(whole) and whole[events[0].alert.key] == evidence
 
 
 async def test_an_incidents_origins_are_its_alerts_distinct_site_labels_and_generator_urls(opened: Opener) -> None:

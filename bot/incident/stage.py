@@ -152,7 +152,7 @@ class IncidentStage:
         analysed_hosts = (record.analysis or {}).get("analysed_hosts", 0)
         if record.analysis is not None and hosts < analysed_hosts * _REANALYSE_GROWTH:
             return None
-        firing = await self._store.list_alerts("firing", _FIRING_READ)
+        firing = await self._store.list_alerts("firing", _FIRING_READ, evidence=False)
         analyser = self._analyser
         origins = await self._store.incident_origins(incident_id, analyser.site_labels) if analyser.per_site else []
         try:

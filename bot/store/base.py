@@ -223,7 +223,9 @@ class Store(abc.ABC):
     async def get_alert(self, key: str) -> AlertState | None: ...
 
     @abc.abstractmethod
-    async def list_alerts(self, status: str | None = None, limit: int = 100) -> list[AlertState]: ...
+    async def list_alerts(self, status: str | None = None, limit: int = 100, evidence: bool = True) -> list[AlertState]:
+        """The most recently seen alerts (of `status`); `evidence=False` leaves out their enrichment, which a
+        caller reading thousands of them does not need."""
 
     @abc.abstractmethod
     async def alert_by_short_id(self, short_id: str) -> AlertState | None:

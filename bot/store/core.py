@@ -247,6 +247,12 @@ def _alert_update(previous: AlertState, alert: AmAlert, now: float, keep_status:
 
 
 # --- rows -> records -----------------------------------------------------------------------------------
+# An alert's columns as `alert_from_row` reads them, without its evidence (`list_alerts(..., evidence=False)`).
+ALERT_WITHOUT_EVIDENCE = """key, fingerprint, status, labels, annotations, starts_at, ends_at, generator_url, group_key,
+receiver, external_url, first_seen, last_seen, times_seen, resolved_at, acked_by, acked_at, NULL AS enrichment,
+silence_id, silenced_by, silenced_until"""
+
+
 def alert_from_row(row: Row) -> AlertState:
     return AlertState(
         key=row["key"],

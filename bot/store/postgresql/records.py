@@ -30,9 +30,10 @@ class PostgresRecords(PostgresConnection):
         row = await self._fetchone("SELECT * FROM alerts WHERE key = %s", (key,))
         return None if row is None else core.alert_from_row(row)
 
-    async def list_alerts(self, status: str | None = None, limit: int = 100) -> list[AlertState]:
+    async def list_alerts(self, status: str | None = None, limit: int = 100, evidence: bool = True) -> list[AlertState]:
+        columns = "*" if evidence else core.ALERT_WITHOUT_EVIDENCE
         rows = await self._fetchall(
-            "SELECT * FROM alerts WHERE %(status)s::text IS NULL OR status = %(status)s "
+            f"SELECT {columns} FROM alerts WHERE %(status)s::text IS NULL OR status = %(status)s "  # noqa: S608
             "ORDER BY last_seen DESC LIMIT %(limit)s",
             {"status": status, "limit": limit},
         )

@@ -32,15 +32,14 @@ class SqliteRecords(SqliteConnection):
         row = await self._run(self._fetchone, "SELECT * FROM alerts WHERE key = ?", (key,))
         return None if row is None else _alert_from_row(row)
 
-    async def list_alerts(self, status: str | None = None, limit: int = 100) -> list[AlertState]:
+    async def list_alerts(self, status: str | None = None, limit: int = 100, evidence: bool = True) -> list[AlertState]:
+        columns = "*" if evidence else core.ALERT_WITHOUT_EVIDENCE
         if status is None:
-            rows = await self._run(self._fetchall, "SELECT * FROM alerts ORDER BY last_seen DESC LIMIT ?", (limit,))
+            sql, args = f"SELECT {columns} FROM alerts ORDER BY last_seen DESC LIMIT ?", (limit,)  # noqa: S608
         else:
-            rows = await self._run(
-                self._fetchall,
-                "SELECT * FROM alerts WHERE status = ? ORDER BY last_seen DESC LIMIT ?",
-                (status, limit),
-            )
+            sql = f"SELECT {columns} FROM alerts WHERE status = ? ORDER BY last_seen DESC LIMIT ?"  # noqa: S608
+            args = (status, limit)  # type: ignore[assignment]
+        rows = await self._run(self._fetchall, sql, args)
         return [_alert_from_row(row) for row in rows]
 
     async def recent_alerts(self, alertnames: Sequence[str], since: datetime) -> list[AlertState]:
