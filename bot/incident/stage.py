@@ -156,7 +156,7 @@ class IncidentStage:
         analyser = self._analyser
         origins = await self._store.incident_origins(incident_id, analyser.site_labels) if analyser.per_site else []
         try:
-            found = await self._analyser.analyse(record, playbook, firing, origins)
+            found = await analyser.analyse(record, playbook, firing, origins)
         except Exception:  # the incident is told without it rather than not at all; the next change tries again
             log.exception("incident evidence could not be gathered", extra={"incident": incident_id})
             return None
