@@ -192,8 +192,12 @@ def test_an_incident_card_and_its_host_replies_stay_within_limits_whatever_they_
 def test_a_card_claims_no_trait_or_cause_the_evidence_did_not_find() -> None:
     view = fleet_view(hosts=40, analysed=True).model_copy(update={"traits": [], "cause": None, "signals": []})
     text = "\n".join(texts(incident_card(view)))
-    assert "nothing stands out: the affected hosts look like any hosts of the fleet" in text
+    assert "*What they share:* Nothing stands out: the affected hosts look like any hosts of the fleet." in text
     assert "Likely cause:* none the data points at" in text and "Looking for" not in text
+    # Without the fleet (no Prometheus, or it did not answer), nothing is said of what the hosts share.
+    blind = view.model_copy(update={"scope": view.scope.model_copy(update={"fleet_hosts": None, "fleet_gpus": None})})
+    told = "\n".join(texts(incident_card(blind)))
+    assert "*What they share:* Not known: the fleet could not be read" in told and "look like any" not in told
     young = "\n".join(texts(incident_card(fleet_view(hosts=40))))
     assert "Looking for what the affected hosts share" in young and "Likely cause" not in young
 

@@ -90,9 +90,7 @@ def report_markdown(
     view = build_view(record)
     lines = [f"# Incident {record.id}: {view.title}", "", *_summary(view, record.playbook), ""]
     lines += ["## What the affected hosts share", ""]
-    lines += [f"- {text.trait_text(t)}" for t in view.traits] or [
-        "- Nothing stated: the affected hosts do not differ from the fleet enough to say so."
-    ]
+    lines += [f"- {text.trait_text(t)}" for t in view.traits] or [f"- {text.no_trait_text(view)}"]
     lines += ["", "## What moved with them", ""]
     moved = [text.signal_text(s) for s in view.signals] + [text.companion_text(c) for c in view.companions]
     lines += [f"- {line}" for line in moved] or ["- Nothing found."]
@@ -160,6 +158,7 @@ async def report_command(config: BotConfig, incident_id: str, out: Path | None) 
     finally:
         await store.close()
     path = out or Path(f"incident-{record.id}.md")
+    path.parent.mkdir(parents=True, exist_ok=True)
     picture = await _write_heat_map(record, alerts, path)
     path.write_text(report_markdown(record, alerts, runs, picture.name if picture else None))
     print(path)

@@ -34,6 +34,7 @@ from bot.render.email import (
 from bot.render.incident_text import (
     companion_text,
     gpu_list,
+    no_trait_text,
     number,
     resolution_text,
     scope_text,
@@ -94,7 +95,7 @@ def changes(view: IncidentView, before: Mapping[str, Any]) -> list[str]:
     ]
     found = view.traits or view.signals or view.cause
     if view.analysed and not before.get("analysed", False) and not found:
-        lines.append("Evidence gathered: nothing the affected hosts share stands out, and no likely cause")
+        lines.append(f"Evidence gathered, no likely cause: {no_trait_text(view)}")
     return lines
 
 
@@ -154,9 +155,7 @@ def _body(view: IncidentView) -> list[Block]:
     if not view.analysed:
         blocks.append(Block(title="Evidence", kind="text", lines=("Still being gathered: a later mail tells it.",)))
     else:
-        shared = tuple(trait_text(t) for t in view.traits) or (
-            "Nothing stands out: the affected hosts look like a sample of the fleet.",
-        )
+        shared = tuple(trait_text(t) for t in view.traits) or (no_trait_text(view),)
         blocks.append(Block(title="What the affected hosts share", kind="text", lines=shared))
         if view.signals:
             blocks.append(Block(title="What moved with them", kind="text", lines=tuple(map(signal_text, view.signals))))

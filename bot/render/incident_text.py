@@ -69,6 +69,14 @@ def trait_text(trait: Trait) -> str:
     )
 
 
+def no_trait_text(view: IncidentView) -> str:
+    """Why no shared trait is stated: the hosts look like the fleet, or the fleet was never read to compare them
+    with (no Prometheus, or it did not answer), which says nothing of them."""
+    if view.scope.fleet_hosts is None:
+        return "Not known: the fleet could not be read (no Prometheus, or it did not answer), so nothing was compared."
+    return "Nothing stands out: the affected hosts look like any hosts of the fleet."
+
+
 def signal_text(signal: Signal) -> str:
     """'inlet temperature moved +9 °C on 47 of 50 affected hosts in the 10 min before (rest of the fleet +0.2 °C)'."""
     unit = f" {signal.unit}" if signal.unit else ""

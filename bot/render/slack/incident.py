@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from bot.incident.model import Cause, Companion, IncidentView, Signal, Trait
+from bot.incident.model import Cause, Companion, IncidentView, Signal
 from bot.message import format_duration
+from bot.render.incident_text import no_trait_text
 from bot.render.slack.alert import FALLBACK_BUDGET, Controls
 from bot.render.slack.blockkit import (
     MAX_BUTTON_TEXT,
@@ -57,7 +58,7 @@ def incident_card(view: IncidentView, controls: Controls = Controls()) -> Payloa
     if resolved:
         blocks.append(_section(recovery_text(view)))
     if view.analysed:
-        blocks.append(_section(_traits_text(view.traits)))
+        blocks.append(_section(_traits_text(view)))
         moved = _signals_text(view.signals, view.companions)
         if moved:
             blocks.append(_section(moved))
@@ -140,9 +141,10 @@ def recovery_text(view: IncidentView) -> str:
     return f"{RESOLVED_EMOJI} *Recovered:* all resolved at {at:%Y-%m-%d %H:%M:%S} UTC, after {lasted}{peak}"
 
 
-def _traits_text(traits: Sequence[Trait]) -> str:
+def _traits_text(view: IncidentView) -> str:
+    traits = view.traits
     if not traits:
-        return "*What they share:* nothing stands out: the affected hosts look like any hosts of the fleet."
+        return f"*What they share:* {escape(no_trait_text(view))}"
     lines = [
         f"• {number(t.affected)} of {number(t.affected_total)} affected hosts have "
         f'`{escape(t.label)}="{escape(t.value)}"`, against {number(t.fleet)} of the fleet\'s '
