@@ -127,13 +127,14 @@ class MemberSummary:
         self.severities.add(labels.get("severity", ""))
         self.since = line.starts_at if self.since is None or line.starts_at is None else min(self.since, line.starts_at)
         self.last_seen = last_seen if self.last_seen is None else max(self.last_seen, last_seen)
-        value, unit = alert_value(annotations)
+        value = line.value
         if value is not None:
             host.value_min, host.value_max = _low(host.value_min, value), _high(host.value_max, value)
             self.value_min, self.value_max = _low(self.value_min, value), _high(self.value_max, value)
             if firing:
                 self.firing_min, self.firing_max = _low(self.firing_min, value), _high(self.firing_max, value)
-        self.unit = self.unit or unit
+        if not self.unit and value is not None:  # the first stated unit: the line has the value already
+            self.unit = alert_value(annotations)[1]
         evidence = workload_of(enrichment)
         if evidence is not None:
             self.workloads[line.alert_key] = evidence

@@ -249,7 +249,9 @@ def wait_scraped(url: str, metric: str, series: int, timeout: float = 60.0) -> N
         if result and int(result[0]["value"][1]) >= series:
             return
         time.sleep(0.5)
-    raise TimeoutError(f"Prometheus did not scrape {series} series of {metric}")
+    targets = httpx.get(f"{url}/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
+    health = [(t["scrapeUrl"], t["health"], t["lastError"]) for t in targets]
+    raise TimeoutError(f"Prometheus did not scrape {series} series of {metric}; its targets: {health}")
 
 
 def backfill(
