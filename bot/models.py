@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -99,7 +99,7 @@ class WebhookPayload(BaseModel):
 DEFAULT_HOST_LABELS = ("host", "Hostname", "hostname", "node", "instance")
 
 
-def host_from_labels(labels: dict[str, str], candidates: tuple[str, ...] | list[str] = DEFAULT_HOST_LABELS) -> str:
+def host_from_labels(labels: Mapping[str, str], candidates: tuple[str, ...] | list[str] = DEFAULT_HOST_LABELS) -> str:
     """The host an alert is about: the first candidate label present, without the port of an `instance`."""
     for name in candidates:
         value = labels.get(name, "").strip()

@@ -16,7 +16,7 @@ from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import BotConfig, load_config
 from bot.deadman import ALERTNAME as WATCHDOG_MISSING
 from bot.enrich import build_enrichers
-from bot.incident.analyser import IncidentAnalyser
+from bot.incident.analyser import incident_analyser
 from bot.incident.lines import with_alerts
 from bot.incident.model import IncidentView
 from bot.incident.stage import IncidentStage
@@ -63,8 +63,7 @@ async def stage(
     builds (none without `enrichment.prometheus`); the store's times from `clock`."""
     incidents = {"incidents": {"threshold": 5, "window": "60s"}}
     config: BotConfig = load_config(write_config(tmp_path, {**incidents, **(settings or {})}))
-    prometheus = config.enrichment.prometheus
-    analyser = IncidentAnalyser(prometheus, config.playbooks.vars) if prometheus is not None else None
+    analyser = incident_analyser(config)
     metrics = Metrics()
     async with sqlite_store(config.store.path, clock=clock) as store:
         playbooks = PlaybookSet.load(config.playbooks.dir, config.playbooks.vars)

@@ -9,7 +9,7 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from bot.config import PrometheusConfig, SiteMatch
+from bot.config import BotConfig, PrometheusConfig, SiteMatch
 from bot.enrich.prometheus.client import PrometheusClient, RawSeries
 from bot.enrich.queryapi import Deadline
 from bot.enrich.sites import site_matches
@@ -90,3 +90,9 @@ class IncidentAnalyser:
         await self._default.close()
         for _, client in self._sites:
             await client.close()
+
+
+def incident_analyser(config: BotConfig) -> IncidentAnalyser | None:
+    """The analyser of the bot's incidents: none without `enrichment.prometheus` (nothing to ask)."""
+    prometheus = config.enrichment.prometheus
+    return IncidentAnalyser(prometheus, config.playbooks.vars) if prometheus is not None else None

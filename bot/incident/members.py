@@ -49,7 +49,7 @@ def alert_line(
         alert_key=key,
         short_id=short_id(key),
         alertname=sys.intern(labels.get("alertname", alertname)),
-        host=sys.intern(host_from_labels(dict(labels))),
+        host=sys.intern(host_from_labels(labels)),
         gpu=sys.intern(labels.get("gpu", "")),
         value=alert_value(annotations)[0],
         status="firing" if status == "firing" else "resolved",

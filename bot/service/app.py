@@ -93,7 +93,7 @@ def start_processing(
     # Imported here: an ingest process (serve --role ingest) never builds the worker side, whose sinks,
     # enrichers and their clients (slack_sdk, httpx, aiosmtplib) would cost it tens of MB.
     from bot.enrich import build_enrichers
-    from bot.incident.analyser import IncidentAnalyser
+    from bot.incident.analyser import incident_analyser
     from bot.incident.stage import IncidentStage
     from bot.interact.service import slack_controls
     from bot.outbox import Outbox
@@ -106,9 +106,7 @@ def start_processing(
     metrics.init_receivers(sinks)
     outbox = Outbox(store, sinks, config.outbox, metrics, receiver_lease=config.store.receiver_lease, clock=clock)
     enrichers = build_enrichers(config.enrichment, store, metrics, playbooks.xid_catalog, config.remediation)
-    prometheus = config.enrichment.prometheus
-    analyser = IncidentAnalyser(prometheus, config.playbooks.vars) if prometheus is not None else None
-    incidents = IncidentStage(store, config.incidents, analyser)
+    incidents = IncidentStage(store, config.incidents, incident_analyser(config))
     pipeline = Pipeline(
         store,
         enrichers,
