@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
@@ -114,6 +115,11 @@ def configure_logging(level: str, secrets: Callable[[], Iterable[str]] = tuple) 
         root.removeHandler(existing)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    # A library's warnings would be raw text on stderr between the JSON lines: they become lines of the
+    # `py.warnings` logger. asyncssh's, as it loads, that cryptography deprecates DSA keys, say nothing an operator
+    # can act on (five lines at each start): left out.
+    warnings.filterwarnings("ignore", message="DSA is deprecated", module="asyncssh")
+    logging.captureWarnings(True)
     # aiohttp's access log would duplicate the bot's own structured request logs.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     # httpx logs every request at INFO: Loki and Prometheus queries would drown the bot's own lines.
