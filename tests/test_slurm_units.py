@@ -1,6 +1,7 @@
 """The Slurm pieces without a scheduler: the forced command's refusals (a stub scontrol records that nothing
-ran), the drain reason, the configuration's node names, the job list of Slurm 22.05 and later releases, and the
-counts an incident takes from its alerts' workload evidence."""
+ran), the drain reason, the configuration's node names, the job list of Slurm 22.05 and later releases, the
+counts an incident takes from its alerts' workload evidence, how long a resumed node is read until it settles, and
+how the node read back decides what an update came to."""
 
 from __future__ import annotations
 
@@ -13,13 +14,14 @@ import pytest
 from pydantic import ValidationError
 
 from bot.actions.executor import RunContext
-from bot.actions.slurm import drain_reason
+from bot.actions.slurm import DRAIN, RESUME, SETTLE_WITHIN, drain_reason, outcome, read_settled
 from bot.config import RemediationConfig
 from bot.evidence import PodFound, SlurmJobFound, WorkloadEvidence
 from bot.evidence.workload import affected_work
-from bot.slurm.access import reason_text
+from bot.slurm.access import Answer, reason_text
 from bot.slurm.jobs import expand_hostlist, parse_jobs
-from bot.slurm.nodes import parse_nodes
+from bot.slurm.nodes import NodeState, parse_nodes
+from tests.support.clock import FakeClock, running
 from tests.support.slurm import SLURM_NODE_ACTIONS
 
 
@@ -90,6 +92,9 @@ def test_the_drain_reason_names_the_alert_and_its_id_and_leaves_out_a_hostile_na
     assert drain_reason(RunContext(12, "k3x9m2p", "GPUXIDError")) == "gpu-alert-bot GPUXIDError alert k3x9m2p run 12"
     hostile = 'X"; scontrol update NodeName=n2 State=DOWN'
     assert drain_reason(RunContext(3, "abc1234", hostile)) == "gpu-alert-bot alert alert abc1234 run 3"
+    # Before the run exists (a dry run) the alert is known, the run's number not yet.
+    before = drain_reason(RunContext(None, "k3x9m2p", "GPUXIDError"))
+    assert before == "gpu-alert-bot GPUXIDError alert k3x9m2p run <number>"
     assert reason_text("a\nb $(c) `d`") == "a b c d"
 
 
@@ -159,3 +164,83 @@ def test_an_incident_counts_distinct_jobs_users_and_pods_and_those_likely_lost()
     assert (counted.jobs, counted.users, counted.pods, counted.likely_lost) == (2, 2, 1, 2)
     assert counted.text() == "2 Slurm jobs of 2 users, 1 pod (2 likely lost)"
     assert affected_work([]).text() == ""
+
+
+class Reads:
+    """What successive reads of a node give (sinfo's line for it), the last one again once they run out."""
+
+    def __init__(self, *lines: str) -> None:
+        self.lines = list(lines)
+        self.count = 0
+
+    async def __call__(self) -> NodeState | None:
+        line = self.lines[min(self.count, len(self.lines) - 1)]
+        self.count += 1
+        return parse_nodes(line).get("n1")
+
+
+async def test_a_resumed_node_is_read_until_its_slurmd_answered_the_controllers_ping() -> None:
+    clock = FakeClock()
+    reads = Reads("n1|idle*|none", "n1|idle*|none", "n1|mixed|none")
+    async with running(clock):
+        state = await read_settled(reads, clock)
+    assert state is not None and state.text() == "mixed" and reads.count == 3
+    assert clock.monotonic() == 2.0
+
+
+async def test_a_slurmd_that_never_answers_is_said_not_responding_once_the_wait_is_over() -> None:
+    clock = FakeClock()
+    reads = Reads("n1|idle*|none")
+    async with running(clock):
+        state = await read_settled(reads, clock)
+    assert state is not None and not state.responding
+    assert clock.monotonic() == SETTLE_WITHIN and reads.count == SETTLE_WITHIN + 1
+    said = outcome(RESUME, "n1", Answer(0, "", ""), state)
+    assert said.ok and said.output == (
+        f"Slurm node n1 is idle (not responding): its slurmd did not answer the controller within "
+        f"{SETTLE_WITHIN:g} s of the resume"
+    )
+
+
+async def test_a_node_still_drained_or_already_answering_is_read_once() -> None:
+    clock = FakeClock()
+    for line in ("n1|drained*|gpu-alert-bot x", "n1|idle|none"):
+        reads = Reads(line)
+        assert await read_settled(reads, clock) is not None
+        assert reads.count == 1 and clock.monotonic() == 0.0
+
+
+REFUSED_STATE = Answer(1, "", "slurm_update error: Invalid node state specified\n")
+TIMED_OUT = Answer(1, "", "slurm_update error: Socket timed out on send/recv operation\n")
+
+
+@pytest.mark.parametrize(
+    ("verb", "answer", "line", "ok", "said"),
+    [
+        (RESUME, Answer(0, "", ""), "n1|idle|none", True, "Slurm node n1 is idle"),
+        # A second click on a node that takes jobs: nothing was left to resume.
+        (RESUME, REFUSED_STATE, "n1|mixed|none", True, "Slurm node n1 is mixed: already taking jobs"),
+        # Applied by a controller that answered an error all the same: the read-back decides.
+        (RESUME, TIMED_OUT, "n1|idle|none", True,
+         "Slurm node n1 is idle (the scheduler answered 'slurm_update error: Socket timed out on send/recv "
+         "operation', but reads the node resumed)"),
+        (DRAIN, TIMED_OUT, "n1|draining|gpu-alert-bot x", True,
+         "Slurm node n1 is draining, reason: gpu-alert-bot x (the scheduler answered 'slurm_update error: Socket "
+         "timed out on send/recv operation', but reads the node drained)"),
+        (RESUME, TIMED_OUT, "n1|drained|gpu-alert-bot x", False,
+         "the scheduler refused to resume n1: slurm_update error: Socket timed out on send/recv operation; it "
+         "shows n1 drained, reason: gpu-alert-bot x"),
+        # Refused, and the node is down: it takes no job, so the resume did not happen.
+        (RESUME, REFUSED_STATE, "n1|down*|Not responding", False,
+         "the scheduler refused to resume n1: slurm_update error: Invalid node state specified; it shows n1 down "
+         "(not responding), reason: Not responding"),
+        (DRAIN, Answer(0, "", ""), "n1|idle|none", False, "after the drain the scheduler shows n1 idle"),
+        (DRAIN, Answer(1, "", "slurm_update error: Invalid node name specified"), "", False,
+         "the scheduler refused to drain n1: slurm_update error: Invalid node name specified"),
+    ],
+)  # fmt: skip
+def test_the_node_read_back_decides_what_an_update_came_to(
+    verb: str, answer: Answer, line: str, ok: bool, said: str
+) -> None:
+    result = outcome(verb, "n1", answer, parse_nodes(line).get("n1"))
+    assert (result.ok, result.output) == (ok, said)

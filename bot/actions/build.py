@@ -24,9 +24,9 @@ from bot.store.base import Store, StoreUnavailable
 log = logging.getLogger(__name__)
 
 
-def build_executors(config: RemediationConfig) -> dict[str, dict[str, Executor]]:
+def build_executors(config: RemediationConfig, clock: Clock = SYSTEM_CLOCK) -> dict[str, dict[str, Executor]]:
     """Per configured host, per action, the executor that runs it there: the first configured of Docker
-    (the most direct), Kubernetes, Slurm (the scheduler's node actions), then SSH.
+    (the most direct), Kubernetes, Slurm (the scheduler's node actions, read back on `clock`), then SSH.
 
     Each executor's client library is imported only when some host uses it: together they take seconds to
     load, which every command and every start of the bot would pay otherwise."""
@@ -44,7 +44,7 @@ def build_executors(config: RemediationConfig) -> dict[str, dict[str, Executor]]
         if config.slurm is not None and target.slurm_node is not None:
             from bot.actions.slurm import SlurmExecutor
 
-            candidates.append(SlurmExecutor(host, target.slurm_node, config.slurm))
+            candidates.append(SlurmExecutor(host, target.slurm_node, config.slurm, clock))
         if target.ssh is not None:
             from bot.actions.ssh import SshExecutor
 
@@ -143,7 +143,7 @@ def build_remediation(
         from bot.actions.verify import ExporterRestartCheck
 
         verifiers["restart-dcgm-exporter"] = ExporterRestartCheck(prometheus, clock, remediation.poll_interval)
-    executors = build_executors(remediation)
+    executors = build_executors(remediation, clock)
     notes: Announcer = NoteAnnouncer(store, notify)
     talk = announcer(notes) if announcer else notes
     engine = Remediation(

@@ -23,7 +23,7 @@ class DockerExecutor:
     def actions(self) -> frozenset[str]:
         return frozenset(action for action in self._config.containers if action in DOCKER_ACTIONS)
 
-    def describe(self, action: str, gpu: str | None) -> str:
+    def describe(self, action: str, gpu: str | None, context: RunContext | None = None) -> str:
         config = self._config
         return f"docker restart -t {config.stop_timeout} {config.containers[action]} via {config.url} ({self._host})"
 

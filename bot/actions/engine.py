@@ -157,7 +157,8 @@ class Remediation:
             await self._refuse_request(actor, action, alert_id, None, f"no alert {alert_id!r}")
         target = await self._checked_target(action, alert, actor)
         try:
-            what = self._executors[target.host][action].describe(action, target.gpu)
+            context = RunContext(None, short_id(alert.key), alert.alertname)
+            what = self._executors[target.host][action].describe(action, target.gpu, context)
         except ExecutorError as exc:  # the alert lacks what the action needs (a GPU index)
             await self._refuse_request(actor, action, target.host, alert, str(exc))
         if dry_run or self._config.dry_run or self.policy(action).dry_run:

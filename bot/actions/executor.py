@@ -26,10 +26,11 @@ class ExecResult:
 
 @dataclass(frozen=True)
 class RunContext:
-    """What a run is for, for an executor that records why it acts (a Slurm drain's reason): the run's number,
-    the alert's short id as messages show it, and its alertname (a label value: data, never trusted)."""
+    """What a run is for, for an executor that records why it acts (a Slurm drain's reason): the run's number
+    (None before the run exists: a dry run, an approval), the alert's short id as messages show it, and its
+    alertname (a label value: data, never trusted)."""
 
-    run_id: int
+    run_id: int | None
     alert_id: str
     alertname: str
 
@@ -41,7 +42,7 @@ class Executor(Protocol):
         """The actions this executor can run on its host."""
         ...
 
-    def describe(self, action: str, gpu: str | None) -> str:
+    def describe(self, action: str, gpu: str | None, context: RunContext | None = None) -> str:
         """What running the action would do, in words: the dry-run answer."""
         ...
 

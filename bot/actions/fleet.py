@@ -207,7 +207,9 @@ class FleetRemediation:
 
     def _describe(self, action: str, host: HostWork) -> str:
         try:
-            return self._executors[host.host][action].describe(action, host.targets[0][1])
+            alert_key, gpu = host.targets[0]
+            context = RunContext(None, short_id(alert_key), host.alertname)
+            return self._executors[host.host][action].describe(action, gpu, context)
         except (KeyError, ExecutorError) as exc:
             return f"{action} on {host.host} ({exc})"
 

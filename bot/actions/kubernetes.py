@@ -48,7 +48,7 @@ class KubernetesExecutor:
     def actions(self) -> frozenset[str]:
         return NODE_ACTIONS | frozenset(self._config.pods)
 
-    def describe(self, action: str, gpu: str | None) -> str:
+    def describe(self, action: str, gpu: str | None, context: RunContext | None = None) -> str:
         if action in NODE_ACTIONS:
             verb = {"cordon-node": "cordon", "uncordon-node": "uncordon", "drain-node": "cordon and drain"}[action]
             return f"{verb} Kubernetes node {self._node} ({self._host})"

@@ -39,7 +39,7 @@ class SshExecutor:
             return f"{action} {gpu}"
         return action
 
-    def describe(self, action: str, gpu: str | None) -> str:
+    def describe(self, action: str, gpu: str | None, context: RunContext | None = None) -> str:
         config = self._config
         verb = self.command(action, gpu)
         return f"ssh {config.user}@{config.address}:{config.port} ({self._host}) with verb {verb!r}"

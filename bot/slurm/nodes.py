@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# sinfo's states of a node the scheduler starts jobs on.
+_TAKING_JOBS = frozenset({"idle", "mixed", "allocated", "completing", "planned"})
+
 
 @dataclass(frozen=True)
 class NodeState:
@@ -19,8 +22,17 @@ class NodeState:
         """DRAIN is set: the node takes no new job (draining: jobs still running on it; drained: none)."""
         return self.state.startswith("drain")
 
+    @property
+    def responding(self) -> bool:
+        """The controller heard from the node's slurmd at its last ping (sinfo marks it `*` otherwise)."""
+        return "*" not in self.flags
+
+    @property
+    def taking_jobs(self) -> bool:
+        return self.state in _TAKING_JOBS and self.responding
+
     def text(self) -> str:
-        said = self.state + (" (not responding)" if "*" in self.flags else "")
+        said = self.state + ("" if self.responding else " (not responding)")
         return said + (f", reason: {self.reason}" if self.reason and self.reason != "none" else "")
 
 

@@ -35,7 +35,7 @@ class RecordingExecutor:
     def actions(self) -> frozenset[str]:
         return self._actions
 
-    def describe(self, action: str, gpu: str | None) -> str:
+    def describe(self, action: str, gpu: str | None, context: RunContext | None = None) -> str:
         return f"{action} on {self.host}"
 
     async def run(self, action: str, gpu: str | None, context: RunContext | None = None) -> ExecResult:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -111,7 +112,8 @@ PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
         self._processes.append(ManagedProcess([SLURMCTLD, "-D"], cwd=d, env=self.env))
         _until(lambda: "UP" in self.run("scontrol", "ping", check=False).stdout, "slurmctld did not answer")
-        self._processes.append(ManagedProcess(["/usr/sbin/slurmd", "-D", "-N", NODE], cwd=d, env=self.env))
+        self._slurmd = ManagedProcess(["/usr/sbin/slurmd", "-D", "-N", NODE], cwd=d, env=self.env)
+        self._processes.append(self._slurmd)
         _until(lambda: self.state(NODE) == "idle", "n1 did not become idle")
 
     def run(self, *args: str, check: bool = True, user: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -146,6 +148,13 @@ PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         ).stdout.strip()
         _until(lambda: self.run("squeue", "-h", "-j", job, "-o", "%T").stdout.strip() == "RUNNING", f"job {job}")
         return job
+
+    def pause_slurmd(self) -> None:
+        """Stop n1's slurmd (SIGSTOP): the controller's pings to it wait for an answer until `continue_slurmd`."""
+        os.kill(self._slurmd.process.pid, signal.SIGSTOP)
+
+    def continue_slurmd(self) -> None:
+        os.kill(self._slurmd.process.pid, signal.SIGCONT)
 
     def stop(self) -> None:
         """Jobs first: their slurmstepd is no child of slurmd, so it would outlive the daemons."""
