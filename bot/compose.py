@@ -138,11 +138,11 @@ def _sections(event: Event, enrichment: Enrichment, advice: Advice) -> list[Sect
             lines = ([found.summary] if found.summary else []) + found.lines
             if lines:
                 kind = "code" if isinstance(found.data, LokiEvidence) and found.data.render == "code" else "text"
-                sections.append(Section(title=found.title, kind=kind, lines=lines))
+                sections.append(Section(title=found.heading, kind=kind, lines=lines))
         elif found.status == "unavailable":
             sections.append(
                 Section(
-                    title=found.title,
+                    title=found.heading,
                     kind="warning",
                     lines=[f"{found.source or found.title} unavailable: {found.reason}"],
                 )

@@ -19,6 +19,7 @@ from bot.evidence import (
     RelatedEvidence,
     XidEvidence,
 )
+from bot.evidence.sites import sites_text
 from bot.verdict import STALE_XID_GAUGE, verdicts_of
 
 # Enrichment as the store held it before the sections carried models (keys written by hand from that code).
@@ -51,11 +52,12 @@ def test_enrichment_stored_before_the_models_reads_back_typed() -> None:
 
 
 def test_the_stored_json_keeps_its_shape() -> None:
-    """What the pipeline stores (`model_dump(mode="json")`) is what it stored before, so both read alike."""
+    """What the pipeline stores (`model_dump(mode="json")`) is what it stored before, so both read alike; a section
+    stored before sections named their site and replica has neither."""
     before = stored()
     after = Enrichment.model_validate(before).model_dump(mode="json")
     for old, new in zip(before["sections"], after["sections"], strict=True):
-        assert new == {**old, "data": old["data"] or None}
+        assert new == {**old, "data": old["data"] or None, "site": "", "replica": ""}
 
 
 def test_a_misspelt_field_in_stored_evidence_is_refused_not_dropped() -> None:
@@ -78,3 +80,33 @@ def test_evidence_of_a_section_that_did_not_answer_is_none() -> None:
     skipped = section.model_copy(update={"status": "skipped"})
     assert Enrichment(sections=[skipped]).evidence(GpuEvidence) is None
     assert Enrichment().evidence(XidEvidence) is None
+
+
+@pytest.mark.parametrize(
+    ("section", "heading"),
+    [
+        (EnrichmentSection(name="prometheus", title="Metric history", status="ok", source="Prometheus"),
+         "Metric history"),
+        (EnrichmentSection(name="prometheus", title="Metric history", status="ok", source="Prometheus (b)", site="b"),
+         "Metric history · Prometheus (b)"),
+        (EnrichmentSection(name="loki", title="Kernel log (Loki)", status="ok", source="Loki (b)", site="b"),
+         "Kernel log · Loki (b)"),
+        (EnrichmentSection(name="prometheus", title="Metric history", status="unavailable", source="Prometheus (a)",
+                           site="a", replica="prom-a2.example:9090"),
+         "Metric history · Prometheus (a), answered by prom-a2.example:9090"),
+        (EnrichmentSection(name="prometheus", title="Metric history", status="ok", source="Prometheus",
+                           replica="prom2:9090"),
+         "Metric history · Prometheus, answered by prom2:9090"),
+    ],
+)  # fmt: skip
+def test_a_sections_heading_names_its_site_and_the_replica_that_answered(
+    section: EnrichmentSection, heading: str
+) -> None:
+    assert section.heading == heading
+
+
+def test_sites_are_named_once_each_in_order() -> None:
+    assert sites_text([]) == sites_text([""]) == ""
+    assert sites_text(["a"]) == "site a"
+    assert sites_text(["b", "a", "b"]) == "sites a and b"
+    assert sites_text(["c", "a", "", "b"]) == "sites a, b and c"

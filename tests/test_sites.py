@@ -5,6 +5,7 @@ mid-incident costs no alert its evidence; Loki sites send their own tenant heade
 
 from __future__ import annotations
 
+import json
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -14,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from bot.config import EnrichmentConfig
+from bot.compose import compose_message
+from bot.config import ConsoleReceiver, EmailReceiver, EnrichmentConfig, PagerDutyReceiver, Receiver, SlackReceiver
 from bot.enrich import build_enrichers
 from bot.enrich.batch import BatchItem
 from bot.evidence import Enrichment, EnrichmentSection
@@ -22,12 +24,14 @@ from bot.gpu.xid_catalog import bundled_catalog
 from bot.incident.analyser import IncidentAnalyser
 from bot.incident.members import MemberSummary, alert_line
 from bot.metrics import Metrics
-from bot.models import AlertState
-from bot.playbooks import PlaybookSet
+from bot.models import AlertState, Event, EventKind
+from bot.playbooks import Advice, PlaybookSet
+from bot.sinks import build_previews
 from bot.store.base import Store
 from bot.store.incidents import IncidentRecord
 from tests.fakes.loki import FakeLoki
 from tests.support.exporter import DCGM_GPU_TEMP, SyntheticExporter, dcgm_labels, scrape_config
+from tests.support.messages import delivery_of
 from tests.support.payloads import alert_state
 from tests.support.processes import REPO, Prometheus, free_port, wait_scraped
 
@@ -130,6 +134,34 @@ async def test_each_alert_is_enriched_from_its_own_sites_source(sites: Sites, st
     assert _prometheus(c).status == "unavailable" and _prometheus(c).source == "Prometheus"
 
 
+def _receivers(tmp_path: Path) -> list[Receiver]:
+    (tmp_path / "secret").write_text("0123456789abcdef0123456789abcdef\n")
+    return [
+        ConsoleReceiver(type="console", name="console"),
+        SlackReceiver(type="slack", name="slack", channel="#gpu", token_file=tmp_path / "secret"),
+        EmailReceiver.model_validate({"type": "email", "name": "mail", "to": ["oncall@example.com"],
+                                      "from": "bot@example.com", "smarthost": "127.0.0.1:25"}),
+        PagerDutyReceiver(type="pagerduty", name="pagerduty", routing_key_file=tmp_path / "secret"),
+    ]  # fmt: skip
+
+
+async def test_each_message_names_the_site_of_its_source_and_the_replica_that_answered(
+    sites: Sites, store: Store, tmp_path: Path
+) -> None:
+    """The console line, the Slack message, the mail and PagerDuty's custom_details: each section's title."""
+    alerts = [_alert("a-01", "a", site="a"), _alert("b-01", "b", generator=sites.b.url)]
+    a, b = await _enrich(_config(sites), store, alerts, Metrics())
+    answered = urllib.parse.urlsplit(sites.a1.url).netloc
+    headings = [f"Metric history · Prometheus (a), answered by {answered}", "Metric history · Prometheus (b)"]
+    previews = build_previews(_receivers(tmp_path))
+    for alert, enrichment, heading in zip(alerts, (a, b), headings, strict=True):
+        event = Event(id=1, kind=EventKind.FIRING, created_at=alert.starts_at, alert=alert)
+        message = compose_message(event, enrichment, Advice(playbook="generic", title=alert.alertname))
+        for name, previewer in previews.items():
+            shown = json.dumps(previewer.preview(delivery_of(message, name)), ensure_ascii=False)
+            assert heading in shown, name
+
+
 async def test_an_alert_told_as_a_line_of_an_incident_asks_no_sites_source(sites: Sites, store: Store) -> None:
     runner = build_enrichers(_config(sites), store, Metrics(), bundled_catalog())
     try:
@@ -176,6 +208,8 @@ async def test_a_stopped_replica_costs_no_alert_its_evidence_and_is_skipped_for_
     sites.a1.stop()
     after = await _enrich(config, store, alerts, metrics)
     assert [_current(_prometheus(e)) for e in after] == [A2_VALUE] * len(alerts)
+    answered = urllib.parse.urlsplit(sites.a2.url).netloc
+    assert {_prometheus(e).heading for e in after} == {f"Metric history · Prometheus (a), answered by {answered}"}
     sample = metrics.registry.get_sample_value
     failed = sample("gpu_alert_bot_source_requests_total", {"source": "a", "replica": sites.a1.url, "result": "failed"})
     assert failed and failed >= 1

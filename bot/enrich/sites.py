@@ -45,7 +45,7 @@ class Sited:
     def __init__(self, default: Enricher, sites: Sequence[Site]) -> None:
         self.name = default.name
         self.title = default.title
-        # Each section names its own source, with its site (set in `enrich`); a remote source all the same, which
+        # Each section names its own source and its site (set in `enrich`); a remote source all the same, which
         # an alert told as a line of an incident is not enriched from.
         self.source = default.source
         self._default = default
@@ -60,8 +60,9 @@ class Sited:
         enricher = site.enricher if site is not None else self._default
         batch = request.batch.part(f"{self.name}@{name}", lambda alert: self._site_name(alert) == name)
         section = await enricher.enrich(request.within(batch))
-        source = f"{enricher.source} ({name})" if site is not None else enricher.source
-        return section.model_copy(update={"source": source})
+        if site is None:
+            return section.model_copy(update={"source": enricher.source})
+        return section.model_copy(update={"source": f"{enricher.source} ({name})", "site": name})
 
     def _site_name(self, alert: AlertState) -> str:
         site = self.site_of(alert)

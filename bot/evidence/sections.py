@@ -27,8 +27,13 @@ class EnrichmentSection(BaseModel):
     name: str
     title: str
     status: SectionStatus
-    # The external system behind the section ("Loki"), so a failure reads "Loki unavailable: <reason>".
+    # The external system behind the section ("Loki"), so a failure reads "Loki unavailable: <reason>"; with its
+    # site when sources are per site ("Loki (b)").
     source: str = ""
+    # The site whose source answered (enrichment.*.sites), and the replica of an HA pair that did (host:port;
+    # several, comma-separated, when the section's queries were answered by more than one).
+    site: str = ""
+    replica: str = ""
     reason: str = ""
     summary: str = ""
     lines: list[str] = Field(default_factory=list)
@@ -53,6 +58,18 @@ class EnrichmentSection(BaseModel):
         if self.data is not None and self.data.section != self.name:
             raise ValueError(f"the {self.name!r} section holds {self.data.section!r} evidence")
         return self
+
+    @property
+    def heading(self) -> str:
+        """The title a message shows: with the source and its site when sources are per site, and the replica
+        that answered when there is a pair ("Metric history · Prometheus (a), answered by prom-a2:9090");
+        "Kernel log (Loki)" from site b reads "Kernel log · Loki (b)"."""
+        if not self.site and not self.replica:
+            return self.title
+        source = self.source or self.title
+        system = source.removesuffix(f" ({self.site})") if self.site else source
+        heading = f"{self.title.removesuffix(f' ({system})')} · {source}"
+        return f"{heading}, answered by {self.replica}" if self.replica else heading
 
     @classmethod
     def unavailable(cls, name: str, title: str, reason: str) -> EnrichmentSection:

@@ -70,6 +70,8 @@ class _Rules(BaseModel):
 class RawSeries:
     labels: dict[str, str]
     samples: list[tuple[float, float]]
+    # The replica of an HA pair whose answer this is (host:port); empty when the source has one URL.
+    replica: str = ""
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,7 @@ class PrometheusClient:
             return httpx.AsyncClient(base_url=url.rstrip("/"), headers=tenant, auth=auth, transport=transport)
 
         self._params = dict(config.params)
+        self._paired = bool(config.replicas)
         self._replicas = ReplicaSet(
             name,
             [config.url, *config.replicas],
@@ -116,7 +119,8 @@ class PrometheusClient:
         response = await self._send("POST", "/api/v1/query_range", deadline, data=form)
         answer = _answer(_MatrixAnswer, response)
         matrix = answer.data if answer else _parse(_Matrix, _data(response), "a range query result")
-        return [RawSeries(s.metric, s.values) for s in matrix.result]
+        replica = self._answered_by(response)
+        return [RawSeries(s.metric, s.values, replica) for s in matrix.result]
 
     async def query(self, query: str, at: float | None, deadline: Deadline) -> list[RawSeries]:
         """An instant query at `at`, or at Prometheus's own present when None."""
@@ -124,13 +128,18 @@ class PrometheusClient:
         response = await self._send("POST", "/api/v1/query", deadline, data=form)
         answer = _answer(_VectorAnswer, response)
         vector = answer.data if answer else _parse(_Vector, _data(response), "an instant vector")
-        return [RawSeries(s.metric, [s.value]) for s in vector.result]
+        replica = self._answered_by(response)
+        return [RawSeries(s.metric, [s.value], replica) for s in vector.result]
 
     async def alerting_rules(self, deadline: Deadline) -> list[AlertRule]:
         # 2.42 has no rule_name[] filter (2.45+): take all alerting rules and filter here.
         data = await self._call("GET", "/api/v1/rules", deadline, params={**self._params, "type": "alert"})
         groups = _parse(_Rules, data, "a rules list")
         return [AlertRule(r.name, r.query, r.labels) for g in groups.groups for r in g.rules if r.type == "alerting"]
+
+    def _answered_by(self, response: httpx.Response) -> str:
+        """Which replica of a pair answered (its host and port: no credentials); nothing with one URL."""
+        return response.request.url.netloc.decode() if self._paired else ""
 
     async def _call(self, method: str, path: str, deadline: Deadline, **request: Any) -> Any:
         return _data(await self._send(method, path, deadline, **request))

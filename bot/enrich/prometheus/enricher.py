@@ -85,12 +85,16 @@ class _History:
 
 
 class _Part:
-    """The outcome of one of the enricher's queries: a value, or why there is none."""
+    """The outcome of one of the enricher's queries: a value, or why there is none; and which replica of a pair
+    answered it."""
 
-    def __init__(self, value: Any = None, problem: str = "", failure: QueryError | None = None) -> None:
+    def __init__(
+        self, value: Any = None, problem: str = "", failure: QueryError | None = None, replica: str = ""
+    ) -> None:
         self.value = value
         self.problem = problem
         self.failure = failure
+        self.replica = replica
 
 
 @dataclass(frozen=True)
@@ -136,7 +140,9 @@ class PrometheusEnricher:
         failures = [p.failure for p in parts if p.failure is not None]
         if failures and not any(p.value for p in parts):
             return EnrichmentSection.unavailable(self.name, self.title, failures[0].detail)
-        return self._section(host, window, history, gpus, dict(zip(queries, related, strict=True)))
+        section = self._section(host, window, history, gpus, dict(zip(queries, related, strict=True)))
+        replicas = sorted({part.replica for part in parts if part.replica})
+        return section.model_copy(update={"replica": ", ".join(replicas)}) if replicas else section
 
     # --- the plan: made once per batch ---------------------------------------------------------------------
     async def _plan(self, batch: Batch) -> _Plan:
@@ -204,7 +210,7 @@ class PrometheusEnricher:
         pick = min if graphed.comparison and graphed.comparison.startswith("<") else max
         chosen = within(chosen, window)
         series = series_summary(graphed.query, chosen, window.start, window.end, window.step, pick)
-        return _Part(replace(history, series=series))
+        return _Part(replace(history, series=series), replica=chosen.replica)
 
     async def _rule_for(self, alert: AlertState, deadline: Deadline) -> AlertRule | None:
         rules = [r for r in await self._alerting_rules(deadline) if r.name == alert.alertname]
@@ -244,7 +250,9 @@ class PrometheusEnricher:
         if chosen is None:
             return _Part(problem="no data" if not candidates else "no series for this alert's labels")
         chosen = within(chosen, window)
-        return _Part(value=series_summary(need.own, chosen, window.start, window.end, window.step))
+        return _Part(
+            value=series_summary(need.own, chosen, window.start, window.end, window.step), replica=chosen.replica
+        )
 
     async def _gpus(self, alert: AlertState, host: str, plan: _Plan) -> _Part:
         group = plan.queries.inventory.get(alert.key)
@@ -254,8 +262,8 @@ class PrometheusEnricher:
             found = await shared(plan.queries.instant(group))
         except QueryError as exc:
             return _Part(failure=exc)
-        rows = plan.queries.split(group, found, lambda s: inventory_host(s.labels))
-        return _Part(value=rows.get(host, []))
+        rows = plan.queries.split(group, found, lambda s: inventory_host(s.labels)).get(host, [])
+        return _Part(value=rows, replica=rows[0].replica if rows else "")
 
     def _section(
         self,

@@ -59,7 +59,7 @@ def alert_window(alert: AlertState, now: float, history: float) -> Window:
 
 def within(series: RawSeries, window: Window) -> RawSeries:
     """The samples of a shared answer that fall in one alert's window (the grid is the same)."""
-    return RawSeries(series.labels, [s for s in series.samples if s[0] >= window.start - 1e-6])
+    return replace(series, samples=[s for s in series.samples if s[0] >= window.start - 1e-6])
 
 
 @dataclass
