@@ -239,7 +239,7 @@ async def test_a_resume_the_controller_applied_but_answered_with_an_error_is_don
         server.stop()
         idle_n1(cluster)
     assert f"{RESUME} on k-ai-01 done" in said
-    assert f"Slurm node {NODE} is idle (the scheduler answered 'slurm_update error: Socket timed out" in said
+    assert f'Slurm node {NODE} is idle (the scheduler answered "slurm_update error: Socket timed out' in said
     assert cluster.state(NODE) == "idle"
 
 

@@ -222,11 +222,11 @@ TIMED_OUT = Answer(1, "", "slurm_update error: Socket timed out on send/recv ope
         (RESUME, REFUSED_STATE, "n1|mixed|none", True, "Slurm node n1 is mixed: already taking jobs"),
         # Applied by a controller that answered an error all the same: the read-back decides.
         (RESUME, TIMED_OUT, "n1|idle|none", True,
-         "Slurm node n1 is idle (the scheduler answered 'slurm_update error: Socket timed out on send/recv "
-         "operation', but reads the node resumed)"),
+         'Slurm node n1 is idle (the scheduler answered "slurm_update error: Socket timed out on send/recv '
+         'operation", but reads the node resumed)'),
         (DRAIN, TIMED_OUT, "n1|draining|gpu-alert-bot x", True,
-         "Slurm node n1 is draining, reason: gpu-alert-bot x (the scheduler answered 'slurm_update error: Socket "
-         "timed out on send/recv operation', but reads the node drained)"),
+         'Slurm node n1 is draining, reason: gpu-alert-bot x (the scheduler answered "slurm_update error: Socket '
+         'timed out on send/recv operation", but reads the node drained)'),
         (RESUME, TIMED_OUT, "n1|drained|gpu-alert-bot x", False,
          "the scheduler refused to resume n1: slurm_update error: Socket timed out on send/recv operation; it "
          "shows n1 drained, reason: gpu-alert-bot x"),

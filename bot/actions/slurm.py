@@ -89,7 +89,7 @@ def outcome(verb: str, node: str, answer: Answer, state: NodeState | None) -> Ex
         return ExecResult(True, said)
     if verb == RESUME and _NOTHING_TO_RESUME in answer.text:
         return ExecResult(True, f"{said}: already taking jobs")
-    return ExecResult(True, f"{said} (the scheduler answered {answer.text!r}, but reads the node {_REACHED[verb]})")
+    return ExecResult(True, f'{said} (the scheduler answered "{answer.text}", but reads the node {_REACHED[verb]})')
 
 
 def _reached(verb: str, answer: Answer, state: NodeState) -> bool:
