@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bot.config import AlertmanagerConfig
 from bot.enrich.queryapi import MAX_ANSWER_BYTES, AnswerTooLarge, bearer_auth, body_text, read_capped
+from bot.failure import what_failed
 
 API = "/api/v2"
 _Model = TypeVar("_Model", bound=BaseModel)
@@ -260,7 +261,7 @@ class AlertmanagerClient:
         except AnswerTooLarge as exc:
             raise _TryNext(AlertmanagerError("too_large", f"{base}: {exc.detail}")) from None
         except httpx.TransportError as exc:
-            raise _TryNext(AlertmanagerError("connect", f"cannot reach {base}: {exc or type(exc).__name__}")) from None
+            raise _TryNext(AlertmanagerError("connect", f"cannot reach {base}: {what_failed(exc)}")) from None
         if response.status_code >= 500:
             text = body_text(response)
             if not_found_is_final and _NOT_FOUND_0_25 in text:

@@ -128,7 +128,7 @@ def test_the_console_script_checks_a_config_from_another_directory(tmp_path: Pat
 
 
 def test_serve_runs_the_example_config_as_it_is_from_any_working_directory(tmp_path: Path) -> None:
-    # A copy of the repository's config directory, so its relative store path (../var) lands in tmp_path.
+    # A copy of the repository's config directory, so its relative store path (..) lands in tmp_path.
     shutil.copytree(REPO / "config", tmp_path / "config")
     elsewhere = tmp_path / "somewhere" / "else"
     elsewhere.mkdir(parents=True)
@@ -149,7 +149,7 @@ def test_serve_runs_the_example_config_as_it_is_from_any_working_directory(tmp_p
         _wait_until(lambda: any(line.strip() for line in bot.stdout.snapshot()))
     finally:
         assert bot.stop() == 0  # SIGTERM: a clean shutdown
-    assert (tmp_path / "var" / "gpu-alert-bot.db").exists()
+    assert (tmp_path / "gpu-alert-bot.db").exists()
     assert not list(elsewhere.iterdir())
     events = _json_lines(bot.stdout.snapshot())
     assert [(e["event"], e["host"], e["gpu"]) for e in events] == [("firing", "k-ai-01", "3")]

@@ -39,11 +39,18 @@ def test_the_example_configuration_loads_as_it_is() -> None:
     assert config.store.synchronous == "full"
 
 
+def test_the_store_scripts_run_keeps_is_the_one_commands_read_in_the_checkout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """scripts/run serves the example configuration from the checkout's root; `gpus`, `audit` and `report` run
+    there without --config read the default store of the working directory: the same file."""
+    monkeypatch.chdir(REPO)
+    assert load_config(EXAMPLE).store.path == load_config(None).store.path.absolute()
+
+
 def test_relative_paths_resolve_against_the_config_file_from_any_working_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    assert load_config(EXAMPLE).store.path == REPO / "var" / "gpu-alert-bot.db"
+    assert load_config(EXAMPLE).store.path == REPO / "gpu-alert-bot.db"
     nested = tmp_path / "etc" / "bot"
     nested.mkdir(parents=True)
     (nested / "token").write_text("abcd1234\n")

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bot.commands.cli import main
-from bot.config import ConfigError, http_url, load_config
+from bot.config import ConfigError, http_url, load_config, located
 from bot.playbooks import PlaybookError, PlaybookSet
 from bot.yamldoc import duplicate_keys
 
@@ -195,3 +195,33 @@ def test_unknown_keys_and_wrong_types_name_the_key_and_the_line_in_plain_words(
         f"{path}: 10 problem(s)",
     ]
     assert not any("Input" in line for line in err)
+
+
+@pytest.mark.parametrize(
+    ("token", "kind"),
+    [("xoxp-1-2-3-abc", "a Slack user token (xoxp-...)"), ("xapp-1-A0-1-abc", "an app-level token (xapp-...)")],
+)
+def test_check_config_refuses_a_slack_token_that_is_not_a_bots(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], token: str, kind: str
+) -> None:
+    (tmp_path / "token").write_text(token + "\n")
+    path = tmp_path / "bot.yaml"
+    path.write_text(
+        "receivers:\n"
+        "  - {name: console, type: console}\n"
+        "  - name: slack\n"
+        "    type: slack\n"
+        "    channel: '#gpu'\n"
+        "    token_file: token\n"
+    )
+    assert main(["check-config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"{path}:6: receivers.1.token_file: {tmp_path / 'token'} holds {kind}")
+    assert "bot token (xoxb-..." in err and token not in err
+
+
+def test_a_missing_playbook_directory_is_a_problem_with_its_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "bot.yaml"
+    path.write_text("store:\n  retention: 30d\nplaybooks:\n  dir: ./my-playbooks\n")
+    problems = [located(problem) for problem in _problems(path)]
+    assert problems == [f"{path}:4: playbooks.dir: playbook directory {tmp_path / 'my-playbooks'} not found"]

@@ -43,5 +43,5 @@ async def test_an_enricher_that_raises_says_what_went_wrong_and_the_others_still
     runner = EnrichmentRunner([_Breaks(), _Hangs()], 0.2, Metrics())
     enrichment = await runner.run(alert_state({"alertname": "GPUXidError"}), None)
     broken, late = enrichment.sections
-    assert (broken.status, broken.reason) == ("unavailable", "RuntimeError: the exporter answered nonsense")
+    assert (broken.status, broken.reason) == ("unavailable", "the exporter answered nonsense")
     assert broken.source == "Somewhere" and late.status == "unavailable"

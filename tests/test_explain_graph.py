@@ -20,12 +20,13 @@ from tests.test_prometheus_realstack import HOST, Stack, _wait_until, stack  # n
 pytestmark = [pytest.mark.realstack, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 
-def _payload(tmp_path: Path) -> Path:
+def _payload(tmp_path: Path, alertname: str = "GPUPowerEnvelopeExceeded") -> Path:
+    """A webhook body with no generatorURL, as curl or amtool send it."""
     labels = dcgm_labels(5, hostname=HOST)
     started = datetime.now(UTC) - timedelta(seconds=20)
-    alert = am_alert("GPUPowerEnvelopeExceeded", starts_at=started, **{**labels, "severity": "warning"})
+    alert = am_alert(alertname, starts_at=started, **{**labels, "severity": "warning"})
     path = tmp_path / "payload.json"
-    path.write_text(json.dumps(webhook([alert], group_key='{}:{alertname="GPUPowerEnvelopeExceeded"}')))
+    path.write_text(json.dumps(webhook([alert], group_key=f'{{}}:{{alertname="{alertname}"}}')))
     return path
 
 
@@ -62,4 +63,20 @@ def test_explain_without_enrichment_has_no_history_to_draw(tmp_path: Path, capsy
         capsys, str(_payload(tmp_path)), "--config", str(_config(tmp_path, "http://127.0.0.1:9")), "--graph", str(out)
     )
     assert code == 1 and not out.exists()
-    assert "no metric history to draw" in printed and "no picture written" in err
+    assert "no metric history to draw: Prometheus was not asked (it is, with --enrich" in printed
+    assert "no picture written" in err
+
+
+def test_explain_enriched_says_an_alert_without_generator_url_or_rule_has_no_history(
+    stack: Stack,  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = tmp_path / "out.png"
+    payload = _payload(tmp_path, alertname="GPUXidError")  # not the name of any rule Prometheus evaluates
+    config = _config(tmp_path, stack.prometheus.url)
+    code, _, err = explain(capsys, str(payload), "--config", str(config), "--enrich", "--graph", str(out))
+    assert code == 1 and not out.exists()
+    reason = "the alert's generatorURL is empty and Prometheus has no alerting rule named 'GPUXidError'"
+    assert f"no picture written: no metric history to draw: {reason}" in err
+    assert "--enrich" not in err

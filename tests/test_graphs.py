@@ -26,7 +26,7 @@ from bot.render.graph import (
     render_alert_graph,
 )
 from bot.render.graph_worker import GraphLimits, GraphRenderer
-from bot.render.incident_graph import incident_heat, render_incident_heat
+from bot.render.incident_graph import build_heat_figure, incident_heat, render_incident_heat
 from tests.support.bot import eventually
 from tests.support.clock import FakeClock
 from tests.support.graphs import THRESHOLD, gpu_message, temperature_evidence
@@ -116,6 +116,19 @@ def test_a_young_incidents_heat_map_has_columns_of_seconds() -> None:
     old = incident_heat("old", starts, STARTED + timedelta(hours=3))
     assert old is not None and old.bin_seconds >= 60 and 1 < len(old.columns) <= 60
     assert render_incident_heat(young).startswith(b"\x89PNG")
+
+
+def test_the_heat_maps_colour_bar_counts_whole_alerts() -> None:
+    """At most two alerts in a cell: the bar reads 0, 1, 2, never 0.25 or 1.75."""
+    starts = {"k-ai-01": [STARTED, STARTED], "k-ai-02": [STARTED + timedelta(seconds=5)]}
+    heat = incident_heat("GPUTempCritical", starts, STARTED + timedelta(seconds=30))
+    assert heat is not None
+    figure = build_heat_figure(heat)
+    figure.canvas.draw()
+    bar = figure.axes[1]
+    low, high = bar.get_ylim()
+    shown = [tick for tick in bar.get_yticks() if low <= tick <= high]
+    assert shown and all(float(tick).is_integer() for tick in shown), shown
 
 
 def test_dark_and_light_themes_differ_in_background() -> None:

@@ -27,6 +27,7 @@ from bot.sinks.pagerduty import PagerDutySink, classify_response
 from bot.store import Store
 from tests.fakes.pagerduty import FakePagerDuty
 from tests.support.messages import STARTED, delivery_of, sample_message
+from tests.support.processes import free_port
 
 ROUTING_KEY = "0123456789abcdef0123456789abcdef"
 
@@ -226,6 +227,19 @@ async def test_no_answer_in_time_is_retried(tmp_path: Path, store: Store) -> Non
     finally:
         await sink.close()
     assert (result.retry, result.reason) == (True, "timeout")
+
+
+async def test_a_receiver_nothing_answers_for_is_retried_and_said_in_words(tmp_path: Path, store: Store) -> None:
+    sink = PagerDutySink(receiver(tmp_path, url=f"http://127.0.0.1:{free_port()}/v2/enqueue"), store)
+    try:
+        result = await sink.deliver(delivery(message()))
+    finally:
+        await sink.close()
+    assert (result.retry, result.reason, result.detail) == (
+        True,
+        "connection_refused",
+        "connection refused (nothing listens there)",
+    )
 
 
 async def test_a_wrong_url_is_not_retried(tmp_path: Path, fake: FakePagerDuty, store: Store) -> None:

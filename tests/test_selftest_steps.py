@@ -49,7 +49,7 @@ async def test_an_unexpected_error_fails_the_step_instead_of_ending_the_self_tes
     [result] = steps.results
     assert (result.outcome, result.detail) == (
         "FAIL",
-        "unexpected error: ValueError: Expecting value: line 1 column 1 (char 0)",
+        "unexpected error: Expecting value: line 1 column 1 (char 0)",
     )
 
 

@@ -1,7 +1,8 @@
 """What users read speaks of the product: no playbook, README, document, configuration or manifest says "the seed"
-(the design notes the project started from, which users never saw), an issue number or a commit id in angle
-brackets; playbook texts are rendered into messages, the others are read as they are. And the documents they
-point to are in the repository: the image scripts' facts are docs/container-build.md's, not a page elsewhere."""
+(the design notes the project started from, which users never saw), an issue number, a commit id in angle
+brackets, or how the work was done (this round, other sessions on the machine, the fixes it took); playbook
+texts are rendered into messages, the others are read as they are. And the documents they point to are in the
+repository: the image scripts' facts are docs/container-build.md's, not a page elsewhere."""
 
 from __future__ import annotations
 
@@ -12,7 +13,12 @@ import pytest
 
 from tests.support.processes import REPO
 
-INTERNAL = re.compile(r"\bthe seed\b|\bseed(?:'s| document)\b|\bissues? #?\d+\b|<[0-9a-f]{7,40}>", re.IGNORECASE)
+INTERNAL = re.compile(
+    r"\bthe seed\b|\bseed(?:'s| document)\b|\bissues? #?\d+\b|<[0-9a-f]{7,40}>"
+    # how the work was done: a round of work, the people and sessions who shared the machine, the fixes it took
+    r"|\bthis round\b|\bother (?:sessions?|engineers)\b|\b(?:one|two|three|four) fixes\b",
+    re.IGNORECASE,
+)
 READ_BY_USERS = ("playbooks", "docs", "config", "deploy", "bot")
 
 
@@ -50,6 +56,9 @@ def test_no_text_users_read_speaks_of_the_projects_own_history() -> None:
         "a fleet storm (issue 21)",
         "issues 9 and 14",
         "--before <82a2b3c>",
+        "Two fixes of this round",
+        "on this 2-vCPU VM shared with other sessions' test runs",
+        "six other engineers' test suites",
     ],
 )
 def test_the_check_recognises_what_it_looks_for(text: str) -> None:

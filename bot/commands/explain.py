@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from bot.commands.stored_alert import StoredAlertError, stored_payload
 from bot.config import BotConfig, Receiver, StoreConfig
 from bot.enrich import build_enrichers
-from bot.evidence import Enrichment
+from bot.evidence import Enrichment, PrometheusEvidence
 from bot.message import Message
 from bot.metrics import Metrics
 from bot.models import AlertState, AmAlert, Delivery, Event, EventKind, WebhookPayload
@@ -120,7 +120,7 @@ class Pictures:
     async def write(self, decision: Decision, number: int) -> dict[str, str]:
         graph = message_graph(decision.enrichment, decision.message)
         if graph is None:
-            problem = "no metric history to draw (two points at least; the Prometheus enricher runs with --enrich)"
+            problem = f"no metric history to draw: {_why_no_history(decision.enrichment)}"
             self.problems.append(problem)
             return {"problem": problem}
         renderer = GraphRenderer()
@@ -139,6 +139,21 @@ class Pictures:
         path.write_bytes(png)
         self.written.append(path)
         return {"path": str(path)}
+
+
+def _why_no_history(enrichment: Enrichment) -> str:
+    """Why the alert has no picture, in the words of what was missing."""
+    section = enrichment.get("prometheus")
+    if section is None:
+        return "Prometheus was not asked (it is, with --enrich, when enrichment.prometheus is configured)"
+    if section.status != "ok":
+        return f"Prometheus {section.status}: {section.reason}"
+    evidence = enrichment.evidence(PrometheusEvidence)
+    if evidence is None or evidence.history is None:
+        return section.summary.removeprefix("History unavailable: ")
+    if evidence.value_meaning is None:
+        return f"{evidence.graphed} is a function of a code, not a count"
+    return "one point of history in the window, two at least are drawn"
 
 
 async def explain(

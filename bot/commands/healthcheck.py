@@ -8,6 +8,8 @@ import sys
 
 import httpx
 
+from bot.failure import what_failed
+
 ALIVE_PATH = "/healthz"
 READY_PATH = "/readyz"
 
@@ -30,7 +32,7 @@ def probe(host: str, port: int, timeout: float, path: str = ALIVE_PATH) -> bool:
     try:
         response = httpx.get(url, timeout=timeout)
     except httpx.HTTPError as exc:
-        print(f"{url}: {exc or type(exc).__name__}", file=sys.stderr)
+        print(f"{url}: {what_failed(exc)}", file=sys.stderr)
         return False
     if response.status_code != 200:
         print(f"{url}: HTTP {response.status_code}", file=sys.stderr)

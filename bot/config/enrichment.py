@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import TypeVar
 
 from pydantic import Field, field_validator, model_validator
@@ -158,3 +159,11 @@ class PlaybooksConfig(StrictModel):
     dir: ConfigPath = BUNDLED_PLAYBOOKS
     # Values for link templates in playbooks, for example grafana_url.
     vars: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("dir")
+    @classmethod
+    def _a_directory(cls, value: Path) -> Path:
+        # Checked here rather than when the playbooks load, so the problem names its line in the file.
+        if not value.is_dir():
+            raise ValueError(f"playbook directory {value} not found")
+        return value

@@ -14,6 +14,11 @@ from bot.config.duration import Duration
 from bot.config.secrets import Secret, SecretFile
 
 _BOOL = TypeAdapter(bool)
+# Slack tokens that are not a bot's, by their prefix: what each is, as a refusal says it.
+_NOT_BOT_TOKENS = {
+    "xoxp": "a Slack user token (xoxp-...), which posts as the person who installed the app",
+    "xapp": "an app-level token (xapp-...), which only opens Socket Mode (interactivity.app_token_file)",
+}
 GraphTheme = Literal["light", "dark"]
 
 
@@ -38,6 +43,17 @@ class SlackReceiver(StrictModel):
     # extra (matplotlib) is installed.
     graphs: bool | None = None
     graph_theme: GraphTheme = "light"
+
+    @field_validator("token_file")
+    @classmethod
+    def _a_bot_token(cls, token: Secret) -> Secret:
+        kind = _NOT_BOT_TOKENS.get(token.get().split("-", 1)[0])
+        if kind is not None:
+            raise ValueError(
+                f"{token.path} holds {kind}: a receiver posts with the Slack app's bot token (xoxb-..., "
+                "Slack app > OAuth & Permissions > Bot User OAuth Token)"
+            )
+        return token
 
     @model_validator(mode="before")
     @classmethod

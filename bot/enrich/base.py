@@ -20,6 +20,7 @@ from typing import Protocol
 from bot.clock import SYSTEM_CLOCK, Clock
 from bot.enrich.batch import Batch, BatchItem, shared
 from bot.evidence import Enrichment, EnrichmentHints, EnrichmentSection
+from bot.failure import what_failed
 from bot.logs import RateLimitedLog
 from bot.metrics import Metrics
 from bot.models import AlertState
@@ -161,11 +162,11 @@ class EnrichmentRunner:
                     extra={
                         "enricher": enricher.name,
                         "alert_key": request.alert.key,
-                        "reason": f"{type(exc).__name__}: {exc}",
+                        "reason": what_failed(exc),
                         "suppressed": suppressed,
                     },
                 )
-            section = EnrichmentSection.unavailable(enricher.name, enricher.title, f"{type(exc).__name__}: {exc}")
+            section = EnrichmentSection.unavailable(enricher.name, enricher.title, what_failed(exc))
         finally:
             self._metrics.enrichment_duration.labels(enricher.name).observe(time.perf_counter() - started)
         self._metrics.enrichment_results.labels(enricher.name, section.status).inc()

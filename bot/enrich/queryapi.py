@@ -21,6 +21,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 from tenacity.stop import stop_base
 
 from bot.config import Secret
+from bot.failure import what_failed
 from bot.printable import printable
 from bot.retry import classify_error, classify_status
 from bot.retry_after import retry_after_seconds
@@ -132,7 +133,7 @@ async def _attempt(
     except httpx.DecodingError:
         raise QueryError("malformed", f"{service} answered a body that cannot be decoded") from None
     except httpx.TransportError as exc:
-        detail = f"cannot reach {service} at {client.base_url}: {_transport_text(exc)}"
+        detail = f"cannot reach {service} at {client.base_url}: {what_failed(exc)}"
         raise QueryError("connect", detail, retryable=classify_error(exc).retry) from None
     if response.is_success:
         return response
@@ -168,13 +169,6 @@ async def read_capped(response: httpx.Response, max_bytes: int = MAX_ANSWER_BYTE
         await response.aclose()
     headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in _WIRE_HEADERS]
     return httpx.Response(response.status_code, headers=headers, content=bytes(body), request=response.request)
-
-
-def _transport_text(exc: httpx.TransportError) -> str:
-    text = str(exc).strip()
-    if not text and exc.__cause__ is not None:
-        text = str(exc.__cause__)
-    return text or type(exc).__name__
 
 
 def body_text(response: httpx.Response) -> str:

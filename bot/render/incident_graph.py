@@ -8,9 +8,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from bot.message import format_duration
 from bot.render.graph import Theme, new_figure, png_of
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 _MAX_HOSTS = 30
 _MAX_COLUMNS = 60
@@ -61,6 +65,12 @@ def incident_heat(title: str, starts: Mapping[str, Sequence[datetime]], now: dat
 
 
 def render_incident_heat(heat: IncidentHeat, theme: Theme = "light") -> bytes:
+    return png_of(build_heat_figure(heat, theme))
+
+
+def build_heat_figure(heat: IncidentHeat, theme: Theme = "light") -> Figure:
+    from matplotlib.ticker import MaxNLocator
+
     background, text, colour_map = _COLOURS[theme]
     height = min(9.0, 2.2 + 0.28 * len(heat.hosts))
     figure = new_figure(height, theme)
@@ -75,6 +85,8 @@ def render_incident_heat(heat: IncidentHeat, theme: Theme = "light") -> bytes:
     axes.set_xlabel(f"alert start, UTC (one column per {format_duration(heat.bin_seconds)})", fontsize=10, color=text)
     axes.tick_params(colors=text)
     bar = figure.colorbar(image, ax=axes, fraction=0.04, pad=0.02)
+    bar.locator = MaxNLocator(integer=True)  # counts of alerts: 1, 2, 3, never 0.25
+    bar.update_ticks()
     bar.set_label("alerts", color=text, fontsize=10)
     bar.ax.tick_params(colors=text, labelsize=9)
     more = f" (and {heat.left_out} more hosts)" if heat.left_out else ""
@@ -82,4 +94,4 @@ def render_incident_heat(heat: IncidentHeat, theme: Theme = "light") -> bytes:
         f"{heat.title}{more}", x=0.01, ha="left", fontsize=14, fontweight="bold", color=text, parse_math=False
     )
     figure.subplots_adjust(left=0.2, right=0.92, top=1 - 0.6 / height, bottom=0.9 / height)
-    return png_of(figure)
+    return figure

@@ -16,6 +16,7 @@ from bot.alertmanager import AlertmanagerClient, AlertmanagerError, AmStatus
 from bot.config import EmailReceiver, LokiConfig, PagerDutyReceiver, PrometheusConfig, Secret, SlackReceiver
 from bot.datafile import bundled_rules
 from bot.enrich.queryapi import bearer_auth, body_text
+from bot.failure import what_failed
 from bot.render.graph_worker import graphs_installed
 from bot.selftest.steps import StepFailed
 from bot.sinks.email import probe_smtp
@@ -108,7 +109,7 @@ async def slack_receiver(receiver: SlackReceiver) -> str:
         raise StepFailed(f"Slack refused: {error or status}", *_slack_hint(error, receiver)) from None
     except Exception as exc:  # slack_sdk raises the transport's own errors (aiohttp)
         raise StepFailed(
-            f"Slack is down or unreachable: cannot reach {receiver.api_url}: {type(exc).__name__}: {exc}",
+            f"Slack is down or unreachable: cannot reach {receiver.api_url}: {what_failed(exc)}",
             "no network route to Slack, or a proxy in the way",
         ) from None
     _check_files_scope(receiver, who.headers)
@@ -216,7 +217,7 @@ async def _get(http: httpx.AsyncClient, path: str, service: str) -> Any:
         response = await http.get(path)
     except httpx.HTTPError as exc:
         raise StepFailed(
-            f"cannot reach {service} at {url}: {type(exc).__name__}: {exc}",
+            f"cannot reach {service} at {url}: {what_failed(exc)}",
             f"{service} is down or not at this URL",
             f"curl -sv {url}",
         ) from None

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from bot.config import BotConfig, split_listen
+from bot.failure import what_failed
 from bot.selftest.steps import StepFailed
 from bot.store import Store, open_store
 
@@ -52,7 +53,7 @@ async def probe_bot(http: httpx.AsyncClient, url: str, given: str | None) -> str
         response = await http.get(target)
     except httpx.HTTPError as exc:
         raise StepFailed(
-            f"nothing answers at {url} ({where}): {type(exc).__name__}: {exc}",
+            f"nothing answers at {url} ({where}): {what_failed(exc)}",
             "the bot is not running, or listens elsewhere (another --config, serve --listen, a port not published)",
             look,
         ) from None

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from typing import Literal, TextIO
 
 from bot.clock import Clock
+from bot.failure import what_failed
 
 Outcome = Literal["pass", "FAIL", "skip"]
 
@@ -60,7 +61,7 @@ class Steps:
             self._record(StepResult(step, "FAIL", self._since(started), "interrupted (Ctrl-C)"))
             raise
         except Exception as exc:  # whatever a service answered, the self-test reports it and goes on
-            detail = f"unexpected error: {type(exc).__name__}: {exc}"
+            detail = f"unexpected error: {what_failed(exc)}"
             result = StepResult(step, "FAIL", self._since(started), detail, "a bug or an unexpected answer")
         else:
             result = StepResult(step, "pass", self._since(started), detail)

@@ -10,6 +10,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from bot.clock import Clock
+from bot.failure import what_failed
 from bot.models import AlertStatus, EventKind
 from bot.selftest.diagnose import Samples
 from bot.selftest.marking import ALERTNAME, LABEL
@@ -96,7 +97,7 @@ class MetricsWatch:
         except httpx.HTTPError as exc:
             whose = "the bot's worker process is down or its /metrics is elsewhere (worker.metrics_listen)"
             raise StepFailed(
-                f"cannot read {url}: {type(exc).__name__}: {exc}",
+                f"cannot read {url}: {what_failed(exc)}",
                 "the bot is down or not at this URL (--bot)" if url == self.url else whose,
                 f"curl -s {url} | grep gpu_alert_bot_",
             ) from None

@@ -34,6 +34,7 @@ from aiosmtplib import SMTPResponse
 
 from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import EmailReceiver
+from bot.failure import what_failed
 from bot.message import Message
 from bot.models import Delivery
 from bot.render.email import InlineImage, RenderedEmail, build_email, graph_image, render_email, sender_domain
@@ -258,7 +259,7 @@ def classify_smtp_error(exc: BaseException) -> DeliveryResult:
         return DeliveryResult.retry_later("timeout", str(exc))
     if isinstance(exc, OSError):  # refused, reset, disconnected (SMTPServerDisconnected is a ConnectionError)
         return DeliveryResult.retry_later("connection_error", str(exc))
-    return DeliveryResult.failed("smtp_error", f"{type(exc).__name__}: {exc}")
+    return DeliveryResult.failed("smtp_error", what_failed(exc))
 
 
 def _by_reply_code(exc: aiosmtplib.SMTPResponseException) -> DeliveryResult:

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 
 from bot.config import PagerDutyReceiver
+from bot.failure import what_failed
 from bot.models import Delivery
 from bot.render.pagerduty import encode_event, pagerduty_event
 from bot.render.pagerduty_incident import incident_trigger
@@ -83,7 +84,7 @@ class PagerDutySink:
             response = await self._client.post(self._config.url, content=encode_event(event))
         except httpx.TransportError as exc:
             verdict = classify_error(exc)
-            return DeliveryResult(False, verdict.retry, reason=verdict.reason, detail=f"{type(exc).__name__}: {exc}")
+            return DeliveryResult(False, verdict.retry, reason=verdict.reason, detail=what_failed(exc))
         return classify_response(response, self._config.rate_limit_delay)
 
     def preview(self, delivery: Delivery) -> Preview:

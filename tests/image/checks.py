@@ -374,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         report.check("check-config of config/bot.compose.yaml inside", checks.check_compose_config)
         checks.serving()
         report.check("Slack receiver posts once to the loopback Slack fake", checks.slack)
-        report.check("compose files: docker-compose config -q", lambda: check_compose_files(workdir))
+        report.check("compose files: docker-compose config -q", check_compose_files)
         report.check(
             "compose: the bot service of docker-compose.yml up, healthy, down",
             lambda: check_compose_service(args.image, workdir),

@@ -4,18 +4,14 @@ config/docker-compose.yml brought up by podman-compose, healthy by its own healt
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from pathlib import Path
-
-import yaml
 
 from tests.image.podman import output, podman, run, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 SERVICE = "gpu-alert-bot"
 COMPOSE_IMAGE_LINE = "image: gpu-alert-bot:latest"
-PROJECT_NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")  # the Compose specification's project name
 # What docker-compose.gpu-node.yml's comment has the user put in .env on each GPU server.
 NODE_ENV = {"NODE_NAME": "k-ai-01.lan", "LOKI_URL": "http://monitoring-vm.lan:3100"}
 
@@ -24,21 +20,16 @@ def compose_files() -> list[Path]:
     return sorted((REPO / "config").glob("docker-compose*.yml"))
 
 
-def check_compose_files(workdir: Path) -> str:
-    """`docker-compose config -q` on each file. Debian's docker-compose (1.29) predates the Compose spec's top-level
-    `name:`: that key is checked here against the spec's pattern, and the rest of the file validated without it."""
+def check_compose_files() -> str:
+    """`docker-compose config -q` on each file as it ships, with Debian's docker-compose (1.29): what a user of
+    Debian's package runs. Version 1 predates the Compose specification's top-level `name:`, so a file that sets
+    one fails here as it would for them."""
     files = compose_files()
     if not files:
         raise AssertionError("no config/docker-compose*.yml")
     problems = []
     for path in files:
-        document = yaml.safe_load(path.read_text())
-        name = document.pop("name", None)
-        if name is not None and not (isinstance(name, str) and PROJECT_NAME.fullmatch(name)):
-            problems.append(f"{path.name}: name {name!r} is not a Compose project name")
-        validated = workdir / f"validated-{path.name}"
-        validated.write_text(yaml.safe_dump(document, sort_keys=False))
-        done = run("docker-compose", "--project-directory", path.parent, "-f", validated, "config", "-q", env=NODE_ENV)
+        done = run("docker-compose", "--project-directory", path.parent, "-f", path, "config", "-q", env=NODE_ENV)
         if done.returncode != 0:
             problems.append(f"{path.name}: {output(done)}")
     if problems:

@@ -29,6 +29,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
 from bot.config import SlackReceiver
+from bot.failure import what_failed
 from bot.render.slack import Payload
 from bot.retry import classify_error, classify_status
 from bot.sinks.base import DeliveryResult
@@ -269,7 +270,7 @@ def _failure(method: str, exc: SlackClientError | aiohttp.ClientError | TimeoutE
     if isinstance(exc, SlackApiError):
         return _api_failure(method, exc)
     verdict = classify_error(exc)
-    detail = f"{method}: no answer in time" if verdict.reason == "timeout" else f"{method}: {type(exc).__name__}: {exc}"
+    detail = f"{method}: no answer in time" if verdict.reason == "timeout" else f"{method}: {what_failed(exc)}"
     # Only a connection never opened, or a request never sent, surely did nothing in Slack.
     sent = False if verdict.reason == "connection_refused" or not verdict.retry else None
     return SlackFailure(DeliveryResult(False, verdict.retry, reason=verdict.reason, detail=detail), sent=sent)

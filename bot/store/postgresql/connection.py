@@ -15,6 +15,7 @@ from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from bot.clock import SYSTEM_CLOCK, Clock
+from bot.failure import what_failed
 from bot.store.base import IncomingNotification, IngestResult, SchemaChange, Store, StoreUnavailable
 from bot.store.groupcommit import GroupCommit
 from bot.store.migrations import POSTGRESQL_MIGRATIONS, POSTGRESQL_SCHEMA_VERSION, refuse_newer
@@ -153,7 +154,7 @@ class PostgresConnection(Store):
             async with self._pool.connection() as conn:
                 yield conn
         except (psycopg.Error, PoolTimeout) as exc:
-            raise StoreUnavailable(f"{type(exc).__name__}: {exc}".strip()) from exc
+            raise StoreUnavailable(what_failed(exc)) from exc
 
     def _connect_kwargs(self) -> dict[str, Any]:
         # Every commit waits for its WAL to be flushed, whatever the server's default: a 2xx promises it, and a
@@ -180,7 +181,7 @@ class PostgresConnection(Store):
             async with self._ingest_conn.transaction():
                 yield self._ingest_conn
         except psycopg.Error as exc:
-            raise StoreUnavailable(f"{type(exc).__name__}: {exc}".strip()) from exc
+            raise StoreUnavailable(what_failed(exc)) from exc
 
     async def _fetchall(self, query: str, args: Sequence[Any] | Mapping[str, Any] = ()) -> list[DictRow]:
         async with self._connection() as conn:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from bot.clock import SYSTEM_CLOCK, Clock
+from bot.failure import what_failed
 from bot.store.base import IncomingNotification, IngestResult, SchemaChange, Store, StoreSide, StoreUnavailable
 from bot.store.groupcommit import GroupCommit
 from bot.store.migrations import SQLITE_SCHEMA_VERSION, refuse_newer
@@ -236,7 +237,7 @@ class SqliteConnection(Store):
         try:
             return fn(*args)
         except sqlite3.Error as exc:
-            failure = StoreUnavailable(f"{type(exc).__name__}: {exc}")
+            failure = StoreUnavailable(what_failed(exc))
         # Raised outside the handler, so without the SQLite error as its context: that error's traceback holds
         # the frames of `fn`, and a cursor left open in one of them holds a read snapshot for as long as the
         # exception lives (an asyncio future and its concurrent future form a cycle only the GC breaks).
