@@ -64,8 +64,9 @@ def _incident_text(incident: dict[str, Any]) -> list[str]:
     else:
         lines = [
             f"Would open: {incident['alerts']} new alert(s) of one kind, more than incidents.threshold "
-            f"({incident['threshold']}). Each receiver gets the incident's card, mail or page, kept up to date, "
-            "instead of a message per alert. The bot gives it its id when it opens it."
+            f"({incident['threshold']}), told as one incident:",
+            "each receiver gets its card, mail or page, kept up to date, instead of a message per alert.",
+            "The id shown is this preview's: the bot gives the incident its own when it opens it.",
         ]
     for entry in incident["messages"]:
         lines += ["", f"--- {entry['receiver']} ({entry['type']}) ---", *message_text(entry)]
