@@ -99,6 +99,8 @@ async def test_the_first_mail_tells_the_scope_the_hosts_worst_first_and_attaches
             await sink.close()
     [received] = handler.received()
     text = body(received.mail)
+    # The id a person passes to `report`, in the first lines.
+    assert text.splitlines()[2] == f"Incident {view.id} · gpu-alert-bot report {view.id}"
     assert "480 alerts on 60 of 1,000 hosts, 480 of 8,000 GPUs, 93 to 95 °C; since 2026-11-29 13:31 UTC" in text
     assert "Still being gathered" in text
     assert "HOSTS, WORST FIRST (THE FIRST 50; 10 MORE IN ALERTS.CSV)" in text

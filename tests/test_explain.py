@@ -25,7 +25,7 @@ from bot.playbooks import PlaybookSet
 from bot.sinks import SINK_TYPES, DeliveryResult, Preview, SinkResources, SinkType
 from bot.store import open_store
 from tests.support.bot import eventually, running_bot
-from tests.support.payloads import FIXTURE_CAPTURES
+from tests.support.payloads import FIXTURE_CAPTURES, am_alert, webhook
 from tests.support.processes import free_port
 
 PAYLOADS = Path(__file__).resolve().parent / "fixtures" / "payloads"
@@ -94,12 +94,18 @@ def test_human_output_shows_rules_receivers_playbook_and_every_rendering(
     assert "rule 4: not evaluated" in first
     assert "receivers -> pd, oncall-email, slack-gpu" in first
     assert "Playbook:   xid\n" in first and "Enrichment: skipped" in first
-    # Every receiver's message, rendered by the sinks' own renderers.
-    assert "--- pd (pagerduty) ---\nPOST https://events.pagerduty.com/v2/enqueue" in first
-    assert '"event_action": "trigger"' in first and '"dedup_key": "ea7d2357f640d0c0@' in first
+    # Every receiver's message, rendered by the sinks' own renderers, as a person reads it (JSON: --format json).
+    assert (
+        "--- pd (pagerduty) ---\nPOST https://events.pagerduty.com/v2/enqueue\ntrigger · dedup_key ea7d2357f640d0c0@"
+        in first
+    )
+    assert "Summary:  GpuXidError on gpu01 GPU 0: Xid 79 on gpu01\n" in first and "  facts:\n    Host: gpu01" in first
     assert "Subject: [FIRING] GpuXidError on gpu01 GPU 0" in first
     assert "FIRING (critical): GpuXidError on gpu01 GPU 0" in first
-    assert "--- slack-gpu (slack) ---\nchannel #gpu-alerts" in first and '"blocks"' in first
+    assert "--- slack-gpu (slack) ---\nchannel #gpu-alerts\n🔴 GpuXidError on gpu01 GPU 0\nXid 79 on gpu01\n" in first
+    assert "*Host*: gpu01\n" in first and "🔗 Runbook (https://runbooks/xid)" in first
+    assert '"blocks"' not in out and '"event_action"' not in out
+    assert "Incidents:  none: each alert is told on its own" in out
     # The second alert (gpu 1) fails rule 1 on its gpu label and goes to Slack only.
     assert 'rule 1 {severity="critical", gpu="0"}: no, gpu="0" fails (gpu is "1")' in second
     assert "receivers -> slack-gpu" in second
@@ -328,7 +334,7 @@ async def test_a_stored_alert_is_explained_by_its_short_id(tmp_path: Path, capsy
         response = await client.post(bot.webhook_url, content=E2E_FIRING.read_bytes(), headers=headers)
         assert response.status_code == 200
         [printed] = await eventually(bot.console_events)
-        args = ["explain", "--alert", printed["short_id"].upper(), "--config", str(tmp_path / "bot.yaml"), "--enrich"]
+        args = ["explain", "--alert", printed["id"].upper(), "--config", str(tmp_path / "bot.yaml"), "--enrich"]
         code = await asyncio.to_thread(main, [*args, "--format", "json"])
     assert code == 0
     [alert] = json.loads(capsys.readouterr().out)["alerts"]
@@ -377,3 +383,80 @@ def test_enrich_with_a_store_that_cannot_be_read_says_so(tmp_path: Path, capsys:
     assert (code, out) == (1, "")
     assert "cannot read the bot's store, which --enrich reads the GPU history from: cannot connect to PostgreSQL" in err
     assert "Traceback" not in err
+
+
+def xid_storm(hosts: int, gpus: int) -> dict[str, Any]:
+    alerts = [
+        am_alert("GpuXidError", host=f"gpu{h:02d}", gpu=str(g), annotations={"summary": f"Xid 79 on gpu{h:02d}"})
+        for h in range(hosts)
+        for g in range(gpus)
+    ]
+    return webhook(alerts, group_key='{}:{alertname="GpuXidError"}')
+
+
+def test_a_storm_in_one_payload_is_explained_as_the_one_incident_each_receiver_would_get(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """20 alerts of one name, past incidents.threshold (5): one incident, previewed for every receiver its alerts go
+    to; no alert gets a message of its own."""
+    payload = tmp_path / "storm.json"
+    payload.write_text(json.dumps(xid_storm(5, 4)))
+    config = str(write_config(tmp_path))
+    code, out, _ = explain(capsys, str(payload), "--config", config)
+    assert code == 0
+    assert "Incidents:  20 alert(s) told as one incident, GpuXidError on 5 hosts (below)" in out
+    alerts, incident = out.split("\n=== Incident ")
+    assert alerts.count(", no message of its own\n") == 20 and "\n--- " not in alerts
+    incident_id = incident.split(":", 1)[0]
+    assert incident.startswith(f"{incident_id}: GpuXidError on 5 hosts ===\nWould open: 20 new alert(s)")
+    # What each receiver would get of it, as a person reads it.
+    assert f"Incident `{incident_id}` · `gpu-alert-bot report {incident_id}`" in incident  # the Slack card
+    assert (
+        "--- slack-gpu (slack) ---\nchannel #gpu-alerts\n🔴 GpuXidError on 5 hosts\n*Scope:* 5 hosts, 20 GPUs"
+        in incident
+    )
+    assert "Subject: [INCIDENT] GpuXidError on 5 hosts\n" in incident
+    assert f"INCIDENT (critical): GpuXidError on 5 hosts\n\nIncident {incident_id} · " in incident
+    assert f"Summary:  GpuXidError on 5 hosts (incident {incident_id}): 20 alerts on 5 hosts, 20 GPUs" in incident
+    assert "  - gpu04 · GPUs 0-3 · 4 firing\n" in incident
+    # For machines, the same.
+    code, out, _ = explain(capsys, str(payload), "--config", config, "--format", "json")
+    report = json.loads(out)
+    [told] = report["incidents"]
+    assert (told["alerts"], told["stored"], told["receivers"]) == (20, False, ["oncall-email", "pd", "slack-gpu"])
+    assert all(a["messages"] == [] and a["incident"]["id"] == told["id"] for a in report["alerts"])
+    assert told["messages"][2]["payload"]["attachments"][0]["blocks"][0]["type"] == "header"
+
+
+def test_as_many_alerts_as_the_threshold_are_told_one_by_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    payload = tmp_path / "few.json"
+    payload.write_text(json.dumps(xid_storm(1, 5)))
+    code, out, _ = explain(capsys, str(payload), "--config", str(write_config(tmp_path)), "--format", "json")
+    report = json.loads(out)
+    assert code == 0 and report["incidents"] == []
+    assert all(a["messages"] and "incident" not in a for a in report["alerts"])
+
+
+async def test_a_stored_alert_told_as_a_line_of_an_incident_names_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    playbooks = tmp_path / "playbooks"
+    playbooks.mkdir()
+    (playbooks / "xid.yaml").write_text("match: {alertname: GpuXidError}\ntitle: Xid error on {host}\n")
+    config = {"playbooks": {"dir": str(playbooks)}, "receivers": [{"type": "console", "name": "console"}]}
+    async with running_bot(tmp_path, config) as bot, httpx.AsyncClient(timeout=10) as client:
+        assert (await client.post(bot.webhook_url, json=xid_storm(3, 4))).status_code == 200
+        [line] = await eventually(lambda: [e for e in bot.console_events() if e["event"] == "incident"])
+        member = line["sections"]["Hosts, worst first"][0].rsplit(" · ids ", 1)[1].split(", ")[0]
+        args = ["explain", "--alert", member, "--config", str(tmp_path / "bot.yaml")]
+        code = await asyncio.to_thread(main, args)
+    assert code == 0
+    out = capsys.readouterr().out
+    assert f"Incident:   a line of incident {line['id']} (GpuXidError on 3 hosts), no message of its own" in out
+    assert f"=== Incident {line['id']}: GpuXidError on 3 hosts ===\nIn the store, open: " in out
+    assert f"`gpu-alert-bot report {line['id']}` writes its record" in out
+    # The incident's console line, as the running bot printed it.
+    shown = json.loads(out.split("--- console (console) ---\n", 1)[1].splitlines()[0])
+    assert shown["id"] == line["id"] and shown["facts"] == line["facts"]

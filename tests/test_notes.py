@@ -101,7 +101,7 @@ async def test_console_prints_the_note_and_every_line_the_short_id() -> None:
     )
     await sink.deliver(delivery)
     line = json.loads(stream.getvalue())
-    assert (line["event"], line["note"], line["short_id"]) == ("note", "silenced for 1 h by alice", short_id(KEY))
+    assert (line["event"], line["note"], line["id"]) == ("note", "silenced for 1 h by alice", short_id(KEY))
 
 
 def test_pagerduty_sends_nothing_for_a_note(tmp_path: Path) -> None:
@@ -137,7 +137,7 @@ async def test_a_note_reaches_the_console_and_the_slack_thread_of_its_alert(tmp_
             [reply] = await eventually(lambda: slack.replies(root))
             assert "silenced by &lt;!channel&gt;" in reply.rendered_text()
             await eventually(lambda: any(e["event"] == "note" for e in bot.console_events()))
-            assert [e["short_id"] for e in bot.console_events()] == [short_id(alert.key)] * 2
+            assert [e["id"] for e in bot.console_events()] == [short_id(alert.key)] * 2
 
 
 def test_acknowledged_again_after_an_unack_is_a_new_mail() -> None:

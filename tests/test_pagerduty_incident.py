@@ -58,8 +58,8 @@ async def test_an_incident_is_one_pagerduty_alert_updated_when_it_changes_materi
     assert [e["event_action"] for e in fake.accepted()][-1] == "resolve" and len(fake.accepted("resolve")) == 1
     last = triggers[-1]["payload"]
     assert last["summary"] == (
-        "GPUTempCritical on 32 hosts: 256 alerts on 32 of 1,000 hosts, 256 of 8,000 GPUs, 93 to 95 °C; "
-        "likely cause: Facility cooling"
+        "GPUTempCritical on 32 hosts (incident inc7q2): 256 alerts on 32 of 1,000 hosts, 256 of 8,000 GPUs, "
+        "93 to 95 °C; likely cause: Facility cooling"
     )
     details = last["custom_details"]
     assert details["scope"].startswith("256 alerts on 32 of 1,000 hosts")

@@ -77,6 +77,8 @@ async def test_a_storms_thread_has_one_line_per_host_and_every_alert_id_in_the_a
     assert 'row="C"' in text and "inlet temperature rose 9 °C on 147 of 150 affected hosts" in text
     assert "Likely cause: Facility cooling" in text and "First action:* Call the facility" in text
     assert "InletTemperatureHigh on 147 hosts" in text
+    # The id a person passes to `report`, where they read it.
+    assert "Incident `inc1` · `gpu-alert-bot report inc1`" in text
 
 
 async def test_at_slacks_pace_1200_alerts_are_all_in_slack_after_5_turns(

@@ -13,6 +13,7 @@ from bot.incident.view import build_view
 from bot.models import Event, EventRoute, IncidentRoute, NewDelivery
 from bot.store.base import Store
 from bot.store.incidents import IncidentArrival, IncidentRule
+from tests.support.clock import FakeClock
 from tests.support.payloads import gpu_alerts, webhook
 from tests.support.store import Opener, ingest_and_dedup, message, postgres_store
 
@@ -144,3 +145,40 @@ async def test_an_incidents_origins_are_its_alerts_distinct_site_labels_and_gene
         generator = events[0].alert.generator_url
         assert sorted(origins, key=str) == [({"host": "k-ai-01"}, generator), ({"host": "k-ai-02"}, generator)]
         assert await store.incident_origins(incident_id, []) == [({}, generator)]
+
+
+async def opened_incident(store: Store, alertname: str, host: str) -> str:
+    """The incident a storm of 6 `alertname` alerts on `host` opens, at its first version."""
+    await ingest_and_dedup(store, webhook(gpu_alerts(6, host=host, alertname=alertname), group_key=host))
+    events = await store.claim_events(100, 60)
+    [incident_id] = {m.incident_id for m in (await store.attribute_incidents(arrivals(events), RULE)).values()}
+    await store.advance_incidents({incident_id: {}})
+    await store.route_events([EventRoute(e.id, None, []) for e in events])
+    return incident_id
+
+
+async def resolve_all(store: Store, alertname: str, host: str, incident_id: str) -> None:
+    resolved = [{**a, "status": "resolved"} for a in gpu_alerts(6, host=host, alertname=alertname)]
+    await ingest_and_dedup(store, webhook(resolved, group_key=host))
+    await store.route_events([EventRoute(e.id, None, []) for e in await store.claim_events(100, 60)])
+    [record] = await store.advance_incidents({incident_id: None})
+    assert record.state == "resolved"
+
+
+async def test_incidents_are_listed_open_first_then_the_most_recent(opened: Opener) -> None:
+    """What `gpu-alert-bot incidents` reads: the open ones before any resolved one, newest first."""
+    clock = FakeClock(datetime.now(UTC))
+    async with opened(clock=clock) as store:
+        first = await opened_incident(store, "GPUTempCritical", "k-ai-01")
+        await resolve_all(store, "GPUTempCritical", "k-ai-01", first)
+        await clock.advance(120)
+        still_open = await opened_incident(store, "GPUFellOffTheBus", "k-ai-02")
+        await clock.advance(120)
+        latest = await opened_incident(store, "GPUMemoryTempHigh", "k-ai-03")
+        await resolve_all(store, "GPUMemoryTempHigh", "k-ai-03", latest)
+        listed = await store.list_incidents(10)
+        assert [r.id for r in listed] == [still_open, latest, first]
+        assert [r.state for r in listed] == ["open", "resolved", "resolved"]
+        top = listed[0]
+        assert (top.alertname, list(top.summary.hosts), top.summary.alerts) == ("GPUFellOffTheBus", ["k-ai-02"], 6)
+        assert [r.id for r in await store.list_incidents(2)] == [still_open, latest]

@@ -81,7 +81,7 @@ async def messages(bot: RunningBot, *alerts: dict[str, Any]) -> list[dict[str, A
     wanted = [alert["fingerprint"] for alert in alerts]
 
     def all_told() -> list[dict[str, Any]] | None:
-        told = {e["fingerprint"]: e for e in bot.console_events()}
+        told = {e["alert_key"].split("@")[0]: e for e in bot.console_events()}
         return [told[f] for f in wanted] if all(f in told for f in wanted) else None
 
     found: list[dict[str, Any]] = await eventually(all_told, timeout=30)

@@ -106,7 +106,7 @@ async def workload_of(bot: RunningBot, alert: dict[str, Any]) -> list[str]:
     assert response.status_code == 200
 
     def message() -> dict[str, Any] | None:
-        return next((e for e in bot.console_events() if e["fingerprint"] == alert["fingerprint"]), None)
+        return next((e for e in bot.console_events() if e["alert_key"].startswith(alert["fingerprint"] + "@")), None)
 
     found: dict[str, Any] = await eventually(message, timeout=30)
     lines: list[str] = found["sections"]["Workload"]

@@ -1,5 +1,5 @@
-"""Command line: `gpu-alert-bot serve | check-config | explain | xid | gpus | report | audit | healthcheck |
-selftest | run | approve | refuse | reset-breaker | migrate | store copy` (and `python -m bot`).
+"""Command line: `gpu-alert-bot serve | check-config | explain | xid | gpus | report | incidents | audit |
+healthcheck | selftest | run | approve | refuse | reset-breaker | migrate | store copy` (and `python -m bot`).
 
 Each command's own modules are imported by its handler (`_xid`, `_gpus`...), not here: every process of `serve`
 imports this module, and would otherwise keep the enrichers, sinks and self-test of the other commands in memory."""
@@ -120,11 +120,15 @@ def build_parser() -> argparse.ArgumentParser:
     gpus.set_defaults(run=_gpus)
 
     report = commands.add_parser("report", help="write an incident's timeline as Markdown, its heat map beside it")
-    report.add_argument("incident", help="the incident's id (as its card shows it)")
+    report.add_argument("incident", help="the incident's id, as its card or console line shows it")
     report.add_argument("--config", type=Path, help="YAML configuration file (default: built-in defaults)")
     report.add_argument("--out", type=Path, help="the Markdown file (default: incident-ID.md here)")
     _store_option(report)
     report.set_defaults(run=_report)
+    incidents = commands.add_parser("incidents", help="list the incidents in the store: open first, then recent")
+    incidents.add_argument("--config", type=Path, help="YAML configuration file (default: built-in defaults)")
+    _store_option(incidents)
+    incidents.set_defaults(run=_report, incident=None, out=None)  # a report of no incident lists them
 
     migrate = commands.add_parser("migrate", help="bring the store's schema to this version (serve does it too)")
     migrate.add_argument("--config", type=Path, help="YAML configuration file (default: built-in defaults)")

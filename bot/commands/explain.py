@@ -3,7 +3,8 @@ Alertmanager webhook, without doing it.
 
 For each alert: the routing rules tried (and why each did or did not match), the receivers, the playbook, and
 what every receiver would get: the pipeline's own decision (`bot.pipeline.decide`), previewed by each receiver's
-sink type (`Sink.preview`, built by `bot.sinks.build_previews`). Nothing is sent and the store is never
+sink type (`Sink.preview`, built by `bot.sinks.build_previews`); and the incident the alerts would be told as
+(bot/commands/explain_incidents.py), with what each receiver would get of it. Nothing is sent and the store is never
 written. Enrichment is skipped unless asked for (`--enrich`); it then runs the configured read-only enrichers
 within the usual budget, against the store opened read-only (or an empty temporary one). `--graph out.png`
 writes the picture Slack and email would show of each alert's history (out.png, out-2.png, ...).
@@ -23,10 +24,13 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from bot.commands.stored_alert import StoredAlertError, stored_payload
+from bot.commands.explain_incidents import IncidentPreview, payload_incidents, stored_incident
+from bot.commands.explain_text import format_text
+from bot.commands.stored_alert import StoredAlert, StoredAlertError, stored_alert
 from bot.config import BotConfig, Receiver, StoreConfig
 from bot.enrich import build_enrichers
 from bot.evidence import Enrichment, PrometheusEvidence
+from bot.incident.stage import view_message
 from bot.message import Message
 from bot.metrics import Metrics
 from bot.models import AlertState, AmAlert, Delivery, Event, EventKind, WebhookPayload
@@ -36,7 +40,7 @@ from bot.printable import printable, printable_json
 from bot.render.graph import Theme, message_graph, render_alert_graph
 from bot.render.graph_worker import GraphRenderer
 from bot.routing import Router, RouteTrace
-from bot.sinks import Previewer, build_previews
+from bot.sinks import build_previews
 from bot.store import Store, StoreUnavailable, open_store
 
 OutputFormat = Literal["text", "json"]
@@ -83,17 +87,19 @@ def run(
     """The `explain` command, of a webhook body's file (a Path) or of a stored alert (its short id or key, a str):
     print the report on stdout; 0 when done, 2 when the payload is unusable or the alert not found, 1 when a
     picture was asked for (`graph`) and none could be drawn."""
+    stored = None
     try:
         if isinstance(source, Path):
             payload = read_payload(source)
         else:
-            payload = asyncio.run(stored_payload(config.store, source))
+            stored = asyncio.run(stored_alert(config.store, source))
+            payload = stored.payload
     except (PayloadError, StoredAlertError) as exc:
         print(printable(str(exc), keep="\n"), file=sys.stderr)
         return 2
     pictures = Pictures(graph, theme) if graph is not None else None
     try:
-        report = asyncio.run(explain(payload, config, playbooks, enrich=enrich, pictures=pictures))
+        report = asyncio.run(explain(payload, config, playbooks, enrich=enrich, pictures=pictures, stored=stored))
     except StoreUnavailable as exc:
         print(f"cannot read the bot's store, which --enrich reads the GPU history from: {exc}", file=sys.stderr)
         return 1
@@ -163,35 +169,33 @@ async def explain(
     *,
     enrich: bool = False,
     pictures: Pictures | None = None,
+    stored: StoredAlert | None = None,
 ) -> dict[str, Any]:
-    """The whole report as JSON-ready data; `format_text` prints the same content for people."""
+    """The whole report as JSON-ready data; `format_text` prints the same content for people. `stored`: the stored
+    alert the payload is made of (`--alert`), with its incident."""
     router = Router(config.routing)
-    receivers = {r.name: r for r in config.receivers}
-    previews = build_previews(config.receivers)
     now = datetime.now(UTC)
+    decided: list[tuple[AlertState, Decision]] = []
+    graphs: list[dict[str, str] | None] = []
     async with _enrichment(config, playbooks, enrich) as enrich_alert:
-        alerts = []
         for number, am_alert in enumerate(payload.alerts, 1):
             alert = _alert_state(am_alert, payload, now)
             kind = EventKind.FIRING if alert.status == "firing" else EventKind.RESOLVED
             event = Event(id=0, kind=kind, created_at=now, alert=alert)
             decision = await decide(event, playbooks, router, enrich_alert)
-            alerts.append(
-                {
-                    "alertname": alert.alertname,
-                    "status": alert.status,
-                    "alert_key": alert.key,
-                    "labels": alert.labels,
-                    "route": _route_report(decision.route, router),
-                    "playbook": decision.playbook.name,
-                    "enrichment": _enrichment_report(decision.enrichment, enrich),
-                    "messages": [
-                        _preview(receivers[name], previews[name], decision.message, now) for name in decision.receivers
-                    ],
-                }
-            )
-            if pictures is not None:
-                alerts[-1]["graph"] = await pictures.write(decision, number)
+            decided.append((alert, decision))
+            graphs.append(await pictures.write(decision, number) if pictures is not None else None)
+    if stored is not None and stored.incident is not None:
+        [(alert, decision)] = decided
+        incidents = [stored_incident(stored.incident, alert, decision, stored.told_alone)]
+    else:
+        incidents = payload_incidents(decided, config, now)
+    preview = _Previews(config.receivers, now)
+    alerts = []
+    for (alert, decision), graph in zip(decided, graphs, strict=True):
+        alerts.append(_alert_report(alert, decision, router, enrich, incidents, preview))
+        if graph is not None:
+            alerts[-1]["graph"] = graph
     return {
         "payload": {
             "receiver": payload.receiver_name,
@@ -201,6 +205,50 @@ async def explain(
             "truncated_alerts": payload.truncated_alerts,
         },
         "alerts": alerts,
+        "incidents": [_incident_report(incident, config, preview) for incident in incidents],
+    }
+
+
+def _alert_report(
+    alert: AlertState,
+    decision: Decision,
+    router: Router,
+    enrich: bool,
+    incidents: Sequence[IncidentPreview],
+    preview: _Previews,
+) -> dict[str, Any]:
+    """One alert: its route, playbook and evidence, its incident, and the messages of its own (none when it is told
+    only as a line of its incident)."""
+    report: dict[str, Any] = {
+        "alertname": alert.alertname,
+        "status": alert.status,
+        "alert_key": alert.key,
+        "labels": alert.labels,
+        "route": _route_report(decision.route, router),
+        "playbook": decision.playbook.name,
+        "enrichment": _enrichment_report(decision.enrichment, enrich),
+    }
+    incident = next((i for i in incidents if alert.key in i.members), None)
+    told_alone = incident is None or alert.key in incident.told_alone
+    if incident is not None:
+        view = incident.view
+        report["incident"] = {"id": view.id, "title": view.title, "told_alone": told_alone}
+    report["messages"] = [preview(name, decision.message) for name in decision.receivers] if told_alone else []
+    return report
+
+
+def _incident_report(incident: IncidentPreview, config: BotConfig, preview: _Previews) -> dict[str, Any]:
+    view = incident.view
+    message = view_message(view)
+    return {
+        "id": view.id,
+        "title": view.title,
+        "state": view.status,
+        "stored": incident.stored,
+        "alerts": view.scope.alerts,
+        "threshold": config.incidents.threshold,
+        "receivers": list(incident.receivers),
+        "messages": [preview(name, message) for name in incident.receivers],
     }
 
 
@@ -297,91 +345,23 @@ def _route_report(trace: RouteTrace, router: Router) -> dict[str, Any]:
 
 
 # --- what each receiver would get ----------------------------------------------------------------------
-def _preview(receiver: Receiver, previewer: Previewer, message: Message, now: datetime) -> dict[str, Any]:
-    delivery = Delivery(
-        id=0,
-        event_id=0,
-        alert_key=message.alert_key,
-        receiver=receiver.name,
-        message=message,
-        attempts=0,
-        created_at=now,
-    )
-    return {"receiver": receiver.name, "type": receiver.type, **previewer.preview(delivery)}
+class _Previews:
+    """What each configured receiver would send of a message, rendered by its sink's own code."""
 
+    def __init__(self, receivers: Sequence[Receiver], now: datetime) -> None:
+        self._receivers = {receiver.name: receiver for receiver in receivers}
+        self._previewers = build_previews(receivers)
+        self._now = now
 
-# --- for people ------------------------------------------------------------------------------------------
-def format_text(report: dict[str, Any]) -> str:
-    payload = report["payload"]
-    lines = [
-        f"Payload: receiver {payload['receiver']!r}, group {payload['group_key']}, status {payload['status']}, "
-        f"{payload['alerts']} alert(s)"
-    ]
-    if payload["truncated_alerts"]:
-        lines.append(f"  Alertmanager left out {payload['truncated_alerts']} more alert(s) (truncatedAlerts).")
-    for number, alert in enumerate(report["alerts"], 1):
-        lines += ["", f"=== Alert {number} of {len(report['alerts'])}: {alert['alertname']} ({alert['status']}) ==="]
-        lines += _alert_text(alert)
-    return "\n".join(lines)
-
-
-def _alert_text(alert: dict[str, Any]) -> list[str]:
-    labels = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in alert["labels"].items())
-    lines = [f"Labels:     {labels}", f"Alert key:  {alert['alert_key']}", "Routing:"]
-    lines += [f"  {line}" for line in _route_text(alert["route"])]
-    lines.append(f"Playbook:   {alert['playbook']}")
-    lines.append(f"Enrichment: {_enrichment_text(alert['enrichment'])}")
-    if "graph" in alert:
-        lines.append(f"Graph:      {alert['graph'].get('path') or alert['graph'].get('problem')}")
-    for entry in alert["messages"]:
-        lines += ["", f"--- {entry['receiver']} ({entry['type']}) ---", *_message_text(entry)]
-    return lines
-
-
-def _route_text(route: dict[str, Any]) -> list[str]:
-    lines = []
-    for rule in route["rules"]:
-        matchers = "{" + ", ".join(rule["matchers"]) + "}"
-        if rule["matched"]:
-            verdict = "matched" + (", continue" if rule["continue"] else "")
-            lines.append(f"rule {rule['rule']} {matchers}: {verdict} -> {', '.join(rule['receivers'])}")
-        else:
-            value = "not set" if rule["label_value"] is None else f"is {json.dumps(rule['label_value'])}"
-            lines.append(
-                f"rule {rule['rule']} {matchers}: no, {rule['failed_matcher']} fails ({rule['label']} {value})"
-            )
-    if route["not_evaluated"]:
-        numbers = ", ".join(str(n) for n in route["not_evaluated"])
-        noun = "rules" if len(route["not_evaluated"]) > 1 else "rule"
-        lines.append(f"{noun} {numbers}: not evaluated (a matching rule without continue stopped the search)")
-    if route["default"]:
-        lines.append(f"no rule matched: default receivers -> {', '.join(route['receivers']) or '(none)'}")
-    else:
-        lines.append(f"receivers -> {', '.join(route['receivers'])}")
-    return lines
-
-
-def _enrichment_text(enrichment: dict[str, Any]) -> str:
-    if not enrichment["ran"]:
-        return "skipped (--enrich runs the configured enrichers)"
-    if not enrichment["sections"]:
-        return "no enricher configured"
-    return "; ".join(
-        f"{s['name']} {s['status']}" + (f" ({s['reason']})" if s["reason"] else "") for s in enrichment["sections"]
-    )
-
-
-def _message_text(entry: dict[str, Any]) -> Sequence[str]:
-    if "payload" in entry:
-        return [f"channel {entry['channel']}", json.dumps(entry["payload"], indent=2, ensure_ascii=False)]
-    if "email" in entry:
-        email = entry["email"]
-        return [*(f"{name}: {value}" for name, value in email["headers"].items()), "", email["text"].rstrip()]
-    if "event" in entry:
-        if entry["event"] is None:
-            return ["nothing is sent for this event"]
-        return [f"POST {entry['url']}", json.dumps(entry["event"], indent=2, ensure_ascii=False)]
-    if "line" in entry:
-        return [json.dumps(entry["line"], ensure_ascii=False)]
-    shown = {key: value for key, value in entry.items() if key not in ("receiver", "type")}
-    return [json.dumps(shown, indent=2, ensure_ascii=False)]
+    def __call__(self, name: str, message: Message) -> dict[str, Any]:
+        delivery = Delivery(
+            id=0,
+            event_id=0,
+            alert_key=message.alert_key,
+            receiver=name,
+            message=message,
+            attempts=0,
+            created_at=self._now,
+        )
+        receiver = self._receivers[name]
+        return {"receiver": name, "type": receiver.type, **self._previewers[name].preview(delivery)}

@@ -15,12 +15,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from bot.commands.incidents import IncidentNotFound, find_incident, incidents_command
 from bot.config import BotConfig
 from bot.incident.members import alert_value
 from bot.incident.model import IncidentView, incident_key
 from bot.incident.view import build_view
 from bot.message import format_duration
 from bot.models import AlertState, host_from_labels, short_id
+from bot.printable import printable
 from bot.render import incident_text as text
 from bot.render.graph_worker import GraphRenderer
 from bot.render.incident_graph import incident_heat, render_incident_heat
@@ -141,16 +143,21 @@ async def _write_heat_map(record: IncidentRecord, alerts: Sequence[AlertState], 
     return picture
 
 
-async def report_command(config: BotConfig, incident_id: str, out: Path | None) -> int:
+async def report_command(config: BotConfig, incident_id: str | None, out: Path | None) -> int:
+    """The record of the incident named by `incident_id` (its id, its key or one of its alerts' ids); with none,
+    the list of incidents (`gpu-alert-bot incidents`)."""
+    if incident_id is None:
+        return await incidents_command(config)
     try:
         store = await open_store(config.store, read_only=True)
     except StoreUnavailable as exc:
         print(f"gpu-alert-bot report: cannot read the store: {exc}", file=sys.stderr)
         return 1
     try:
-        record = await store.get_incident(incident_id)
-        if record is None:
-            print(f"gpu-alert-bot report: no incident {incident_id!r} in the store", file=sys.stderr)
+        try:
+            record = await find_incident(store, incident_id)
+        except IncidentNotFound as exc:
+            print(f"gpu-alert-bot report: {printable(str(exc))}", file=sys.stderr)
             return 1
         alerts = [a for line in await store.incident_alerts(record.id) if (a := await store.get_alert(line.alert_key))]
         keys = {a.key for a in alerts} | {incident_key(record.id)}

@@ -123,7 +123,8 @@ def render_incident_email(
         subject = f"[{word}] {first}"
     severity = f" ({view.severity})" if view.severity and kind != "resolved" else ""
     headline = f"{word}{severity}: {one_line(view.title, 1000)}"
-    blocks = _lead(view, kind, changed or [], since) + _body(view)
+    named = Block(title="", kind="text", lines=(f"Incident {view.id} · gpu-alert-bot report {view.id}",))
+    blocks = [named, *_lead(view, kind, changed or [], since), *_body(view)]
     footer = f"gpu-alert-bot · incident {view.id} · every alert in alerts.csv"
     colour = RESOLVED_COLOUR if kind == "resolved" else severity_colour(view.severity)
     rendered = RenderedEmail(

@@ -53,8 +53,9 @@ def material(view: IncidentView) -> str:
 
 
 def incident_summary(view: IncidentView) -> str:
-    """'GPUTempCritical on 150 hosts: 1,200 alerts on 150 of 1,000 hosts, ...; likely cause: facility cooling'."""
-    line = f"{view.title}: {scope_text(view.scope)}"
+    """'GPUTempCritical on 150 hosts (incident vxa2v5s): 1,200 alerts on 150 of 1,000 hosts, ...; likely cause:
+    facility cooling'."""
+    line = f"{view.title} (incident {view.id}): {scope_text(view.scope)}"
     if view.cause is not None:
         line += f"; likely cause: {view.cause.title}"
     line = _WHITESPACE.sub(" ", line).strip()

@@ -7,6 +7,7 @@ import sys
 from typing import Any, TextIO
 
 from bot.models import Delivery, short_id
+from bot.render.incident_console import incident_facts, incident_sections
 from bot.sinks.base import DeliveryResult, Preview
 
 
@@ -32,9 +33,12 @@ class ConsoleSink:
 
     @staticmethod
     def _line(delivery: Delivery) -> dict[str, Any]:
+        """The event as JSON: `id` is what a person types (`/gpu ack ID` of an alert, `report ID` of an incident)."""
         message = delivery.message
+        incident = message.incident
         line = {
             "event": message.event,
+            "id": short_id(message.alert_key) if incident is None else incident.id,
             "status": message.status,
             "alertname": message.alertname,
             "severity": message.severity,
@@ -42,16 +46,14 @@ class ConsoleSink:
             "summary": message.summary,
             "host": message.host,
             "gpu": message.gpu,
-            "fingerprint": message.fingerprint,
             "alert_key": message.alert_key,
-            "short_id": short_id(message.alert_key),
             "group_key": message.group_key,
             "starts_at": message.starts_at.isoformat(),
             "resolved_at": message.resolved_at.isoformat() if message.resolved_at else None,
             "times_seen": message.times_seen,
             "labels": message.labels,
-            "facts": {fact.label: fact.value for fact in message.facts},
-            "sections": {section.title: section.lines for section in message.sections},
+            "facts": incident_facts(incident) if incident else {fact.label: fact.value for fact in message.facts},
+            "sections": incident_sections(incident) if incident else {s.title: s.lines for s in message.sections},
             "links": {link.text: link.url for link in message.links},
             "event_id": delivery.event_id,
             "delivery_id": delivery.id,

@@ -76,6 +76,7 @@ def incident_card(view: IncidentView, controls: Controls = Controls()) -> Payloa
             "(`/gpu ack ID`, `/gpu list` work on each)."
         )
     )
+    blocks.append(context_block(incident_id_text(view.id)))
     fallback = clip(f"{escape(title)}: {_scope_line(view)}", FALLBACK_BUDGET)
     colour = RESOLVED_COLOUR if resolved else severity_colour(view.severity)
     return {
@@ -84,6 +85,11 @@ def incident_card(view: IncidentView, controls: Controls = Controls()) -> Payloa
         "unfurl_links": False,
         "unfurl_media": False,
     }
+
+
+def incident_id_text(incident_id: str) -> str:
+    """Where a person finds the incident's id: what `report` takes."""
+    return f"Incident `{escape(incident_id)}` · `gpu-alert-bot report {escape(incident_id)}`"
 
 
 def _section(text: str) -> Block:
