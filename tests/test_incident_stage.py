@@ -76,7 +76,7 @@ async def stage(
             Router(config.routing),
             outbox,
             metrics,
-            incidents=IncidentStage(store, config.incidents, analyser),
+            incidents=IncidentStage(store, config.incidents, playbooks, analyser, metrics, clock),
             late_copy_window=60.0,
         )
         try:
