@@ -39,10 +39,10 @@ def upstream_order(names: Mapping[str, NameTally]) -> list[str]:
 
 
 def value_alertname(summary: MemberSummary) -> str:
-    """The alertname whose values the scope shows: the most severe of those that state a value, then the most
-    alerts."""
+    """The alertname whose values the scope shows: the most severe of those that state a value, then the one about
+    the most things (GPUs, sensors)."""
     stated = [name for name, tally in summary.names.items() if tally.values.high is not None]
-    ranked = sorted(stated, key=lambda n: (severity_rank(summary.names[n].severities), -summary.names[n].alerts, n))
+    ranked = sorted(stated, key=lambda n: (severity_rank(summary.names[n].severities), -summary.subjects(n), n))
     return ranked[0] if ranked else ""
 
 
