@@ -48,6 +48,8 @@ _ERROR_KINDS_OF: dict[Side, tuple[ErrorKind, ...]] = {
 DeliveryOutcome = Literal["delivered", "retry", "held", "failed"]
 DELIVERY_RESULTS: tuple[DeliveryOutcome, ...] = get_args(DeliveryOutcome)
 ALERT_STATUSES = ("firing", "resolved")
+INCIDENT_JOINS = ("opened", "host", "alertname")
+INCIDENT_ANALYSIS_TRIGGERS = ("opened", "grew", "settled")
 # `graphs_total{result}`: a picture drawn, or the message sent without one (drawing failed, too slow, upload failed).
 GraphResult = Literal["rendered", "failed", "timeout", "upload_failed"]
 GRAPH_RESULTS: tuple[GraphResult, ...] = get_args(GraphResult)
@@ -122,6 +124,43 @@ class Metrics:
         )
         for event_kind in EventKind:
             self.events.labels(event_kind.value)
+        self.incidents_opened = Counter(
+            f"{_PREFIX}_incidents_opened", "Incidents opened (alerts told as one).", registry=worker
+        )
+        self.incident_joins = Counter(
+            f"{_PREFIX}_incident_joins",
+            "New alerts that became an incident's, by how: counted to open it (opened), on one of its hosts (host), "
+            "of an alertname it gathers on a new host (alertname).",
+            ["via"],
+            registry=worker,
+        )
+        for via in INCIDENT_JOINS:
+            self.incident_joins.labels(via)
+        self.incident_analyses = Counter(
+            f"{_PREFIX}_incident_analyses",
+            "Incident analyses run, by what made them: it opened, its hosts grew by half, it settled.",
+            ["trigger"],
+            registry=worker,
+        )
+        for trigger in INCIDENT_ANALYSIS_TRIGGERS:
+            self.incident_analyses.labels(trigger)
+        self.incident_analysis_queries = Counter(
+            f"{_PREFIX}_incident_analysis_queries",
+            "Prometheus queries sent by incident analyses (4 an analysis, per source).",
+            registry=worker,
+        )
+        self.incident_analysis_duration = Histogram(
+            f"{_PREFIX}_incident_analysis_duration_seconds",
+            "Time of each incident analysis, its queries sent together.",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10),
+            registry=worker,
+        )
+        self.incident_versions = Counter(
+            f"{_PREFIX}_incident_versions",
+            "Incident versions queued for a receiver, by receiver (the outbox sends the newest of those pending).",
+            ["receiver"],
+            registry=worker,
+        )
         self.deliveries = Counter(
             f"{_PREFIX}_deliveries",
             "Delivery attempts, by receiver and result.",
@@ -249,5 +288,6 @@ class Metrics:
         """Start each configured receiver's delivery counters at 0 (the failures are per reason: not known)."""
         for receiver in receivers:
             self.delivery_duration.labels(receiver)
+            self.incident_versions.labels(receiver)
             for result in DELIVERY_RESULTS:
                 self.deliveries.labels(receiver, result)

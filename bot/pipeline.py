@@ -113,7 +113,8 @@ class Pipeline:
             self._gather(matched, attribution), self._incidents.analyse(attribution, matched)
         )
         unheard = await self._unheard_self_tests(events)
-        routes, decided, undecided = self._decide(matched, gathered, attribution, unheard)
+        heard = await self._told_of_firing(matched, attribution)
+        routes, decided, undecided = self._decide(matched, gathered, attribution, unheard, heard)
         alert_keys = {event.id: event.alert.key for event in events}
         fresh = {alert_keys[r.event_id]: r.enrichment for r in routes if r.enrichment is not None}
         incidents = await self._incidents.routes(attribution, decided, analyses, fresh)
@@ -124,8 +125,19 @@ class Pipeline:
         for event in events:
             if event.id in routed:
                 self._metrics.events.labels(event.kind.value).inc()
+        self._metrics.events.labels(EventKind.INCIDENT.value).inc(len(incidents))
         self._outbox.wake(sorted(receivers))
         return unmatched + undecided
+
+    async def settle_incidents(self) -> int:
+        """Analyse again the incidents that stopped growing (bot/incident/stage.py), and queue their new versions.
+        Returns how many."""
+        incidents = await self._incidents.settle()
+        if incidents:
+            await self._store.route_events([], incidents)
+            self._metrics.events.labels(EventKind.INCIDENT.value).inc(len(incidents))
+            self._outbox.wake(sorted({d.receiver for incident in incidents for d in incident.deliveries}))
+        return len(incidents)
 
     def _match(self, events: Sequence[Event]) -> tuple[list[tuple[Event, Playbook]], list[tuple[Event, Exception]]]:
         matched: list[tuple[Event, Playbook]] = []
@@ -143,10 +155,12 @@ class Pipeline:
         gathered: Sequence[Enrichment | None],
         attribution: Attribution,
         unheard: set[int],
+        heard: Mapping[int, set[str]],
     ) -> tuple[list[EventRoute], list[tuple[Event, Playbook, Sequence[str]]], list[tuple[Event, Exception]]]:
         """Advise, compose and route each event (pure); one that fails is left out, the others go on. An event
         told only as a line of its incident is routed but gets no message of its own: its receivers get the
-        incident's. `unheard`: self-test events to tell nobody."""
+        incident's. `unheard`: self-test events to tell nobody; `heard`: for a resolve, the receivers told of the
+        alert's firing (a receiver added since starts with what fires, not with its ending)."""
         routes: list[EventRoute] = []
         decided: list[tuple[Event, Playbook, Sequence[str]]] = []
         failed: list[tuple[Event, Exception]] = []
@@ -159,6 +173,8 @@ class Pipeline:
                     enrichment = found if found is not None else Enrichment.model_validate(event.alert.enrichment)
                     decision = conclude(event, playbook, enrichment, self._playbooks, self._router, stored)
                     told = () if event.id in unheard else decision.receivers
+                    if event.id in heard:
+                        told = tuple(name for name in told if name in heard[event.id])
                     deliveries = [NewDelivery(receiver=name, message=decision.message) for name in told]
                 else:
                     told = self._router.trace(event.alert.labels).decision.receivers
@@ -168,6 +184,19 @@ class Pipeline:
             routes.append(EventRoute(event.id, stored, deliveries))
             decided.append((event, playbook, told))
         return routes, decided, failed
+
+    async def _told_of_firing(
+        self, matched: Sequence[tuple[Event, Playbook]], attribution: Attribution
+    ) -> dict[int, set[str]]:
+        """For each resolve told as the alert's own whose firing reached a receiver: the receivers it reached."""
+        heard: dict[int, set[str]] = {}
+        for event, _ in matched:
+            if event.kind is EventKind.RESOLVED and attribution.told_alone(event):
+                deliveries = await self._store.alert_deliveries(event.alert.key)
+                told = {d.receiver for d in deliveries if d.event_kind in (EventKind.FIRING, EventKind.REFIRING)}
+                if told:
+                    heard[event.id] = told
+        return heard
 
     async def _unheard_self_tests(self, events: Sequence[Event]) -> set[int]:
         """The self-test events to tell nobody: those of an alert the bot first heard of once its run was over,

@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 # waits long behind one (the store runs one statement at a time).
 _DEDUP_BATCH = 8
 _STATS_EVERY = 5.0
+# How often incidents that stopped growing are looked for (their settle time is `incidents.settle`).
+_SETTLE_EVERY = 1.0
 _PRUNE_EVERY = 3600.0
 _MAX_RETRY_DELAY = 300.0
 
@@ -62,6 +64,7 @@ class Worker:
         self._task: asyncio.Task[None] | None = None
         self._next_stats = 0.0
         self._next_prune = 0.0
+        self._next_settle = 0.0
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="worker")
@@ -182,6 +185,9 @@ class Worker:
 
     async def _housekeeping(self) -> None:
         now = self._clock.monotonic()
+        if now >= self._next_settle:
+            self._next_settle = now + _SETTLE_EVERY
+            await self._pipeline.settle_incidents()
         if now >= self._next_stats:
             self._next_stats = now + _STATS_EVERY
             stats = await self._store.stats()

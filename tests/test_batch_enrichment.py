@@ -195,7 +195,7 @@ async def _drain_stored_storm(fleet: Fleet, config: BotConfig) -> None:
             Router(config.routing),
             outbox,
             metrics,
-            incidents=IncidentStage(store, IncidentsConfig(enabled=False)),
+            incidents=IncidentStage(store, IncidentsConfig(enabled=False), playbooks),
             late_copy_window=60.0,
         )
         worker = Worker(pipeline, store, config.worker, config.store, metrics)

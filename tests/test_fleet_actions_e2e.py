@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 
 from bot.incident.model import incident_key
+from bot.incident.record import IncidentAdvance
 from bot.render.slack.incident import INCIDENT_ACTION
 from tests.fakes.slack import FakeSlack, SlackMessage
 from tests.support.bot import eventually, running_bot
@@ -50,7 +51,8 @@ async def test_a_fleet_action_from_the_card_runs_once_approved_and_its_thread_sa
         [incident_id] = {await store.alert_incident(a.key) for a in firing}
         [host_alert] = [a.key for a in firing if a.labels["host"] == "k-ai-01"]
         assert incident_id is not None
-        await store.advance_incidents({incident_id: {"cause": COOLING}})  # what the analysis would have found
+        # What the analysis would have found:
+        await store.advance_incidents({incident_id: IncidentAdvance({"cause": COOLING})})
 
         value = json.dumps({"incident": incident_id, "action": RESTART})
         requested = await click(bot, slack, INCIDENT_ACTION, value, root.ts, RESPONDER)

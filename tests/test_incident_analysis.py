@@ -12,6 +12,7 @@ from bot.enrich.prometheus.client import RawSeries
 from bot.enrich.queryapi import Deadline, QueryError
 from bot.incident.analysis import AffectedAlert, AnalysisRequest, analyse_incident
 from bot.incident.fleet import GPUS, KERNELS, TARGETS, build_fleet
+from bot.incident.model import Companion
 from bot.playbooks.incident import IncidentSection
 
 START = datetime(2026, 12, 2, 3, 0, tzinfo=UTC)
@@ -95,7 +96,7 @@ class Answers:
 
 def request(api: Answers, hosts: set[str], firing: list[tuple[str, str]] | None = None) -> AnalysisRequest:
     alerts = [AffectedAlert(host=h, instance=f"{h}.lan:9400", gpu="0", value=91.0) for h in sorted(hosts)]
-    return AnalysisRequest("GPUTempCritical", SECTION, alerts, START, api, firing=firing or [])
+    return AnalysisRequest(["GPUTempCritical"], [SECTION], alerts, START, api, firing=firing or [])
 
 
 def test_every_exporters_series_finds_its_host() -> None:
@@ -121,8 +122,9 @@ async def test_one_driver_version_is_the_trait_and_the_cause() -> None:
     assert (analysis.fleet_hosts, analysis.fleet_gpus) == (40, 320)
     assert [(c.alertname, c.hosts) for c in analysis.companions] == [("FanFailure", 1)]
     assert analysis.cause is not None and analysis.cause.reason == "5 of 5 hosts run 560.35.03"
-    [inlet] = analysis.signals
-    assert (inlet.moved, inlet.affected_total, inlet.rest_change) == (0, 5, 0)
+    assert (analysis.fleet, analysis.queries) == ("read", 4)
+    # The inlet did not move on them: it is not said to have moved with them, and feeds no cause.
+    assert analysis.signals == []
 
 
 async def test_inlet_risen_on_the_affected_hosts_is_found_by_their_bmc_instance() -> None:
@@ -138,11 +140,68 @@ async def test_a_failed_fleet_query_claims_no_trait_and_says_why() -> None:
     api = Answers({TARGETS: target_rows(), "signals": inlet_rows(set())}, failing={GPUS})
     analysis = await analyse_incident(request(api, ODD_DRIVER))
     assert analysis.traits == [] and analysis.cause is None
-    assert (analysis.fleet_hosts, analysis.fleet_gpus) == (None, None)
+    assert (analysis.fleet_hosts, analysis.fleet_gpus, analysis.fleet) == (None, None, "unanswered")
     assert analysis.problems == ["fleet GPUs: cannot reach Prometheus (" + GPUS + ")"]
-    # The signals are still compared (the alerts' instances name their hosts), against every other host with data.
-    [inlet] = analysis.signals
-    assert (inlet.affected_total, inlet.moved, inlet.rest_change) == (5, 0, 0)
+
+
+async def test_signals_are_still_compared_when_the_fleet_cannot_be_read() -> None:
+    """The alerts' instances name their hosts: they are compared with every other host with data."""
+    hot = {"k-ai-01", "k-ai-02", "k-ai-05", "k-ai-08"}
+    api = Answers({"signals": inlet_rows(hot)}, failing={GPUS})
+    [inlet] = (await analyse_incident(request(api, hot))).signals
+    assert (inlet.affected_total, inlet.moved, inlet.rest_change) == (4, 4, 0)
+
+
+async def test_prometheus_answering_without_gpu_series_is_not_a_prometheus_that_did_not_answer() -> None:
+    api = Answers({TARGETS: target_rows()})
+    analysis = await analyse_incident(request(api, ODD_DRIVER))
+    assert (analysis.fleet, analysis.fleet_hosts, analysis.traits) == ("empty", None, [])
+    assert analysis.problems == ["fleet GPUs: Prometheus holds no DCGM_FI_DEV_GPU_TEMP series"]
+
+
+async def test_a_signal_that_moved_as_much_on_the_rest_of_the_fleet_did_not_move_with_them() -> None:
+    hot = {"k-ai-01", "k-ai-02", "k-ai-05", "k-ai-08"}
+    api = Answers({GPUS: gpu_rows(), "signals": inlet_rows(set(HOSTS))})  # the whole room rose 9 °C
+    analysis = await analyse_incident(request(api, hot))
+    assert analysis.signals == [] and analysis.cause is None
+
+
+async def test_hosts_the_fleet_does_not_know_are_counted_and_named() -> None:
+    api = Answers({GPUS: gpu_rows()})
+    strangers = {"k-new-1", "k-new-2"}
+    analysis = await analyse_incident(request(api, ODD_DRIVER | strangers))
+    assert (analysis.unknown_hosts, analysis.unknown, len(analysis.hosts)) == (2, sorted(strangers), 7)
+
+
+async def test_the_cause_comes_from_the_sections_of_every_alertname_in_order() -> None:
+    """An incident of several alertnames tries the causes of each one's playbook, upstream first; its own
+    alertnames count as alerts on its hosts for an `alert:` condition."""
+    inlet_section = IncidentSection.model_validate(
+        {
+            "causes": [
+                {
+                    "key": "facility-cooling",
+                    "title": "Facility cooling",
+                    "when": [{"alert": "InletTemperatureHigh", "share": 0.5}],
+                    "reason": "inlet too warm on {companion_hosts} of {hosts} hosts",
+                }
+            ]
+        }
+    )
+    api = Answers({GPUS: gpu_rows(), KERNELS: kernel_rows(), "signals": inlet_rows(set())})
+    alerts = [AffectedAlert(host=h, instance=f"{h}.lan:9400") for h in sorted(ODD_DRIVER)]
+    members = [Companion(alertname="InletTemperatureHigh", hosts=4), Companion(alertname="GPUTempCritical", hosts=5)]
+    names = ["InletTemperatureHigh", "GPUTempCritical"]
+    found = await analyse_incident(
+        AnalysisRequest(names, [inlet_section, SECTION], alerts, START, api, members=members)
+    )
+    assert found.cause is not None and (found.cause.key, found.cause.reason) == (
+        "facility-cooling",
+        "inlet too warm on 4 of 5 hosts",
+    )
+    # The other order: the driver cause of the temperature playbook holds first.
+    found = await analyse_incident(AnalysisRequest(names[::-1], [SECTION, inlet_section], alerts, START, api))
+    assert found.cause is not None and found.cause.key == "gpu-driver"
 
 
 async def test_failed_targets_and_signals_leave_only_their_part_out() -> None:
@@ -155,7 +214,9 @@ async def test_failed_targets_and_signals_leave_only_their_part_out() -> None:
 
 async def test_without_a_section_there_are_no_signals_and_no_cause() -> None:
     api = Answers({GPUS: gpu_rows()})
-    analysis = await analyse_incident(AnalysisRequest("GPUMissing", None, [AffectedAlert(host="k-ai-01")], START, api))
+    analysis = await analyse_incident(
+        AnalysisRequest(["GPUMissing"], [None], [AffectedAlert(host="k-ai-01")], START, api)
+    )
     assert analysis.cause is None and analysis.signals == [] and analysis.fleet_hosts == 40
     assert "signals" not in api.asked
 

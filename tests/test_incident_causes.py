@@ -15,14 +15,35 @@ from bot.playbooks import PlaybookError, PlaybookSet
 from bot.playbooks.incident import IncidentSection
 from tests.support.processes import REPO, find_binary
 
-# Every shipped playbook with an incident section, and the alert names that must have one.
-WITH_INCIDENT = {
+# Every shipped playbook with likely causes in its incident section, and the alert names that must have one.
+WITH_CAUSES = {
     "GPUTempCritical",
     "GPUThermalThrottling",
     "GPUXIDError",
     "GPUECCUncorrectable",
     "GPUMemoryTempHigh",
     "GPUTemperatureRising",
+    "InletTemperatureHigh",
+}
+# Alerts whose cause is their own (a workload, a disk's wear, the monitoring): never lines of another's incident.
+STANDING_APART = {
+    "AlertmanagerClusterMemberMissing",
+    "ContainerRestartLoop",
+    "DCGMXidGaugeStuck",
+    "GPUAlertBotDeliveriesFailing",
+    "GPUAlertBotDeliveriesRetrying",
+    "GPUAlertBotDown",
+    "GPUAlertBotWebhooksRefused",
+    "GPUAlertBotWorkSetAside",
+    "HostMemoryLow",
+    "NVMeSpareLow",
+    "NVMeWearHigh",
+    "OOMKillerFired",
+    "PrometheusCompactionsFailing",
+    "PrometheusDiskFilling",
+    "PrometheusHistoryTruncated",
+    "PrometheusRuleFailures",
+    "Watchdog",
 }
 
 
@@ -60,8 +81,25 @@ def data(traits: list[Trait] = [], signals: list[Signal] = [], companions: list[
     return Data("GPUTempCritical", 50, 1000, 600, traits, signals, companions)
 
 
-def test_the_gpu_playbooks_have_an_incident_section(shipped: PlaybookSet) -> None:
-    assert {p.name for p in shipped if p.incident is not None} == WITH_INCIDENT
+def test_the_gpu_and_cooling_playbooks_have_causes_and_the_others_that_stand_apart_say_so(shipped: PlaybookSet) -> None:
+    assert {p.name for p in shipped if p.incident is not None and p.incident.causes} == WITH_CAUSES
+    assert {p.name for p in shipped if p.incident is not None and p.incident.stands_apart} == STANDING_APART
+
+
+def test_warm_inlet_air_on_hosts_sharing_a_row_is_facility_cooling_and_names_the_row(shipped: PlaybookSet) -> None:
+    """The first card of a cooling cascade, before any GPU alert: the inlet alerts on hosts of one row."""
+    inlet_alerts = Companion(alertname="InletTemperatureHigh", hosts=50)
+    cause = likely_cause(section("InletTemperatureHigh", shipped), data([trait("row", "C")], [], [inlet_alerts]))
+    assert cause is not None and (cause.key, cause.title) == ("facility-cooling", "Facility cooling")
+    assert cause.reason.startswith('The inlet air is too warm on 50 of 50 affected hosts, 48 of them with row="C"')
+    # With the inlet's rise measured too, it says so.
+    cause = likely_cause(
+        section("InletTemperatureHigh", shipped), data([trait("row", "C")], [inlet(47)], [inlet_alerts])
+    )
+    assert cause is not None and "it rose 9 °C on 47 of them" in cause.reason
+    # Without a shared place, it is still the room's cooling.
+    cause = likely_cause(section("InletTemperatureHigh", shipped), data([], [], [inlet_alerts]))
+    assert cause is not None and cause.reason.startswith("The inlet air is too warm on 50 of 50 affected hosts:")
 
 
 def test_inlet_risen_on_most_affected_hosts_is_facility_cooling(shipped: PlaybookSet) -> None:
@@ -93,7 +131,7 @@ def test_a_driver_rolled_out_by_row_is_no_claimed_cause(shipped: PlaybookSet) ->
 
 
 def test_no_evidence_no_cause(shipped: PlaybookSet) -> None:
-    for name in sorted(WITH_INCIDENT):
+    for name in sorted(WITH_CAUSES):
         assert likely_cause(section(name, shipped), data()) is None, name
         # A label that looks like a place only by a substring is no place: DCGM_... is not "dc".
         assert likely_cause(section(name, shipped), data([trait("dcgm_job", "x")])) is None, name

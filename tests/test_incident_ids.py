@@ -50,7 +50,7 @@ async def test_the_console_tells_the_incident_with_one_id_that_report_and_incide
         assert line["facts"]["Scope"] == "30 alerts on 10 hosts, 30 GPUs, 93 to 95 °C"
         assert line["facts"]["Since"].endswith(" UTC")
         assert line["sections"]["What the affected hosts share"] == [
-            "Not known: the fleet could not be read (no Prometheus, or it did not answer), so nothing was compared."
+            "Not known: no Prometheus is configured (enrichment.prometheus), so the hosts were compared with nothing."
         ]
         hosts = line["sections"]["Hosts, worst first"]
         assert len(hosts) == HOSTS

@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 from bot.incident.members import MemberSummary, alert_line
 from bot.incident.model import HOST_IDS
+from bot.incident.record import IncidentRecord
 from bot.incident.view import build_view
 from bot.render.slack.incident_thread import host_line
-from bot.store.incidents import IncidentRecord
 
 OPENED = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)
 

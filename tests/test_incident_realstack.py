@@ -165,8 +165,8 @@ async def _analyse(stack: Stack, hosts: list[Host], firing: list[tuple[str, str]
     try:
         analysis = await analyse_incident(
             AnalysisRequest(
-                alertname="GPUTempCritical",
-                section=playbook.incident,
+                alertnames=["GPUTempCritical"],
+                sections=[playbook.incident],
                 alerts=alerts,
                 start=stack.incident,
                 api=client,
@@ -191,6 +191,7 @@ async def test_a_cooling_failure_in_one_row_names_the_row_the_inlet_and_facility
     assert (analysis.fleet_hosts, analysis.fleet_gpus) == (48, 96)
     row = next(t for t in analysis.traits if t.label == "row")
     assert (row.value, row.affected, row.affected_total, row.fleet, row.fleet_total) == ("C", 11, 12, 12, 48)
+    assert row.outside == [stray.name]  # the affected host outside row C is named
     assert {t.label for t in analysis.traits} == {"row"}
     [inlet] = [s for s in analysis.signals if s.name == "inlet"]
     assert (inlet.moved, inlet.affected_total, inlet.window_seconds) == (11, 12, 600.0)
@@ -213,8 +214,8 @@ async def test_an_incident_on_one_driver_version_names_the_driver(stack: Stack) 
     assert [(t.label, t.value, t.affected, t.fleet) for t in analysis.traits] == [
         ("DCGM_FI_DRIVER_VERSION", BAD_DRIVER, 6, 6)
     ]
-    [inlet] = [s for s in analysis.signals if s.name == "inlet"]
-    assert inlet.moved == 0
+    # The inlet did not move on them: not said to have moved with them (the rest of the fleet's row C did).
+    assert [s.name for s in analysis.signals] == []
     cause = analysis.cause
     assert cause is not None and cause.key == "gpu-driver"
     assert cause.reason.startswith(f"6 of 6 affected hosts run driver {BAD_DRIVER}, which 6 of 48 hosts")
@@ -229,3 +230,5 @@ async def test_hosts_picked_at_random_claim_no_trait_and_no_cause(stack: Stack, 
     assert analysis.traits == []
     assert analysis.cause is None
     assert analysis.fleet_hosts == 48
+    # Nothing moved with them that did not move as much on the rest of the fleet.
+    assert all(s.affected_change > (s.rest_change or 0) + 3 for s in analysis.signals)

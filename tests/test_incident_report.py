@@ -38,7 +38,7 @@ async def test_a_report_tells_the_incident_from_its_first_alert_to_its_resolutio
     assert text.startswith(f"# Incident {view.id}: GPUTempCritical on 2 hosts\n")
     assert f"- **Key:** `incident:{view.id}`; playbook `GPUTempCritical`" in text
     # No Prometheus here: the fleet was never read, so nothing is said of what the hosts share.
-    assert "- Not known: the fleet could not be read (no Prometheus, or it did not answer)" in text
+    assert "- Not known: no Prometheus is configured (enrichment.prometheus)" in text
     assert "12 alerts on 2 hosts, 12 GPUs" in text and "all 12 alerts resolved at" in text and "peak 95 °C" in text
     assert "First alert: GPUTempCritical on `k-ai-00" in text  # all started together
     assert "Peak 95 °C: GPUTempCritical on `k-ai-001.lan` GPU 5" in text

@@ -43,6 +43,10 @@ class Stage:
         events = await self.store.claim_events(5000, 60)
         assert await self.pipeline.handle_batch(events) == []
 
+    async def settle(self) -> int:
+        """What the worker does every second: analyse again the incidents that stopped growing."""
+        return await self.pipeline.settle_incidents()
+
     async def alert_deliveries(self) -> list[Delivery]:
         return await self.store.due_deliveries("console", 5000)
 
@@ -76,7 +80,7 @@ async def stage(
             Router(config.routing),
             outbox,
             metrics,
-            incidents=IncidentStage(store, config.incidents, analyser),
+            incidents=IncidentStage(store, config.incidents, playbooks, analyser, metrics, clock),
             late_copy_window=60.0,
         )
         try:

@@ -13,6 +13,7 @@ import pytest
 
 from bot.commands.cli import main
 from bot.incident.model import incident_key
+from bot.render.incident_text import analysed_text
 from bot.store.base import ActionRun
 from tests.support.bot import write_config
 from tests.support.clock import FakeClock
@@ -82,3 +83,35 @@ async def test_a_cooling_failure_is_kept_with_its_row_its_inlet_and_its_cause_an
     assert "**Facility cooling**" in text and "https://runbooks.example/facility-cooling" in text
     assert "approved by slack:U0G9QF9C6 bob: done (24 GPUs at 450 W)" in text and "All 24 alerts resolved" in text
     print(text)
+
+
+async def test_the_card_reads_every_host_once_the_incident_stops_growing_and_its_figures_agree(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """Analysed when it opens on 4 hosts; 8 more join 2 s later (tripled, but analysed too recently to ask
+    Prometheus again): the card says which part it read. Once no host joined for `incidents.settle` (10 s), the
+    worker analyses it again: every figure of the card is of its 12 hosts, and it is not analysed a third time."""
+    settings = {"enrichment": {"prometheus": {"url": stack.prometheus.url, "timeout": "10s"}}}
+    row = [h.name for h in HOSTS if h.row == HOT_ROW]
+    clock = FakeClock(stack.incident + timedelta(seconds=1))
+    async with stage(tmp_path, settings, clock) as s:
+        await s.run(*(hot(name, stack) for name in row[:4]))
+        first = await s.incident()
+        await clock.advance(2)
+        await s.run(*(hot(name, stack) for name in row[4:]))
+        growing = await s.incident()
+        assert await s.settle() == 0  # a host joined just now
+        await clock.advance(10)
+        assert await s.settle() == 1
+        settled = await s.incident()
+        assert await s.settle() == 0
+    assert (first.analysed_hosts, first.scope.hosts) == (4, 4) and first.traits[0].affected == 4
+    assert (growing.analysed_hosts, growing.scope.hosts) == (4, 12) and growing.traits[0].affected == 4
+    assert analysed_text(growing).startswith("Found among the 4 hosts it had at ")
+    assert (settled.analysed_hosts, settled.scope.hosts, settled.scope.fleet_hosts) == (12, 12, 48)
+    [row_c] = settled.traits
+    assert (row_c.label, row_c.value, row_c.affected, row_c.affected_total, row_c.outside) == ("row", "C", 12, 12, [])
+    [inlet] = settled.signals
+    assert (inlet.moved, inlet.affected_total) == (12, 12)
+    assert settled.cause is not None and settled.cause.reason.startswith("Inlet air rose 9 °C on 12 of 12 affected")
+    assert analysed_text(settled) == ""

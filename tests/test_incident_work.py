@@ -10,11 +10,11 @@ from typing import Any
 from bot.config import PagerDutyReceiver
 from bot.evidence.outputs import PodFound, SlurmJobFound, WorkloadEvidence
 from bot.incident.members import MemberSummary, alert_line
+from bot.incident.record import IncidentRecord
 from bot.incident.view import build_view
 from bot.render.email_incident import render_incident_email
 from bot.render.pagerduty_incident import incident_trigger
 from bot.render.slack.incident import scope_text
-from bot.store.incidents import IncidentRecord
 
 OPENED = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

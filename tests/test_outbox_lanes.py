@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bot.incident.model import incident_key
+from bot.incident.record import IncidentAdvance
 from bot.incident.stage import incident_message
 from bot.models import Delivery, EventRoute, IncidentRoute, NewDelivery
 from bot.sinks.base import DeliveryResult
@@ -28,7 +29,7 @@ async def open_incident(store: Store) -> str:
 
 
 async def new_version(store: Store, incident_id: str, receiver: str = "slack") -> None:
-    [record] = await store.advance_incidents({incident_id: None})
+    [record] = await store.advance_incidents({incident_id: IncidentAdvance()})
     delivery = NewDelivery(receiver=receiver, message=incident_message(record))
     await store.route_events([], [IncidentRoute(incident_key(incident_id), [delivery])])
 

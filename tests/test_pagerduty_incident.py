@@ -35,15 +35,23 @@ async def fake() -> AsyncIterator[FakePagerDuty]:
         yield started
 
 
-async def test_an_incident_is_one_pagerduty_alert_updated_when_it_changes_materially_then_resolved(
+async def test_an_incident_is_one_pagerduty_alert_that_names_every_host_as_it_grows_then_resolved(
     tmp_path: Path, fake: FakePagerDuty, store: Store
 ) -> None:
-    sink = PagerDutySink(receiver(tmp_path), store, transport=fake.transport())
+    clock = FakeClock(datetime(2026, 11, 29, 13, 32, tzinfo=UTC))
+    sink = PagerDutySink(receiver(tmp_path), store, transport=fake.transport(), clock=clock)
     try:
-        # 40 versions: the incident grows from 3 to 42 hosts, its cause and shared trait are found at version 21.
+        # 40 versions a second apart: the incident grows from 3 to 42 hosts, its cause and shared trait are found at
+        # version 21. What the outbox does: a held version is offered again when its hold ends, or a newer one.
         views = [incident_view(hosts=2 + v, version=v, analysed=v > 20) for v in range(1, 41)]
+        held = []
         for view in views:
-            assert (await sink.deliver(incident_delivery(view, "pd"))).delivered
+            await clock.advance(1)
+            result = await sink.deliver(incident_delivery(view, "pd"))
+            assert result.delivered or result.held
+            held.append(result.held)
+        await clock.advance(10)
+        assert (await sink.deliver(incident_delivery(views[-1], "pd"))).delivered  # the newest, once its hold ends
         assert (await sink.deliver(incident_delivery(views[10], "pd"))).delivered  # an older version: nothing
         assert (await sink.deliver(incident_delivery(resolved_view(views[-1], version=41), "pd"))).delivered
     finally:
@@ -51,18 +59,20 @@ async def test_an_incident_is_one_pagerduty_alert_updated_when_it_changes_materi
     assert list(fake.alerts) == [KEY] and len(fake.alerts[KEY]) == 1
     assert fake.current(KEY) is not None and fake.current(KEY).status == "resolved"  # type: ignore[union-attr]
     triggers = fake.accepted("trigger")
-    # Hosts 3, 4, 8, 16, 32 (each power of two), and the cause found at 23 hosts: 6 triggers for 40 versions.
-    assert [t["payload"]["source"] for t in triggers] == ["3 hosts", "4 hosts", "8 hosts", "16 hosts", "23 hosts",
-                                                          "32 hosts"]  # fmt: skip
+    # More hosts are named at most every 10 s; the cause found at 23 hosts at once; the last hosts once the hold
+    # ends: 5 triggers for 40 versions, and every host named in the last.
+    assert [t["payload"]["source"] for t in triggers] == ["3 hosts", "13 hosts", "23 hosts", "33 hosts", "42 hosts"]
+    assert held.count(True) == 36
     assert {t["dedup_key"] for t in triggers} == {KEY}
     assert [e["event_action"] for e in fake.accepted()][-1] == "resolve" and len(fake.accepted("resolve")) == 1
     last = triggers[-1]["payload"]
     assert last["summary"] == (
-        "GPUTempCritical on 32 hosts (incident inc7q2): 256 alerts on 32 of 1,000 hosts, 256 of 8,000 GPUs, "
+        "GPUTempCritical on 42 hosts (incident inc7q2): 336 alerts on 42 of 1,000 hosts, 336 of 8,000 GPUs, "
         "93 to 95 °C; likely cause: Facility cooling"
     )
     details = last["custom_details"]
-    assert details["scope"].startswith("256 alerts on 32 of 1,000 hosts")
+    assert details["every_host"] == ", ".join(f"k-ai-{n:03d}" for n in range(42))
+    assert details["scope"].startswith("336 alerts on 42 of 1,000 hosts")
     assert details["shared_traits"] == [
         '48 of 50 affected hosts have row="C"; row="C" has 52 of 1,000 hosts in the fleet'
     ]
@@ -70,7 +80,7 @@ async def test_an_incident_is_one_pagerduty_alert_updated_when_it_changes_materi
     assert details["cause"]["first_action"] == "Call the facility team for row C's cooling"
     assert details["cause"]["fleet_actions"] == ["lower-power-limit"]
     assert details["hosts_worst_first"][0] == "k-ai-000 · GPUs 0-7 · 93 to 95 °C · 8 firing"
-    assert details["hosts_worst_first"][-1] == "and 2 more hosts"
+    assert details["hosts_worst_first"][-1] == "and 12 more hosts"
     assert last["severity"] == "critical" and triggers[-1]["links"][0]["href"] == "https://runbooks.example/cooling"
 
 

@@ -23,12 +23,12 @@ from bot.evidence import Enrichment, EnrichmentSection
 from bot.gpu.xid_catalog import bundled_catalog
 from bot.incident.analyser import IncidentAnalyser
 from bot.incident.members import MemberSummary, alert_line
+from bot.incident.record import IncidentRecord
 from bot.metrics import Metrics
 from bot.models import AlertState, Event, EventKind
 from bot.playbooks import Advice, PlaybookSet
 from bot.sinks import build_previews
 from bot.store.base import Store
-from bot.store.incidents import IncidentRecord
 from tests.fakes.loki import FakeLoki
 from tests.support.exporter import DCGM_GPU_TEMP, SyntheticExporter, dcgm_labels, scrape_config
 from tests.support.messages import delivery_of
@@ -188,8 +188,10 @@ async def test_an_incident_over_two_sites_is_compared_with_both_sites_fleets(sit
     try:
         assert analyser.site_labels == ["site"]
         origins = [({"site": "a"}, "http://prometheus-a.example:9090/graph"), ({}, f"{sites.b.url}/graph")]
-        found = await analyser.analyse(record, playbook, [], origins)
-        nowhere = await analyser.analyse(record, playbook, [], [({}, "http://prometheus-c.example:9090/graph")])
+        found = await analyser.analyse(record, [playbook.incident], [], origins)
+        nowhere = await analyser.analyse(
+            record, [playbook.incident], [], [({}, "http://prometheus-c.example:9090/graph")]
+        )
     finally:
         await analyser.close()
     assert (found["fleet_hosts"], found["fleet_gpus"], found["problems"]) == (2, 2, [])

@@ -15,11 +15,12 @@ import yaml
 
 from bot.commands.cli import main
 from bot.config import load_config
+from bot.incident.membership import IncidentArrival, IncidentRule, MemberPolicy
+from bot.incident.record import IncidentAdvance, IncidentRecord
 from bot.models import short_id
 from bot.store import open_store
 from bot.store.base import ActionRun, AuditEntry, BreakerState, WatchdogRecord
 from bot.store.core import COPIED_TABLES
-from bot.store.incidents import IncidentArrival, IncidentRecord, IncidentRule
 from bot.store.migrations import POSTGRESQL_SCHEMA_VERSION as POSTGRES
 from bot.store.migrations import SQLITE_SCHEMA_VERSION as SQLITE
 from tests.support.payloads import am_alert, gpu_alerts, webhook
@@ -67,9 +68,11 @@ async def _fill(path: Path) -> tuple[str, IncidentRecord]:
         await store.set_breaker(BreakerState(MOVED_AT, "3 failures in 1h"))
         await ingest_and_dedup(store, webhook(gpu_alerts(6, host="k-ai-09"), group_key='{}:{host="k-ai-09"}'))
         events = await store.claim_events(10, 60)
-        arrivals = [IncidentArrival(e.alert.key, "GPUXidError", "gpu-xid", new=True) for e in events]
+        arrivals = [IncidentArrival(e.alert.key, "GPUXidError", "", MemberPolicy("gpu-xid"), new=True) for e in events]
         await store.attribute_incidents(arrivals, IncidentRule(threshold=5, window=60.0))
-        [incident] = await store.advance_incidents({(await store.alert_incident(events[0].alert.key)) or "": {}})
+        [incident] = await store.advance_incidents(
+            {(await store.alert_incident(events[0].alert.key)) or "": IncidentAdvance({})}
+        )
         return alert_key, incident
 
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 
+from bot.incident.membership import IncidentArrival, IncidentRule, MemberPolicy
 from bot.incident.model import incident_key
+from bot.incident.record import IncidentAdvance
 from bot.incident.stage import incident_message
 from bot.incident.view import build_view
 from bot.models import Event, EventRoute, IncidentRoute, NewDelivery
 from bot.store.base import Store
-from bot.store.incidents import IncidentArrival, IncidentRule
 from tests.support.clock import FakeClock
 from tests.support.payloads import gpu_alerts, webhook
 from tests.support.store import Opener, ingest_and_dedup, message, postgres_store
@@ -22,7 +23,13 @@ RULE = IncidentRule(threshold=5, window=60.0)
 
 def arrivals(events: list[Event]) -> list[IncidentArrival]:
     return [
-        IncidentArrival(e.alert.key, e.alert.labels["alertname"], "gpu-xid", new=e.kind.value == "firing")
+        IncidentArrival(
+            e.alert.key,
+            e.alert.labels["alertname"],
+            e.alert.labels.get("host", ""),
+            MemberPolicy("gpu-xid", gathers=frozenset({e.alert.labels["alertname"]})),
+            new=e.kind.value == "firing",
+        )
         for e in events
     ]
 
@@ -58,12 +65,12 @@ async def test_an_incident_resolves_when_all_its_alerts_have(opened: Opener) -> 
     async with opened() as store:
         events = await storm(store, "k-ai-01", 6)
         [incident_id] = {m.incident_id for m in (await store.attribute_incidents(arrivals(events), RULE)).values()}
-        [record] = await store.advance_incidents({incident_id: {"traits": []}})
+        [record] = await store.advance_incidents({incident_id: IncidentAdvance({"traits": []})})
         assert (record.version, record.state, record.analysis) == (1, "open", {"traits": []})
         await store.route_events([EventRoute(e.id, None, []) for e in events])
         resolved = [{**a, "status": "resolved"} for a in gpu_alerts(6, host="k-ai-01")]
         await ingest_and_dedup(store, webhook(resolved, group_key='{}:{host="k-ai-01"}'))
-        [record] = await store.advance_incidents({incident_id: None})
+        [record] = await store.advance_incidents({incident_id: IncidentAdvance()})
         assert (record.version, record.state, record.analysis) == (2, "resolved", {"traits": []})
         assert record.resolved_at is not None and record.summary.firing == 0
         assert {line.status for line in await store.incident_alerts(incident_id)} == {"resolved"}
@@ -75,7 +82,7 @@ async def test_an_incidents_newest_pending_version_stands_for_the_older_ones(ope
         [incident_id] = {m.incident_id for m in (await store.attribute_incidents(arrivals(events), RULE)).values()}
         key = incident_key(incident_id)
         for _ in range(3):
-            [record] = await store.advance_incidents({incident_id: None})
+            [record] = await store.advance_incidents({incident_id: IncidentAdvance()})
             deliveries = [NewDelivery(receiver="slack", message=incident_message(record))]
             await store.route_events([], [IncidentRoute(key, deliveries)])
         # An alert outside the incident goes in the other lane, whatever waits in this one.
@@ -93,7 +100,7 @@ async def test_an_incidents_newest_pending_version_stands_for_the_older_ones(ope
         until = (datetime.now(UTC) + timedelta(minutes=5)).replace(microsecond=0)
         await store.delivery_held(newest, until, "held")
         assert await store.due_deliveries("slack", 10, "incidents") == []
-        [record] = await store.advance_incidents({incident_id: None})
+        [record] = await store.advance_incidents({incident_id: IncidentAdvance()})
         await store.route_events(
             [], [IncidentRoute(key, [NewDelivery(receiver="slack", message=incident_message(record))])]
         )
@@ -152,7 +159,7 @@ async def opened_incident(store: Store, alertname: str, host: str) -> str:
     await ingest_and_dedup(store, webhook(gpu_alerts(6, host=host, alertname=alertname), group_key=host))
     events = await store.claim_events(100, 60)
     [incident_id] = {m.incident_id for m in (await store.attribute_incidents(arrivals(events), RULE)).values()}
-    await store.advance_incidents({incident_id: {}})
+    await store.advance_incidents({incident_id: IncidentAdvance({})})
     await store.route_events([EventRoute(e.id, None, []) for e in events])
     return incident_id
 
@@ -161,7 +168,7 @@ async def resolve_all(store: Store, alertname: str, host: str, incident_id: str)
     resolved = [{**a, "status": "resolved"} for a in gpu_alerts(6, host=host, alertname=alertname)]
     await ingest_and_dedup(store, webhook(resolved, group_key=host))
     await store.route_events([EventRoute(e.id, None, []) for e in await store.claim_events(100, 60)])
-    [record] = await store.advance_incidents({incident_id: None})
+    [record] = await store.advance_incidents({incident_id: IncidentAdvance()})
     assert record.state == "resolved"
 
 

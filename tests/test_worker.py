@@ -98,7 +98,7 @@ async def running_worker(
             Router(config.routing),
             outbox,
             metrics,
-            incidents=IncidentStage(store, config.incidents),
+            incidents=IncidentStage(store, config.incidents, playbooks),
             late_copy_window=60.0,
         )
         pipeline.failures = dict(failures or {})

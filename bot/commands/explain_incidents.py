@@ -1,8 +1,8 @@
 """What `explain` says of incidents: whether a payload's alerts would be told as one incident, and for a stored
 alert (`explain --alert`), the incident it is a line of.
 
-A payload is asked of the store's own rule (`bot.store.incidents.decide_memberships`) as if no incident were open
-and no alert were waiting: the alerts it brings together are folded the way the store folds an incident's members,
+A payload is asked of the store's own rule (bot/incident/membership.py) as if no incident were open and no alert
+were waiting: the alerts it brings together are folded the way the store folds an incident's members,
 and the incident's first version is previewed for every receiver its alerts go to, as the incident stage does.
 """
 
@@ -14,12 +14,13 @@ from datetime import datetime
 
 from bot.config import BotConfig
 from bot.incident.members import MemberSummary, alert_line
+from bot.incident.membership import IncidentArrival, IncidentRule, join_open_incidents, open_incidents
 from bot.incident.model import IncidentView
-from bot.incident.stage import stands_alone
+from bot.incident.record import IncidentRecord
+from bot.incident.stage import member_policy, stands_alone
 from bot.incident.view import build_view
-from bot.models import AlertState
+from bot.models import AlertState, host_from_labels
 from bot.pipeline import Decision
-from bot.store.incidents import IncidentArrival, IncidentRecord, IncidentRule, decide_memberships
 
 
 @dataclass(frozen=True)
@@ -41,14 +42,22 @@ def payload_incidents(
     if not config.incidents.enabled:
         return []
     arrivals = [
-        IncidentArrival(alert.key, alert.labels.get("alertname", ""), decision.playbook.name, alert.status == "firing")
+        IncidentArrival(
+            alert.key,
+            alert.alertname,
+            host_from_labels(alert.labels),
+            member_policy(decision.playbook, alert.alertname),
+            alert.status == "firing",
+        )
         for alert, decision in decided
-        if not stands_alone(alert)
+        if not stands_alone(alert.labels)
     ]
-    rule = IncidentRule(config.incidents.threshold, config.incidents.window)
-    plan = decide_memberships(arrivals, {}, {}, [], rule, now.timestamp())
+    incidents = config.incidents
+    rule = IncidentRule(incidents.threshold, incidents.window, incidents.host_window)
+    plan = join_open_incidents(arrivals, {}, [], {}, rule, now.timestamp())
+    open_incidents(plan, [], rule, now.timestamp())
     previews = []
-    for incident_id, alertname, playbook in plan.opened:
+    for incident_id, alertname, playbook, _ in plan.opened:
         members = [(a, d) for a, d in decided if (m := plan.result.get(a.key)) and m.incident_id == incident_id]
         record = IncidentRecord(
             id=incident_id,
@@ -59,7 +68,7 @@ def payload_incidents(
             resolved_at=None,
             version=1,
             # Told at once when there is no Prometheus to ask; else its evidence is still being gathered.
-            analysis={} if config.enrichment.prometheus is None else None,
+            analysis={"fleet": "none"} if config.enrichment.prometheus is None else None,
             summary=_folded(members, now),
         )
         receivers = tuple(sorted({name for _, decision in members for name in decision.receivers}))

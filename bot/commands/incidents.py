@@ -13,12 +13,12 @@ from collections.abc import Sequence
 
 from bot.config import BotConfig
 from bot.incident.model import INCIDENT_KEY_PREFIX, IncidentView
+from bot.incident.record import IncidentRecord
 from bot.incident.view import build_view
 from bot.message import format_duration
 from bot.printable import printable
 from bot.store import StoreUnavailable, open_store
 from bot.store.base import Store
-from bot.store.incidents import IncidentRecord
 
 # Incidents listed: every open one comes before any resolved one.
 LISTED = 50

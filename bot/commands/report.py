@@ -19,6 +19,7 @@ from bot.commands.incidents import IncidentNotFound, find_incident, incidents_co
 from bot.config import BotConfig
 from bot.incident.members import alert_value
 from bot.incident.model import IncidentView, incident_key
+from bot.incident.record import IncidentRecord
 from bot.incident.view import build_view
 from bot.message import format_duration
 from bot.models import AlertState, host_from_labels, short_id
@@ -28,7 +29,6 @@ from bot.render.graph_worker import GraphRenderer
 from bot.render.incident_graph import incident_heat, render_incident_heat
 from bot.store import StoreUnavailable, open_store
 from bot.store.base import ActionRun
-from bot.store.incidents import IncidentRecord
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ def report_markdown(
     view = build_view(record)
     lines = [f"# Incident {record.id}: {view.title}", "", *_summary(view, record.playbook), ""]
     lines += ["## What the affected hosts share", ""]
-    lines += [f"- {text.trait_text(t)}" for t in view.traits] or [f"- {text.no_trait_text(view)}"]
+    lines += [f"- {text.trait_text(t, view.analysed_hosts)}" for t in view.traits] or [f"- {text.no_trait_text(view)}"]
     lines += ["", "## What moved with them", ""]
     moved = [text.signal_text(s) for s in view.signals] + [text.companion_text(c) for c in view.companions]
     lines += [f"- {line}" for line in moved] or ["- Nothing found."]
@@ -109,7 +109,8 @@ def report_markdown(
     if picture:
         lines += ["", "## Alerts by host over time", "", f"![alerts by host and start time]({picture})"]
     lines += ["", "## Hosts, worst first", ""]
-    lines += [f"- {text.host_text(h, view.scope.unit)}" for h in view.hosts]
+    several = len(view.alertnames) > 1
+    lines += [f"- {text.host_text(h, view.scope.unit, several)}" for h in view.hosts]
     return "\n".join(lines) + "\n"
 
 
@@ -118,6 +119,7 @@ def _summary(view: IncidentView, playbook: str) -> list[str]:
     return [
         f"- **Status:** {status}",
         f"- **Scope:** {text.scope_text(view.scope)}",
+        *([f"- **Alerts:** {counts}"] if (counts := text.counts_text(view)) else []),
         f"- **Since:** {_time(view.scope.since)}; told as one incident at {_time(view.opened_at)}",
         f"- **Key:** `{incident_key(view.id)}`; playbook `{playbook}`",
     ]

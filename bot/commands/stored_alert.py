@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bot.config import StoreConfig
+from bot.incident.record import IncidentRecord
 from bot.models import AlertState, AmAlert, WebhookPayload
 from bot.store import StoreUnavailable, open_store
-from bot.store.incidents import IncidentRecord
 
 
 class StoredAlertError(Exception):

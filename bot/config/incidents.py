@@ -1,4 +1,4 @@
-"""The `incidents` section: when alerts of one kind are one incident, told as one by every receiver."""
+"""The `incidents` section: when alerts are one incident, told as one by every receiver (docs/incidents.md)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,12 @@ from bot.config.duration import Duration
 
 
 class IncidentsConfig(StrictModel):
-    # More than `threshold` new alerts of one alertname within `window` open an incident; later alerts of that
-    # alertname join it while it is open. Each receiver then tells the incident, not each alert.
+    # More than `threshold` new alerts of one alertname within `window` open an incident. A new alert joins an open
+    # incident when it fires on one of its hosts while the incident's last join is within `host_window`, whatever its
+    # name; or when the incident gathers its alertname and its last join is within `window`.
     enabled: bool = True
     threshold: int = Field(default=5, ge=1)
     window: Duration = 60.0
+    host_window: Duration = 900.0
+    # An incident that gained hosts since its analysis is analysed again once no host joined for this long.
+    settle: Duration = Field(default=10.0, gt=0)

@@ -14,9 +14,11 @@ from bot.enrich.prometheus.client import PrometheusClient, RawSeries
 from bot.enrich.queryapi import Deadline
 from bot.enrich.sites import site_matches
 from bot.incident.analysis import AffectedAlert, AnalysisRequest, analyse_incident
+from bot.incident.model import Companion
+from bot.incident.record import IncidentRecord, Origin
+from bot.incident.view import upstream_order
 from bot.models import AlertState, host_from_labels
-from bot.playbooks import Playbook
-from bot.store.incidents import IncidentRecord, Origin
+from bot.playbooks.incident import IncidentSection
 
 
 class Sources:
@@ -24,16 +26,16 @@ class Sources:
     their own). One that fails fails the question: a fleet that lacks a site would make its hosts look alike."""
 
     def __init__(self, clients: Sequence[PrometheusClient]) -> None:
-        self._clients = list(clients)
+        self.clients = list(clients)
 
     async def query(self, query: str, at: float | None, deadline: Deadline) -> list[RawSeries]:
-        answers = await asyncio.gather(*(client.query(query, at, deadline) for client in self._clients))
+        answers = await asyncio.gather(*(client.query(query, at, deadline) for client in self.clients))
         return [series for answer in answers for series in answer]
 
     async def query_range(
         self, query: str, start: float, end: float, step: float, deadline: Deadline
     ) -> list[RawSeries]:
-        calls = (client.query_range(query, start, end, step, deadline) for client in self._clients)
+        calls = (client.query_range(query, start, end, step, deadline) for client in self.clients)
         return [series for answer in await asyncio.gather(*calls) for series in answer]
 
 
@@ -56,22 +58,31 @@ class IncidentAnalyser:
         return sorted({name for match, _ in self._sites for name in match.labels})
 
     async def analyse(
-        self, record: IncidentRecord, playbook: Playbook, firing: Sequence[AlertState], origins: Sequence[Origin] = ()
+        self,
+        record: IncidentRecord,
+        sections: Sequence[IncidentSection | None],
+        firing: Sequence[AlertState],
+        origins: Sequence[Origin] = (),
     ) -> dict[str, Any]:
-        """Traits, signals, companions, the likely cause and the fleet's size, as JSON for the store. `origins`:
-        where its alerts come from (`Store.incident_origins` of `site_labels`), when sources are per site."""
+        """Traits, signals, companions, the likely cause and the fleet's size, as JSON for the store. `sections`:
+        the incident section of each of its alertnames' playbooks, in the order of `upstream_order`; `origins`: where
+        its alerts come from (`Store.incident_origins` of `site_labels`), when sources are per site."""
         summary = record.summary
+        alertnames = upstream_order(summary.names) or [record.alertname]
+        api = self._sources(origins)
         request = AnalysisRequest(
-            alertname=record.alertname,
-            section=playbook.incident,
+            alertnames=alertnames,
+            sections=sections,
             alerts=[AffectedAlert(host=host, instance=instance) for host, instance in sorted(summary.targets)],
             start=summary.since or record.opened_at,
-            api=self._sources(origins),
-            # The incident's own alerts are left out by their name (`companions`).
+            api=api,
+            # The incident's own alerts are left out by their names (`companions`).
             firing=[
                 (a.labels.get("alertname", ""), host_from_labels(a.labels)) for a in firing if a.status == "firing"
             ],
+            members=[Companion(alertname=name, hosts=summary.hosts_of(name)) for name in alertnames],
             variables=self._variables,
+            sources=len(api.clients) if isinstance(api, Sources) else 1,
         )
         return (await analyse_incident(request)).model_dump(mode="json")
 

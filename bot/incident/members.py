@@ -58,25 +58,52 @@ def alert_line(
     )
 
 
+# The line of the alerts that name no host.
+UNKNOWN_HOST = "unknown host"
+# What an alert is about, by the first of these labels it has: its warning and critical rules (which Alertmanager's
+# inhibition pairs by the same labels) count once for it.
+_SUBJECT_LABELS = ("gpu", "name", "mountpoint", "device")
+
+
+def alert_subject(labels: Mapping[str, str], key: str) -> str:
+    """What an alert is about on its host (a GPU, a sensor, a filesystem, a disk); its own key when it names none."""
+    return next((f"{name}={labels[name]}" for name in _SUBJECT_LABELS if labels.get(name)), key)
+
+
+@dataclass(slots=True)
+class ValueRange:
+    low: float | None = None
+    high: float | None = None
+
+    def add(self, value: float) -> None:
+        self.low = value if self.low is None else min(self.low, value)
+        self.high = value if self.high is None else max(self.high, value)
+
+
 @dataclass(slots=True)
 class HostTally:
-    """One host's alerts, folded: its GPUs, its values' range, its alerts' ids and how many fire."""
+    """One host's alerts, folded: per alertname what they are about and their values' range; its GPUs, the ids of
+    its first alerts and how many fire."""
 
+    subjects: dict[str, set[str]] = field(default_factory=dict)  # alertname -> subjects
+    values: dict[str, ValueRange] = field(default_factory=dict)  # alertname -> its values' range here
     gpus: set[str] = field(default_factory=set)
-    gpuless: int = 0  # alerts naming no GPU: each counts as one
-    value_min: float | None = None
-    value_max: float | None = None
     short_ids: list[str] = field(default_factory=list)
     firing: int = 0
     resolved: int = 0
 
 
-def _low(a: float | None, b: float) -> float:
-    return b if a is None else min(a, b)
+@dataclass(slots=True)
+class NameTally:
+    """One alertname's alerts of the incident, folded."""
 
-
-def _high(a: float | None, b: float) -> float:
-    return b if a is None else max(a, b)
+    alerts: int = 0
+    firing: int = 0
+    since: datetime | None = None
+    severities: set[str] = field(default_factory=set)
+    values: ValueRange = field(default_factory=ValueRange)
+    firing_values: ValueRange = field(default_factory=ValueRange)
+    unit: str = ""
 
 
 @dataclass
@@ -84,14 +111,10 @@ class MemberSummary:
     """Every member of an incident folded in (`add`), in the order the store reads them."""
 
     hosts: dict[str, HostTally] = field(default_factory=dict)
+    names: dict[str, NameTally] = field(default_factory=dict)
     alerts: int = 0
     firing: int = 0
     alone: int = 0  # told on their own before the incident opened
-    firing_min: float | None = None
-    firing_max: float | None = None
-    value_min: float | None = None
-    value_max: float | None = None
-    unit: str = ""
     severities: set[str] = field(default_factory=set)
     since: datetime | None = None
     last_seen: datetime | None = None
@@ -110,11 +133,11 @@ class MemberSummary:
         last_seen: datetime,
         enrichment: Mapping[str, Any] | None,
     ) -> None:
-        host = self.hosts.setdefault(line.host or "unknown host", HostTally())
+        host = self.hosts.setdefault(line.host or UNKNOWN_HOST, HostTally())
+        name = self.names.setdefault(line.alertname, NameTally())
+        host.subjects.setdefault(line.alertname, set()).add(sys.intern(alert_subject(labels, line.alert_key)))
         if line.gpu:
             host.gpus.add(line.gpu)
-        else:
-            host.gpuless += 1
         if len(host.short_ids) < HOST_IDS:
             host.short_ids.append(line.short_id)
         self.targets.add((line.host, line.instance))
@@ -124,24 +147,42 @@ class MemberSummary:
         self.alerts += 1
         self.firing += firing
         self.alone += alone
-        self.severities.add(labels.get("severity", ""))
-        self.since = line.starts_at if self.since is None or line.starts_at is None else min(self.since, line.starts_at)
+        name.alerts += 1
+        name.firing += firing
+        severity = labels.get("severity", "")
+        self.severities.add(severity)
+        name.severities.add(severity)
+        self.since = _earliest(self.since, line.starts_at)
+        name.since = _earliest(name.since, line.starts_at)
         self.last_seen = last_seen if self.last_seen is None else max(self.last_seen, last_seen)
         value = line.value
         if value is not None:
-            host.value_min, host.value_max = _low(host.value_min, value), _high(host.value_max, value)
-            self.value_min, self.value_max = _low(self.value_min, value), _high(self.value_max, value)
+            host.values.setdefault(line.alertname, ValueRange()).add(value)
+            name.values.add(value)
             if firing:
-                self.firing_min, self.firing_max = _low(self.firing_min, value), _high(self.firing_max, value)
-        if not self.unit and value is not None:  # the first stated unit: the line has the value already
-            self.unit = alert_value(annotations)[1]
+                name.firing_values.add(value)
+            if not name.unit:  # the first stated unit: the line has the value already
+                name.unit = alert_value(annotations)[1]
         evidence = workload_of(enrichment)
         if evidence is not None:
             self.workloads[line.alert_key] = evidence
 
     @property
     def gpus(self) -> int:
-        return sum(len(h.gpus) + h.gpuless for h in self.hosts.values())
+        return sum(len(h.gpus) for h in self.hosts.values())
+
+    def subjects(self, alertname: str) -> int:
+        """How many things (GPUs, sensors...) the alertname's alerts are about."""
+        return sum(len(h.subjects.get(alertname, ())) for h in self.hosts.values())
+
+    def hosts_of(self, alertname: str) -> int:
+        return sum(1 for h in self.hosts.values() if alertname in h.subjects)
+
+
+def _earliest(current: datetime | None, moment: datetime | None) -> datetime | None:
+    if moment is None:
+        return current
+    return moment if current is None else min(current, moment)
 
 
 def workload_of(enrichment: Mapping[str, Any] | None) -> WorkloadEvidence | None:

@@ -30,7 +30,9 @@ class _Frozen(BaseModel):
 
 
 class Scope(_Frozen):
-    """How far the incident reaches, and its share of what Prometheus knows (None: not known)."""
+    """How far the incident reaches, and its share of what Prometheus knows (None: not known). A share is stated only
+    when every affected host is one Prometheus knows (`unknown_hosts` counts the others, `unknown` names the
+    first). The value's range is that of `value_alertname`'s alerts (the most severe of its alertnames)."""
 
     alerts: int
     firing: int
@@ -38,10 +40,23 @@ class Scope(_Frozen):
     hosts: int
     fleet_hosts: int | None = None
     fleet_gpus: int | None = None
+    unknown_hosts: int = 0
+    unknown: list[str] = Field(default_factory=list)
     since: datetime
     value_min: float | None = None
     value_max: float | None = None
     unit: str = ""
+    value_alertname: str = ""
+
+
+class AlertnameCount(_Frozen):
+    """One alertname of the incident: how many things its alerts are about (GPUs, sensors: its warning and critical
+    alerts of one GPU count once), on how many hosts, how many alerts of it fire."""
+
+    alertname: str
+    count: int
+    hosts: int
+    firing: int
 
 
 class Trait(_Frozen):
@@ -54,6 +69,7 @@ class Trait(_Frozen):
     fleet: int  # hosts of the fleet with label=value
     fleet_total: int  # hosts of the fleet with a known value of the label
     p_value: float  # hypergeometric upper tail: chance of at least `affected` by picking hosts at random
+    outside: list[str] = Field(default_factory=list)  # the first affected hosts without it
 
 
 class Signal(_Frozen):
@@ -103,9 +119,12 @@ class AlertLine:
 
 
 class HostLine(_Frozen):
-    """One host of the incident, its GPUs collapsed: one thread line."""
+    """One host of the incident, its GPUs collapsed: one thread line. `outside`: the shared trait the card names
+    that this host lacks (it joined by its alertname alone), e.g. 'row="C"'."""
 
     host: str
+    alertnames: list[str] = Field(default_factory=list)
+    outside: str = ""
     gpus: list[str] = Field(default_factory=list)
     value_min: float | None = None
     value_max: float | None = None
@@ -115,11 +134,17 @@ class HostLine(_Frozen):
     resolved: int = 0
 
 
+# Whether the analysis read the fleet: `none` (no Prometheus configured), `read`, `empty` (Prometheus answered with no
+# GPU series), `unanswered`; "" before any analysis.
+FleetState = Literal["", "none", "read", "empty", "unanswered"]
+
+
 class IncidentView(_Frozen):
     id: str
     version: int  # grows with every change: a sink keeps the highest it has shown
-    title: str  # e.g. "GPUTempCritical on 150 hosts"
-    alertnames: list[str]
+    title: str  # its likely cause once known, else its most upstream alertname: "Facility cooling on 50 hosts"
+    alertnames: list[str]  # upstream first (the earliest to start), then by severity
+    counts: list[AlertnameCount] = Field(default_factory=list)  # most first
     severity: str
     status: Literal["open", "resolved"] = "open"
     opened_at: datetime
@@ -132,6 +157,10 @@ class IncidentView(_Frozen):
     cause: Cause | None = None
     # False while the incident-level evidence (traits, signals, cause) is still being gathered.
     analysed: bool = False
+    fleet: FleetState = ""
+    # The hosts the analysis read, and when: when they are fewer than the scope's, the card says which part it read.
+    analysed_hosts: int | None = None
+    analysed_at: datetime | None = None
     # Who is hurt: the jobs, users, pods and containers on the incident's GPUs, from its alerts' workload evidence,
     # e.g. "12 Slurm jobs of 5 users, 3 pods (15 likely lost)"; empty when none was found.
     work: str = ""

@@ -53,21 +53,25 @@ def compare(
     name: str, spec: SignalSpec, changes: dict[str, float], affected: Collection[str], fleet: Fleet, window: float
 ) -> Signal | None:
     """The signal on the affected hosts against the rest of the fleet (every other host with data when the
-    fleet is not known); None when no affected host has data."""
+    fleet is not known); None when it did not move with them: no affected host has data, its median change on them
+    is short of the playbook's rise (or drop), or the rest of the fleet moved as much."""
     hit = [changes[host] for host in affected if host in changes]
     if not hit:
         return None
     others = set(changes) - set(affected)
     if fleet.hosts:
         others &= set(fleet.hosts)
-    rest = [changes[host] for host in others]
+    rest = statistics.median([changes[host] for host in others]) if others else None
+    change = statistics.median(hit)
+    if not spec.moved(change) or (rest is not None and not spec.beyond(change, rest)):
+        return None
     return Signal(
         name=name,
         title=spec.title,
         unit=spec.unit,
         window_seconds=window,
-        moved=sum(1 for change in hit if spec.moved(change)),
+        moved=sum(1 for one in hit if spec.moved(one)),
         affected_total=len(hit),
-        affected_change=statistics.median(hit),
-        rest_change=statistics.median(rest) if rest else None,
+        affected_change=change,
+        rest_change=rest,
     )

@@ -1,35 +1,44 @@
 """The incident stage of the pipeline: does a batch's event open an incident, join one, or stay alone?
 
 After each event is matched to its playbook, `attribute` asks the store (one transaction, so replicas agree) which
-incident each event's alert belongs to (bot/store/incidents.py has the rule: more than `incidents.threshold` new
-alerts of one alertname within `incidents.window`). An alert told only as part of an incident gets no message of
-its own (`told_alone`; an ack or a note about it is still told, in the incident's conversation), so it needs no
-evidence of its own from Prometheus or Loki: the pipeline gathers only its local evidence (GPU identity, Xid,
-recurrence); `explain --enrich` fetches the rest when someone asks. `analyse` gathers the incident-level evidence
-of each incident the batch changes, when it opens and again when its hosts grow by half, while the batch's own
-evidence is gathered. Once the batch is decided, `routes` makes each incident the batch changed into its new
-version, its whole view delivered to every receiver its alerts would have gone to.
-Alerts told on their own before the incident opened keep their own messages; their changes update the incident.
+incident each event's alert belongs to (bot/incident/membership.py has the rule: an alert on an open incident's
+hosts joins it whatever its name; more than `incidents.threshold` new alerts of one alertname within
+`incidents.window` open one). An alert told only as part of an incident gets no message of its own (`told_alone`;
+an ack or a note about it is still told, in the incident's conversation), so it needs no evidence of its own from
+Prometheus or Loki: the pipeline gathers only its local evidence (GPU identity, Xid, recurrence); `explain
+--enrich` fetches the rest when someone asks.
+
+`analyse` gathers the incident-level evidence of each incident the batch changes: when it opens, and when its
+hosts grew by half, at most once per `incidents.settle`; `settle` analyses again an incident that gained hosts
+since, once no host joined for `incidents.settle`, so the card's figures end up read from all of its hosts. Once
+the batch is decided, `routes` makes each incident the batch changed into its new version, delivered to every
+receiver told of it so far and to those its alerts' firing would have gone to: every member reaches every
+receiver. Alerts told on their own before the incident opened keep their own messages; their changes update the
+incident.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from bot import deadman
+from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import IncidentsConfig
 from bot.incident.analyser import IncidentAnalyser
+from bot.incident.membership import IncidentArrival, IncidentRule, MemberPolicy, Membership
 from bot.incident.model import IncidentView, incident_key
-from bot.incident.view import build_view
+from bot.incident.record import IncidentAdvance, IncidentRecord
+from bot.incident.view import build_view, upstream_order
 from bot.message import Message
-from bot.models import AlertState, Event, EventKind, IncidentRoute, NewDelivery
-from bot.playbooks import Playbook
+from bot.metrics import Metrics
+from bot.models import Event, EventKind, IncidentRoute, NewDelivery, host_from_labels
+from bot.playbooks import Playbook, PlaybookSet
 from bot.selftest.marking import is_selftest
 from bot.store.base import Store
-from bot.store.incidents import IncidentArrival, IncidentRecord, IncidentRule, Membership
 
 log = logging.getLogger(__name__)
 
@@ -37,18 +46,29 @@ log = logging.getLogger(__name__)
 _OWN_ALERTS = frozenset({deadman.ALERTNAME, deadman.MEMBER_ALERTNAME})
 # Event kinds that change what an incident shows (a repeat changes nothing).
 _CHANGES = frozenset({EventKind.FIRING, EventKind.REFIRING, EventKind.RESOLVED})
+# Event kinds whose receivers are told of the incident from then on (a resolve tells only those told of it).
+_FIRES = frozenset({EventKind.FIRING, EventKind.REFIRING})
 # What a person (or the bot) says about one alert of an incident (an ack, a silence, an action's outcome) is told
 # in the incident's conversation, with the alert's id: each sink finds the conversation from the alert's key.
 _WORDS = frozenset({EventKind.ACK, EventKind.NOTE})
-# Analysed again when the incident has this many times the hosts it had when last analysed.
+# Analysed again while growing when the incident has this many times the hosts it had when last analysed.
 _REANALYSE_GROWTH = 1.5
 # Read when gathering an incident's evidence: other alerts firing on its hosts are named as evidence.
 _FIRING_READ = 20_000
+Trigger = Literal["opened", "grew", "settled"]
 
 
-def stands_alone(alert: AlertState) -> bool:
-    """The bot's own alerts and self-test alerts never join an incident."""
-    return alert.labels.get("alertname", "") in _OWN_ALERTS or is_selftest(alert.labels)
+def stands_alone(labels: Mapping[str, str]) -> bool:
+    """The bot's own alerts and self-test alerts never belong to an incident."""
+    return labels.get("alertname", "") in _OWN_ALERTS or is_selftest(labels)
+
+
+def member_policy(playbook: Playbook, alertname: str) -> MemberPolicy:
+    """What an alert's playbook says of incidents (bot/incident/membership.py)."""
+    section = playbook.incident
+    gathers = section.gathers if section is not None and section.gathers is not None else [alertname]
+    apart = section is not None and section.stands_apart
+    return MemberPolicy(playbook.name, apart=apart, gathers=frozenset(gathers))
 
 
 @dataclass(frozen=True)
@@ -68,17 +88,33 @@ class Attribution:
 
 
 class IncidentStage:
-    def __init__(self, store: Store, config: IncidentsConfig, analyser: IncidentAnalyser | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        config: IncidentsConfig,
+        playbooks: PlaybookSet,
+        analyser: IncidentAnalyser | None = None,
+        metrics: Metrics | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         """`analyser`: the incident-level evidence from Prometheus (None: none is gathered, an incident is told with
-        its scope and hosts)."""
+        its scope and hosts). `clock`: when it was last analysed, against `incidents.settle`."""
         self._store = store
         self._config = config
-        self._rule = IncidentRule(config.threshold, config.window)
+        self._playbooks = playbooks
+        self._rule = IncidentRule(config.threshold, config.window, config.host_window, self._policy)
         self._analyser = analyser
+        self._metrics = metrics or Metrics()
+        self._clock = clock
 
     async def close(self) -> None:
         if self._analyser is not None:
             await self._analyser.close()
+
+    def _policy(self, labels: Mapping[str, str]) -> MemberPolicy | None:
+        if stands_alone(labels):
+            return None
+        return member_policy(self._playbooks.match_labels(labels), labels.get("alertname", ""))
 
     async def attribute(self, matched: Sequence[tuple[Event, Playbook]]) -> Attribution:
         if not self._config.enabled:
@@ -86,30 +122,40 @@ class IncidentStage:
         arrivals = [
             IncidentArrival(
                 alert_key=event.alert.key,
-                alertname=event.alert.labels.get("alertname", ""),
-                playbook=playbook.name,
+                alertname=event.alert.alertname,
+                host=host_from_labels(event.alert.labels),
+                policy=member_policy(playbook, event.alert.alertname),
                 new=event.kind is EventKind.FIRING,
             )
             for event, playbook in matched
-            if not stands_alone(event.alert)
+            if not stands_alone(event.alert.labels)
         ]
         by_key = await self._store.attribute_incidents(arrivals, self._rule)
-        opened = sorted({m.incident_id for m in by_key.values() if m.opened})
-        if opened:
-            log.warning("incident opened: its alerts are told as one", extra={"incidents": opened})
+        self._count_joins(list(by_key.values()))
         return Attribution({event.id: by_key[event.alert.key] for event, _ in matched if event.alert.key in by_key})
+
+    def _count_joins(self, memberships: Sequence[Membership]) -> None:
+        opened = sorted({m.incident_id for m in memberships if m.opened})
+        if opened:
+            self._metrics.incidents_opened.inc(len(opened))
+            log.warning("incident opened: its alerts are told as one", extra={"incidents": opened})
+        for membership in memberships:
+            if membership.via != "member":
+                self._metrics.incident_joins.labels(membership.via).inc()
 
     async def analyse(
         self, attribution: Attribution, matched: Sequence[tuple[Event, Playbook]]
     ) -> dict[str, dict[str, Any] | None]:
         """The incident-level evidence of each incident the batch changes, by its id (None: it keeps what it has),
         gathered while the batch's own evidence is."""
-        playbooks: dict[str, Playbook] = {}
-        for event, playbook in matched:
-            membership = attribution.memberships.get(event.id)
-            if membership is not None and event.kind in _CHANGES:
-                playbooks.setdefault(membership.incident_id, playbook)
-        return {incident_id: await self._analysis(incident_id, book) for incident_id, book in playbooks.items()}
+        changed = sorted(
+            {
+                membership.incident_id
+                for event, _ in matched
+                if (membership := attribution.memberships.get(event.id)) is not None and event.kind in _CHANGES
+            }
+        )
+        return {incident_id: await self._analysis(incident_id) for incident_id in changed}
 
     async def routes(
         self,
@@ -118,49 +164,85 @@ class IncidentStage:
         analyses: Mapping[str, dict[str, Any] | None],
         fresh: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> list[IncidentRoute]:
-        """Each incident the batch changed, at its new version with `analyses` kept, for the receivers its changed
-        alerts go to. `fresh`: the evidence this batch gathered, by alert key (not stored with the alerts yet)."""
-        receivers: dict[str, set[str]] = {}
+        """Each incident the batch changed, at its new version with `analyses` kept, for every receiver told of it
+        (those its alerts' firing went to, now or before). `fresh`: the evidence this batch gathered, by alert key
+        (not stored with the alerts yet)."""
+        changed: dict[str, set[str]] = {}  # incident id -> receivers its alerts' firing went to in this batch
         members: dict[str, dict[str, Mapping[str, Any]]] = {}  # the fresh evidence of each incident's alerts
         for event, _, told in decided:
             membership = attribution.memberships.get(event.id)
             if membership is None:
                 continue
             if event.kind in _CHANGES:
-                receivers.setdefault(membership.incident_id, set()).update(told)
+                changed.setdefault(membership.incident_id, set()).update(told if event.kind in _FIRES else ())
             if fresh is not None and event.alert.key in fresh:
                 members.setdefault(membership.incident_id, {})[event.alert.key] = fresh[event.alert.key]
-        routes = []
-        for record in await self._store.advance_incidents({i: analyses.get(i) for i in receivers}):
-            message = incident_message(record, members.get(record.id))
-            routes.append(
-                IncidentRoute(
-                    incident_key=message.alert_key,
-                    deliveries=[NewDelivery(receiver=name, message=message) for name in sorted(receivers[record.id])],
-                )
-            )
-        return routes
+        advances = {i: IncidentAdvance(analyses.get(i), frozenset(receivers)) for i, receivers in changed.items()}
+        records = await self._store.advance_incidents(advances)
+        return [self._route(record, members.get(record.id)) for record in records]
 
-    async def _analysis(self, incident_id: str, playbook: Playbook) -> dict[str, Any] | None:
-        """New incident-level evidence when the incident has none yet or its hosts grew; None keeps what it has."""
+    async def settle(self) -> list[IncidentRoute]:
+        """The incidents that gained hosts since their last analysis and none for `incidents.settle`, analysed
+        again over all of their hosts, at their new versions."""
+        if not self._config.enabled or self._analyser is None:
+            return []
+        analyses: dict[str, IncidentAdvance] = {}
+        for incident_id in await self._store.incidents_to_settle(self._config.settle):
+            record = await self._store.get_incident(incident_id)
+            found = await self._analyse(record, "settled") if record is not None else None
+            if found is None:
+                await self._store.incident_analysis_tried(incident_id)
+            else:
+                analyses[incident_id] = IncidentAdvance(found)
+        return [self._route(record) for record in await self._store.advance_incidents(analyses)]
+
+    def _route(self, record: IncidentRecord, fresh: Mapping[str, Mapping[str, Any]] | None = None) -> IncidentRoute:
+        message = incident_message(record, fresh)
+        for receiver in record.receivers:
+            self._metrics.incident_versions.labels(receiver).inc()
+        deliveries = [NewDelivery(receiver=name, message=message) for name in record.receivers]
+        return IncidentRoute(incident_key=message.alert_key, deliveries=deliveries)
+
+    async def _analysis(self, incident_id: str) -> dict[str, Any] | None:
+        """New incident-level evidence when the incident has none yet, or its hosts grew by half and it was not
+        analysed within `incidents.settle`; None keeps what it has."""
         record = await self._store.get_incident(incident_id)
         if record is None or record.state != "open":
             return None
         if self._analyser is None:  # nothing to gather: the incident is told with its scope and hosts
-            return {} if record.analysis is None else None
-        hosts = len(record.summary.hosts)
-        analysed_hosts = (record.analysis or {}).get("analysed_hosts", 0)
-        if record.analysis is not None and hosts < analysed_hosts * _REANALYSE_GROWTH:
+            return {"fleet": "none"} if record.analysis is None else None
+        if record.analysis is None:
+            return await self._analyse(record, "opened")
+        analysed_hosts = record.analysis.get("analysed_hosts", 0)
+        recent = record.analysed_at is not None and (
+            (self._clock.now() - record.analysed_at).total_seconds() < self._config.settle
+        )
+        if len(record.summary.hosts) < analysed_hosts * _REANALYSE_GROWTH or recent:
             return None
-        firing = await self._store.list_alerts("firing", _FIRING_READ, evidence=False)
+        return await self._analyse(record, "grew")
+
+    async def _analyse(self, record: IncidentRecord, trigger: Trigger) -> dict[str, Any] | None:
         analyser = self._analyser
-        origins = await self._store.incident_origins(incident_id, analyser.site_labels) if analyser.per_site else []
+        assert analyser is not None
+        hosts = len(record.summary.hosts)
+        sections = [self._playbooks.match_labels({"alertname": name}).incident for name in self._names(record)]
+        firing = await self._store.list_alerts("firing", _FIRING_READ, evidence=False)
+        origins = await self._store.incident_origins(record.id, analyser.site_labels) if analyser.per_site else []
+        started = time.perf_counter()
         try:
-            found = await analyser.analyse(record, playbook, firing, origins)
-        except Exception:  # the incident is told without it rather than not at all; the next change tries again
-            log.exception("incident evidence could not be gathered", extra={"incident": incident_id})
+            found = await analyser.analyse(record, sections, firing, origins)
+        except Exception:  # the incident is told without it rather than not at all; a later change tries again
+            log.exception("incident evidence could not be gathered", extra={"incident": record.id})
             return None
+        finally:
+            self._metrics.incident_analysis_duration.observe(time.perf_counter() - started)
+        self._metrics.incident_analyses.labels(trigger).inc()
+        self._metrics.incident_analysis_queries.inc(found.get("queries", 0))
         return {**found, "analysed_hosts": hosts}
+
+    @staticmethod
+    def _names(record: IncidentRecord) -> list[str]:
+        return upstream_order(record.summary.names) or [record.alertname]
 
 
 def incident_message(record: IncidentRecord, fresh: Mapping[str, Mapping[str, Any]] | None = None) -> Message:

@@ -89,11 +89,14 @@ def _eligible(fleet: Mapping[str, Mapping[str, str]]) -> dict[str, Counter[str]]
 
 
 def shared_traits(
-    affected: Collection[str], fleet: Mapping[str, Mapping[str, str]], thresholds: Thresholds = Thresholds()
+    affected: Collection[str],
+    fleet: Mapping[str, Mapping[str, str]],
+    thresholds: Thresholds = Thresholds(),
+    outside: int = 0,
 ) -> list[Trait]:
     """The label values over-represented among the `affected` hosts compared with the `fleet` (host -> {label:
     value}), most significant first; [] when the affected hosts look like a random sample of the fleet. Affected
-    hosts the fleet does not know are left out."""
+    hosts the fleet does not know are left out. Each trait names up to `outside` affected hosts without it."""
     hosts = sorted({host for host in affected if host in fleet})
     drawn, population = len(hosts), len(fleet)
     if drawn < thresholds.min_hosts or drawn >= population:
@@ -121,6 +124,7 @@ def shared_traits(
                     fleet=held,
                     fleet_total=sum(values.values()),
                     p_value=p_value,
+                    outside=[host for host in hosts if fleet[host].get(label) != value][:outside],
                 )
             )
     return sorted(found, key=lambda t: (t.p_value, -t.affected, t.label, t.value))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
-from pydantic import Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import AliasChoices, Discriminator, Field, Tag, field_validator, model_validator
 
 from bot.config import Duration
 from bot.playbooks.base import FileModel
@@ -62,6 +62,10 @@ class SignalSpec(FileModel):
         assert self.drop is not None
         return change <= -self.drop
 
+    def beyond(self, change: float, rest: float) -> bool:
+        """Whether `change` went further than `rest` in the signal's direction."""
+        return change > rest if self.rise is not None else change < rest
+
 
 class TraitCondition(FileModel):
     """A shared trait was found on a label whose name fully matches `trait` (case-insensitive), and whose value
@@ -89,16 +93,18 @@ class SignalCondition(FileModel):
 
 
 class CompanionCondition(FileModel):
-    """Another alert fires on at least `share` of the affected hosts (at least one host)."""
+    """An alert of this name fires on at least `share` of the affected hosts (at least one host), as one of the
+    incident's own alerts or beside it. Written `alert:` (or `companion:`, its older name)."""
 
-    companion: str = Field(min_length=1)
+    companion: str = Field(min_length=1, validation_alias=AliasChoices("alert", "companion"))
     share: float = Field(default=0.0, ge=0, le=1)
 
 
 def _condition_kind(value: Any) -> str | None:
-    keys = ("trait", "signal", "companion")
+    keys = ("trait", "signal", "companion", "alert")
     if isinstance(value, dict):
-        return next((key for key in keys if key in value), None)
+        found = next((key for key in keys if key in value), None)
+        return "companion" if found == "alert" else found
     if isinstance(value, TraitCondition):
         return "trait"
     if isinstance(value, SignalCondition):
@@ -113,7 +119,7 @@ IncidentCondition = Annotated[
     Discriminator(
         _condition_kind,
         custom_error_type="condition",
-        custom_error_message="an incident condition has one of the keys trait, signal, companion",
+        custom_error_message="an incident condition has one of the keys trait, signal, alert",
     ),
 ]
 
@@ -156,6 +162,12 @@ class IncidentSection(FileModel):
     window: Duration = DEFAULT_WINDOW
     signals: dict[str, SignalSpec] = Field(default_factory=dict)
     causes: list[CauseSpec] = Field(default_factory=list)
+    # Never joins another alert's incident by its host, and an incident it opens gathers only its alertname: for
+    # alerts whose cause is their own (a workload's OOM kill, a disk wearing out, the monitoring itself).
+    stands_apart: bool = False
+    # The alertnames an incident holding this alert takes on hosts that are not its members yet (within the
+    # incidents' `window` of its last join); by default the alert's own names.
+    gathers: list[str] | None = None
 
     @field_validator("signals")
     @classmethod

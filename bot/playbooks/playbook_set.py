@@ -59,9 +59,13 @@ class PlaybookSet:
         return next((p for p in self if p.name == name), None)
 
     def match(self, alert: AlertState) -> Playbook:
+        return self.match_labels(alert.labels)
+
+    def match_labels(self, labels: Mapping[str, str]) -> Playbook:
+        alertname = labels.get("alertname", "")
         for playbook, matchers in self._specific:
             assert playbook.match is not None
-            if alert.alertname in playbook.match.alertnames and all(m.matches(alert.labels) for m in matchers):
+            if alertname in playbook.match.alertnames and all(m.matches(labels) for m in matchers):
                 return playbook
         return self._generic
 

@@ -32,7 +32,9 @@ from bot.render.email import (
     thread_message_id,
 )
 from bot.render.incident_text import (
+    analysed_text,
     companion_text,
+    counts_text,
     gpu_list,
     no_trait_text,
     number,
@@ -47,6 +49,9 @@ from bot.render.incident_text import (
 MailKind = Literal["opening", "digest", "resolved"]
 # Hosts listed in the body; the attached list has every alert.
 HOST_ROWS = 50
+# The hosts a mail remembers (for the next digest to name those that joined), and those a digest names.
+_REMEMBERED_HOSTS = 1_000
+_NAMED_JOINERS = 30
 _SUBJECT_TITLE_LIMIT = 160
 # A cell a spreadsheet would read as a formula is written as text.
 _FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
@@ -70,6 +75,8 @@ def incident_snapshot(view: IncidentView) -> dict[str, Any]:
         "signals": [s.name for s in view.signals],
         "companions": [c.alertname for c in view.companions],
         "analysed": view.analysed,
+        # Which hosts the mail named, so that the next digest names those that joined since.
+        "host_names": sorted(h.host for h in view.hosts) if len(view.hosts) <= _REMEMBERED_HOSTS else None,
     }
 
 
@@ -80,6 +87,9 @@ def changes(view: IncidentView, before: Mapping[str, Any]) -> list[str]:
     if now["alerts"] != before.get("alerts") or now["hosts"] != before.get("hosts"):
         grown = now["alerts"] - int(before.get("alerts", 0))
         lines.append(f"{grown:+,} alerts: {now['alerts']:,} on {now['hosts']:,} hosts now")
+    joined = _joined(view, before.get("host_names"))
+    if joined:
+        lines.append(f"Hosts that joined: {joined}")
     resolved = int(before.get("firing", 0)) + max(0, now["alerts"] - int(before.get("alerts", 0))) - now["firing"]
     if resolved > 0:
         lines.append(f"{resolved:,} alerts resolved, {now['firing']:,} still firing")
@@ -97,6 +107,17 @@ def changes(view: IncidentView, before: Mapping[str, Any]) -> list[str]:
     if view.analysed and not before.get("analysed", False) and not found:
         lines.append(f"Evidence gathered, no likely cause: {no_trait_text(view)}")
     return lines
+
+
+def _joined(view: IncidentView, named: list[str] | None) -> str:
+    """The hosts not in the last mail's list, with the shared trait each lacks: 'k-ai-00 (outside row="C")'."""
+    if named is None:
+        return ""
+    known = set(named)
+    joined = [h for h in view.hosts if h.host not in known]
+    shown = [h.host + (f" (outside {h.outside})" if h.outside else "") for h in joined[:_NAMED_JOINERS]]
+    more = len(joined) - len(shown)
+    return ", ".join(shown) + (f" and {more:,} more (in alerts.csv)" if more > 0 else "")
 
 
 def render_incident_email(
@@ -150,14 +171,21 @@ def _lead(view: IncidentView, kind: MailKind, changed: list[str], since: datetim
 
 
 def _body(view: IncidentView) -> list[Block]:
-    blocks = [Block(title="Scope", kind="text", lines=(f"{scope_text(view.scope)}; {since_text(view)}",))]
+    scope = [f"{scope_text(view.scope)}; {since_text(view)}"]
+    counts = counts_text(view)
+    if counts:
+        scope.append(f"Alerts: {counts}")
+    blocks = [Block(title="Scope", kind="text", lines=tuple(scope))]
     if view.work:
         blocks.append(Block(title="Who is hurt", kind="text", lines=(view.work,)))
     if not view.analysed:
         blocks.append(Block(title="Evidence", kind="text", lines=("Still being gathered: a later mail tells it.",)))
     else:
-        shared = tuple(trait_text(t) for t in view.traits) or (no_trait_text(view),)
-        blocks.append(Block(title="What the affected hosts share", kind="text", lines=shared))
+        shared = tuple(trait_text(t, view.analysed_hosts) for t in view.traits) or (no_trait_text(view),)
+        note = analysed_text(view)
+        blocks.append(
+            Block(title="What the affected hosts share", kind="text", lines=shared + ((note,) if note else ()))
+        )
         if view.signals:
             blocks.append(Block(title="What moved with them", kind="text", lines=tuple(map(signal_text, view.signals))))
     if view.companions:
@@ -186,10 +214,15 @@ def _cause(view: IncidentView) -> list[Block]:
 
 
 def _hosts(view: IncidentView) -> Block:
-    rows: list[tuple[str, ...]] = [("host", "GPUs", "value", "firing", "resolved")]
+    """The hosts worst first; with each one's alertnames when the incident has several, and the shared trait it
+    lacks."""
+    several = len(view.alertnames) > 1
+    rows: list[tuple[str, ...]] = [("host", *(("alerts",) if several else ()), "GPUs", "value", "firing", "resolved")]
     for line in view.hosts[:HOST_ROWS]:
         values = value_range(line.value_min, line.value_max, view.scope.unit)
-        rows.append((line.host, gpu_list(line.gpus), values, str(line.firing), str(line.resolved)))
+        host = line.host + (f" (outside {line.outside})" if line.outside else "")
+        alerts = (", ".join(line.alertnames),) if several else ()
+        rows.append((host, *alerts, gpu_list(line.gpus), values, str(line.firing), str(line.resolved)))
     more = len(view.hosts) - HOST_ROWS
     title = "Hosts, worst first" + (f" (the first {HOST_ROWS}; {more:,} more in alerts.csv)" if more > 0 else "")
     return Block(title=title, kind="table", rows=tuple(rows))

@@ -43,9 +43,19 @@ def _of(value: int, total: int | None, noun: str) -> str:
     return f"{value:,} of {total:,} {noun}s"
 
 
+def hosts_text(scope: Scope) -> str:
+    """'150 of 1,000 hosts'; '31 hosts (30 not known to Prometheus: k-ai-00, ...)' when its fleet lacks some."""
+    text = _of(scope.hosts, scope.fleet_hosts, "host")
+    if scope.unknown_hosts:
+        named = ", ".join(scope.unknown)
+        more = " ..." if scope.unknown_hosts > len(scope.unknown) else ""
+        text += f" ({scope.unknown_hosts:,} not known to Prometheus: {named}{more})"
+    return text
+
+
 def scope_text(scope: Scope) -> str:
     """'1,200 alerts on 150 of 1,000 hosts, 1,200 of 8,000 GPUs, 93 to 95 °C'."""
-    parts = [_count(scope.alerts, "alert") + " on " + _of(scope.hosts, scope.fleet_hosts, "host")]
+    parts = [_count(scope.alerts, "alert") + " on " + hosts_text(scope)]
     if scope.gpus:
         parts.append(_of(scope.gpus, scope.fleet_gpus, "GPU"))
     if scope.firing != scope.alerts:
@@ -56,25 +66,70 @@ def scope_text(scope: Scope) -> str:
     return ", ".join(parts)
 
 
+def counts_text(view: IncidentView) -> str:
+    """'GPUTempCritical 400 · GPUMemoryTempHigh 380 · InletTemperatureHigh 50': what each of its alertnames is
+    about (GPUs, sensors); '' for an incident of one alertname."""
+    if len(view.counts) < 2:
+        return ""
+    return " · ".join(f"{c.alertname} {c.count:,}" for c in view.counts)
+
+
+def analysed_text(view: IncidentView) -> str:
+    """Which part of the incident the analysis read, when it is not all of it; '' when it is."""
+    read = view.analysed_hosts
+    if not view.analysed or read is None or read == view.scope.hosts or view.analysed_at is None:
+        return ""
+    return (
+        f"Found among the {read:,} hosts it had at {view.analysed_at:%H:%M:%S} UTC; "
+        "read again once no host joins for a moment."
+    )
+
+
 def since_text(view: IncidentView) -> str:
     return f"since {_utc(view.scope.since)}"
 
 
-def trait_text(trait: Trait) -> str:
-    """'48 of 50 affected hosts have row="C"; row="C" has 52 of 1,000 hosts in the fleet'."""
+def affected_text(trait: Trait, analysed: int | None) -> str:
+    """'48 of 50 affected hosts', or 'of the 49 affected hosts whose row is known' when the fleet does not know it
+    for all of the hosts the analysis read."""
+    if analysed is None or trait.affected_total == analysed:
+        return f"{trait.affected:,} of {trait.affected_total:,} affected hosts"
+    return f"{trait.affected:,} of the {trait.affected_total:,} affected hosts whose {trait.label} is known"
+
+
+def trait_text(trait: Trait, analysed: int | None = None) -> str:
+    """'48 of 50 affected hosts have row="C"; row="C" has 52 of 1,000 hosts in the fleet; not on k-ai-00'."""
     pair = f'{trait.label}="{trait.value}"'
-    return (
-        f"{trait.affected:,} of {trait.affected_total:,} affected hosts have {pair}; "
+    text = (
+        f"{affected_text(trait, analysed)} have {pair}; "
         f"{pair} has {trait.fleet:,} of {trait.fleet_total:,} hosts in the fleet"
     )
+    outside = trait.affected_total - trait.affected
+    if trait.outside:
+        text += f"; not on {', '.join(trait.outside)}" + (" ..." if outside > len(trait.outside) else "")
+    return text
+
+
+# Why no shared trait is stated, by what became of the fleet's reading, with what to check.
+_NO_TRAIT = {
+    "none": "Not known: no Prometheus is configured (enrichment.prometheus), so the hosts were compared with nothing.",
+    "unanswered": (
+        "Not known: Prometheus did not answer, so the hosts were compared with nothing; check that the bot reaches "
+        "enrichment.prometheus.url (its log says what failed)."
+    ),
+    "empty": (
+        "Not known: Prometheus answered but holds no GPU series (DCGM_FI_DEV_GPU_TEMP), so the hosts were compared "
+        "with nothing; check that it scrapes dcgm-exporter on the GPU hosts."
+    ),
+    "read": "Nothing stands out: the affected hosts look like any hosts of the fleet.",
+}
 
 
 def no_trait_text(view: IncidentView) -> str:
-    """Why no shared trait is stated: the hosts look like the fleet, or the fleet was never read to compare them
-    with (no Prometheus, or it did not answer), which says nothing of them."""
-    if view.scope.fleet_hosts is None:
-        return "Not known: the fleet could not be read (no Prometheus, or it did not answer), so nothing was compared."
-    return "Nothing stands out: the affected hosts look like any hosts of the fleet."
+    """Why no shared trait is stated: the hosts look like the fleet, or the fleet was not read (no Prometheus, it
+    did not answer, or it holds no GPU series), which says nothing of them."""
+    state = view.fleet or ("read" if view.scope.fleet_hosts is not None else "unanswered")  # an older analysis
+    return _NO_TRAIT[state]
 
 
 def signal_text(signal: Signal) -> str:
@@ -92,9 +147,14 @@ def companion_text(companion: Companion) -> str:
     return f"{companion.alertname} firing on {_count(companion.hosts, 'host')}"
 
 
-def host_text(line: HostLine, unit: str = "") -> str:
-    """'k-ai-107 · GPUs 0-7 · 93 to 95 °C · 8 firing'."""
+def host_text(line: HostLine, unit: str = "", several: bool = False) -> str:
+    """'k-ai-107 · GPUs 0-7 · 93 to 95 °C · 8 firing'; with its alertnames when the incident has `several`, and the
+    shared trait it lacks ('outside row="C"')."""
     parts = [line.host]
+    if several:
+        parts.append(", ".join(line.alertnames))
+    if line.outside:
+        parts.append(f"outside {line.outside}")
     if line.gpus:
         parts.append(("GPU " if len(line.gpus) == 1 else "GPUs ") + gpu_list(line.gpus))
     values = value_range(line.value_min, line.value_max, unit)

@@ -1,10 +1,10 @@
 """An incident as PagerDuty Events API v2 events: one trigger with the incident's own dedup_key, sent again (same
 key) only when the incident changed materially, and one resolve.
 
-Material (`material`): the severity, the likely cause, the shared traits, the correlated signals, and the number
-of hosts by powers of two (1, 2-3, 4-7, ... 128-255): an incident that grows from one host to 150 updates its
-PagerDuty alert about eight times, not once per version, which keeps it far below PagerDuty's 120 events a minute
-per routing key while still saying on the responder's phone how far it reaches.
+Material (`material`): the severity, the likely cause, the shared traits, the correlated signals (`findings`), and
+which hosts it holds: a host that joins is named to PagerDuty within seconds. The sink paces updates that only add
+hosts (bot/sinks/pagerduty_incident.py), which keeps an incident growing over 150 hosts far below PagerDuty's 120
+events a minute per routing key.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from bot.config import PagerDutyReceiver
 from bot.incident.model import IncidentView, incident_key
 from bot.render.incident_text import (
     companion_text,
+    counts_text,
     first_action,
     host_text,
     scope_text,
@@ -30,6 +31,8 @@ from bot.render.pagerduty import DEDUP_KEY_LIMIT, SUMMARY_LIMIT
 
 # Host lines in custom_details; the full list is in Slack's attached file and the email's alerts.csv.
 HOST_LINES = 30
+# Hosts named in custom_details' `every_host`: about 10 KB of PagerDuty's 512 KB event.
+NAMED_HOSTS = 1_000
 # Earlier pages named in custom_details as resolved into the incident.
 EARLIER_PAGES = 50
 _WHITESPACE = re.compile(r"\s+")
@@ -40,15 +43,23 @@ def incident_dedup_key(incident_id: str) -> str:
     return key if len(key) <= DEDUP_KEY_LIMIT else "sha256:" + hashlib.sha256(key.encode()).hexdigest()
 
 
-def material(view: IncidentView) -> str:
-    """What must change for PagerDuty to hear of the incident again (see the module docstring), as a digest."""
+def findings(view: IncidentView) -> str:
+    """What the incident says beyond its hosts (severity, cause, traits, signals), as a digest."""
     facts = {
         "severity": view.severity,
         "cause": view.cause.key if view.cause else "",
         "traits": sorted(f"{t.label}={t.value}" for t in view.traits),
         "signals": sorted(s.name for s in view.signals),
-        "hosts": view.scope.hosts.bit_length(),
     }
+    return _digest(facts)
+
+
+def material(view: IncidentView) -> str:
+    """What must change for PagerDuty to hear of the incident again (see the module docstring), as a digest."""
+    return _digest({"findings": findings(view), "hosts": sorted(h.host for h in view.hosts)})
+
+
+def _digest(facts: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -100,7 +111,7 @@ def _details(view: IncidentView, earlier_pages: list[str]) -> dict[str, Any]:
     details: dict[str, Any] = {
         "incident": view.id,
         "scope": f"{scope_text(view.scope)}; {since_text(view)}",
-        "shared_traits": [trait_text(t) for t in view.traits],
+        "shared_traits": [trait_text(t, view.analysed_hosts) for t in view.traits],
         "signals": [signal_text(s) for s in view.signals],
         "other_alerts_on_these_hosts": [companion_text(c) for c in view.companions],
     }
@@ -116,9 +127,19 @@ def _details(view: IncidentView, earlier_pages: list[str]) -> dict[str, Any]:
         }
     elif not view.analysed:
         details["cause"] = "still being gathered"
+    several = len(view.alertnames) > 1
+    counts = counts_text(view)
+    if counts:
+        details["alerts"] = counts
     more = len(view.hosts) - HOST_LINES
-    details["hosts_worst_first"] = [host_text(line, view.scope.unit) for line in view.hosts[:HOST_LINES]] + (
+    details["hosts_worst_first"] = [host_text(line, view.scope.unit, several) for line in view.hosts[:HOST_LINES]] + (
         [f"and {more:,} more hosts"] if more > 0 else []
+    )
+    named = sorted(line.host for line in view.hosts)
+    details["every_host"] = ", ".join(named[:NAMED_HOSTS]) + (
+        f" and {len(named) - NAMED_HOSTS:,} more (every alert: the mail's alerts.csv, Slack's attached list)"
+        if len(named) > NAMED_HOSTS
+        else ""
     )
     if earlier_pages:
         details["earlier_pages_resolved_into_this_incident"] = earlier_pages[:EARLIER_PAGES]

@@ -106,7 +106,7 @@ def start_processing(
     metrics.init_receivers(sinks)
     outbox = Outbox(store, sinks, config.outbox, metrics, receiver_lease=config.store.receiver_lease, clock=clock)
     enrichers = build_enrichers(config.enrichment, store, metrics, playbooks.xid_catalog, config.remediation)
-    incidents = IncidentStage(store, config.incidents, incident_analyser(config))
+    incidents = IncidentStage(store, config.incidents, playbooks, incident_analyser(config), metrics, clock)
     pipeline = Pipeline(
         store,
         enrichers,

@@ -75,7 +75,7 @@ SINK_TYPES: dict[type[Any], SinkType[Any]] = {
         preview=EmailRendering,
     ),
     PagerDutyReceiver: SinkType[PagerDutyReceiver](
-        build=lambda receiver, shared: PagerDutySink(receiver, shared.store),
+        build=lambda receiver, shared: PagerDutySink(receiver, shared.store, clock=shared.clock),
         preview=PagerDutyRendering,
     ),
     SlackReceiver: SinkType[SlackReceiver](

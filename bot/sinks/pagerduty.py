@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import PagerDutyReceiver
 from bot.failure import what_failed
 from bot.models import Delivery
@@ -51,13 +52,17 @@ class PagerDutySink:
     """`transport`: how requests reach PagerDuty (httpx's own by default; a test or a proxy set-up may give one)."""
 
     def __init__(
-        self, config: PagerDutyReceiver, store: Store, transport: httpx.AsyncBaseTransport | None = None
+        self,
+        config: PagerDutyReceiver,
+        store: Store,
+        transport: httpx.AsyncBaseTransport | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.name = config.name
         self._config = config
         self._rendering = PagerDutyRendering(config)
         self._pages = OpenPages(store, config.name)
-        self._incidents = IncidentPages(config, store, self._pages)
+        self._incidents = IncidentPages(config, store, self._pages, clock)
         self._client = httpx.AsyncClient(
             timeout=config.timeout,
             headers={"Content-Type": "application/json", "User-Agent": "gpu-alert-bot"},

@@ -20,15 +20,19 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import PagerDutyReceiver
 from bot.incident.lines import alert_lines
 from bot.incident.model import IncidentView, incident_key
-from bot.render.pagerduty_incident import incident_dedup_key, incident_trigger, material, resolve_event
+from bot.render.pagerduty_incident import findings, incident_dedup_key, incident_trigger, material, resolve_event
 from bot.sinks.base import DeliveryResult
 from bot.store.base import Store
 
 Post = Callable[[dict[str, Any]], Awaitable[DeliveryResult]]
 PAGES_KEY = "pages"
+# An update that only names hosts that joined waits this long after the last one: within seconds on the responder's
+# phone, at most 6 events a minute for an incident however fast it grows.
+HOSTS_PACE = 10.0
 
 
 class OpenPages:
@@ -67,10 +71,11 @@ class OpenPages:
 
 
 class IncidentPages:
-    def __init__(self, config: PagerDutyReceiver, store: Store, pages: OpenPages) -> None:
+    def __init__(self, config: PagerDutyReceiver, store: Store, pages: OpenPages, clock: Clock = SYSTEM_CLOCK) -> None:
         self._config = config
         self._store = store
         self._pages = pages
+        self._clock = clock
 
     async def deliver(self, view: IncidentView, routing_key: str, post: Post) -> DeliveryResult:
         key = incident_key(view.id)
@@ -90,15 +95,35 @@ class IncidentPages:
         digest = material(view)
         # Firing again after its resolve: the same dedup_key opens a new PagerDuty alert.
         if not state.get("triggered") or state.get("resolved") or state.get("material") != digest:
+            wait = self._paced(state, view)
+            if wait > 0:
+                return DeliveryResult.hold(wait, "pagerduty_pace")
             absorbed = sorted({*state.get("absorbed", []), *earlier.values()})
             result = await post(incident_trigger(view, self._config, routing_key, absorbed))
             if not result.delivered:
                 return result
-            state = await self._save(key, state, material=digest, triggered=True, resolved=False, absorbed=absorbed)
+            now = self._clock.now().timestamp()
+            state = await self._save(
+                key,
+                state,
+                material=digest,
+                findings=findings(view),
+                triggered=True,
+                triggered_at=now,
+                resolved=False,
+                absorbed=absorbed,
+            )
         result = await self._resolve_earlier(earlier, routing_key, post)
         if result.delivered:
             await self._save(key, state, version=view.version)
         return result
+
+    def _paced(self, state: dict[str, Any], view: IncidentView) -> float:
+        """Seconds to wait before an update that only names more hosts (an incident growing host by host updates
+        its alert at most every `HOSTS_PACE` seconds); 0 for anything else."""
+        if not state.get("triggered") or state.get("resolved") or state.get("findings") != findings(view):
+            return 0.0
+        return float(state.get("triggered_at", 0.0)) + HOSTS_PACE - self._clock.now().timestamp()
 
     async def _resolve_earlier(self, earlier: dict[str, str], routing_key: str, post: Post) -> DeliveryResult:
         """Resolve the members' own pages, each forgotten as soon as PagerDuty took its resolve."""

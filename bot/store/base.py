@@ -13,7 +13,9 @@ from datetime import datetime
 from typing import Any, Literal, Protocol
 
 from bot.dedup import AlertDecision
+from bot.incident.membership import IncidentArrival, IncidentRule, Membership
 from bot.incident.model import AlertLine
+from bot.incident.record import IncidentAdvance, IncidentRecord, Origin
 from bot.models import (
     AlertState,
     AmAlert,
@@ -33,7 +35,7 @@ from bot.store.entries import AuditEntry as AuditEntry
 from bot.store.entries import BreakerState as BreakerState
 from bot.store.entries import DeliveryRecord as DeliveryRecord
 from bot.store.entries import WatchdogRecord as WatchdogRecord
-from bot.store.incidents import IncidentArrival, IncidentRecord, IncidentRule, Lane, Membership, Origin
+from bot.store.incidents import Lane
 
 # The part of the bot a process runs (`serve --role`): "all" is ingest and worker in one process. An SQLite store
 # takes one ingest and one worker, whether they share a process or not.
@@ -146,12 +148,21 @@ class Store(abc.ABC):
         self, arrivals: Sequence[IncidentArrival], rule: IncidentRule
     ) -> dict[str, Membership]:
         """In one transaction: the incident each arriving alert belongs to (by its key; none: alone), opening and
-        joining incidents as `bot.store.incidents.decide_memberships` says."""
+        joining incidents as `bot.incident.membership` says."""
 
     @abc.abstractmethod
-    async def advance_incidents(self, analyses: Mapping[str, dict[str, Any] | None]) -> list[IncidentRecord]:
+    async def advance_incidents(self, changes: Mapping[str, IncidentAdvance]) -> list[IncidentRecord]:
         """In one transaction, for each incident id: a new version, its analysis kept when one is given (None keeps
-        the last), resolved when none of its members fires (open again when one does). Returns them as they are."""
+        the one it has), the receivers added to those told of it, its state from its alerts' (resolved when none
+        fires, open again when one does). Returns the records at their new versions."""
+
+    @abc.abstractmethod
+    async def incidents_to_settle(self, quiet: float) -> list[str]:
+        """The open incidents that gained a host since their last analysis, and none for `quiet` seconds."""
+
+    @abc.abstractmethod
+    async def incident_analysis_tried(self, incident_id: str) -> None:
+        """Its analysis was tried now (it failed): not due to settle again until a host joins."""
 
     @abc.abstractmethod
     async def get_incident(self, incident_id: str) -> IncidentRecord | None:

@@ -523,8 +523,13 @@ COPIED_TABLES: dict[str, tuple[str, ...]] = {
         "resolved_at",
         "version",
         "analysis",
+        "gathers",
+        "apart",
+        "grew_at",
+        "analysed_at",
+        "receivers",
     ),
-    "incident_members": ("alert_key", "incident_id", "joined_at", "alone"),
+    "incident_members": ("alert_key", "incident_id", "joined_at", "alone", "host"),
 }
 # Tables whose ids are copied as they are: the destination's id sequence must then go on after them.
 COPIED_WITH_SERIAL_ID = frozenset({"action_runs"})

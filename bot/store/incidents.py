@@ -1,154 +1,61 @@
-"""What both store backends decide about incidents: which arriving alert opens one, joins one or stays alone.
-
-An incident groups the alerts of one alertname: more than `threshold` new ones within `window` open it, and the
-alerts of that alertname arriving while it is open (the last one joined within `window`) join it. The alerts counted
-to open it are its first members; those already told on their own (their firing event routed before) keep their
-own messages (`alone`). A backend reads what the decision needs in one transaction, calls `decide_memberships`,
-and writes what it returns in that same transaction, so replicas sharing the store agree.
+"""The incidents' SQL both store backends run, and their rows read back: the rule of which arriving alert opens
+an incident, joins one or stays alone is bot/incident/membership.py's. A backend reads what the rule needs in one
+transaction, applies it, and writes what it decides in that same transaction, so replicas sharing the store agree.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 from bot.incident.members import MemberSummary, alert_line
+from bot.incident.membership import Candidate, IncidentRule, Membership, MembershipPlan, OpenIncident
 from bot.incident.model import INCIDENT_KEY_PREFIX, AlertLine
-from bot.models import short_id
+from bot.incident.record import IncidentRecord, Origin
+from bot.models import host_from_labels
 
-IncidentState = Literal["open", "resolved"]
-# Where an incident's alerts come from: the values of some labels (those a site is picked by), and a generatorURL.
-Origin = tuple[dict[str, str], str]
 # A receiver's deliveries go in two lanes: an alert's never wait behind an incident's, and the other way round.
 Lane = Literal["alerts", "incidents"]
 _PREFIX_LENGTH = len(INCIDENT_KEY_PREFIX)
 
 
-@dataclass(frozen=True)
-class IncidentRule:
-    threshold: int
-    window: float
-
-
-@dataclass(frozen=True)
-class IncidentArrival:
-    """An event's alert as the incident stage sees it: `new` for a new firing alert (it may open or join one)."""
-
-    alert_key: str
-    alertname: str
-    playbook: str
-    new: bool
-
-
-@dataclass(frozen=True)
-class Membership:
-    incident_id: str
-    # Told on its own before the incident opened: it keeps its own messages, and its changes update the incident.
-    alone: bool
-    # This arrival opened the incident.
-    opened: bool = False
-
-
-@dataclass(frozen=True)
-class OpenIncident:
-    id: str
-    alertname: str
-    last_joined_at: float
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A firing alert of the window, in no incident yet; `told`: its firing was routed already."""
-
-    alert_key: str
-    alertname: str
-    told: bool
-
-
-@dataclass
-class MembershipPlan:
-    """What the decision writes: incidents to open, members to add, open incidents whose last join moves."""
-
-    opened: list[tuple[str, str, str]] = field(default_factory=list)  # (id, alertname, playbook)
-    members: list[tuple[str, str, bool]] = field(default_factory=list)  # (alert_key, incident_id, alone)
-    joined: set[str] = field(default_factory=set)  # incident ids whose last_joined_at becomes now
-    result: dict[str, Membership] = field(default_factory=dict)  # per arriving alert key
-
-
-def decide_memberships(
-    arrivals: Sequence[IncidentArrival],
-    known: Mapping[str, Membership],
-    open_incidents: Mapping[str, OpenIncident],
-    candidates: Sequence[Candidate],
-    rule: IncidentRule,
-    now: float,
-) -> MembershipPlan:
-    """`known`: the memberships the arrivals have already; `open_incidents`: by alertname, the open incident a new
-    alert may join; `candidates`: firing alerts of the arrivals' alertnames first seen within the window, in none."""
-    plan = MembershipPlan()
-    plan.result.update({a.alert_key: known[a.alert_key] for a in arrivals if a.alert_key in known})
-    fresh = [a for a in arrivals if a.new and a.alert_key not in known]
-    arriving = {a.alert_key for a in fresh}
-    for alertname in sorted({a.alertname for a in fresh}):
-        mine = [a for a in fresh if a.alertname == alertname]
-        incident = open_incidents.get(alertname)
-        if incident is not None and now - incident.last_joined_at <= rule.window:
-            for arrival in mine:
-                plan.members.append((arrival.alert_key, incident.id, False))
-                plan.result[arrival.alert_key] = Membership(incident.id, alone=False)
-            plan.joined.add(incident.id)
-            continue
-        counted = [c for c in candidates if c.alertname == alertname and c.alert_key not in known]
-        keys = {c.alert_key for c in counted} | {a.alert_key for a in mine}
-        if len(keys) <= rule.threshold:
-            continue
-        incident_id = short_id(f"incident/{alertname}/{now!r}")
-        plan.opened.append((incident_id, alertname, mine[0].playbook))
-        for candidate in counted:
-            if candidate.alert_key not in arriving:
-                plan.members.append((candidate.alert_key, incident_id, candidate.told))
-        for arrival in mine:
-            plan.members.append((arrival.alert_key, incident_id, False))
-            plan.result[arrival.alert_key] = Membership(incident_id, alone=False, opened=True)
-    return plan
-
-
-# --- the incident as kept, for building its view and its record -----------------------------------------
-@dataclass(frozen=True)
-class IncidentRecord:
-    id: str
-    alertname: str
-    playbook: str
-    state: IncidentState
-    opened_at: datetime
-    resolved_at: datetime | None
-    version: int
-    # The incident-level evidence as last gathered (traits, signals, cause...), JSON; None: not gathered yet.
-    analysis: dict[str, Any] | None
-    # Its alerts folded by host: a record holds its hosts, not its alerts (`Store.incident_alerts` lists those).
-    summary: MemberSummary
-
-
 # --- SQL both backends run ({p}: the backend's placeholder) ------------------------------------------------
-# Firing alerts of one alertname first seen since a time and in no incident; `told`: their firing event was routed.
-CANDIDATES = """SELECT a.key, a.alertname,
+# Firing alerts in no incident first seen since a time (any alertname: the rule reads their hosts from their labels);
+# `told`: their firing event was routed.
+CANDIDATES = """SELECT a.key, a.alertname, a.labels, a.first_seen,
        EXISTS (SELECT 1 FROM events e WHERE e.alert_key = a.key AND e.state = 'routed') AS told
   FROM alerts a
- WHERE a.alertname = {p} AND a.status = 'firing' AND a.first_seen >= {p}
+ WHERE a.status = 'firing' AND a.last_seen >= {p} AND a.first_seen >= {p}
    AND NOT EXISTS (SELECT 1 FROM incident_members m WHERE m.alert_key = a.key)"""
-OPEN_INCIDENT = """SELECT id, alertname, last_joined_at FROM incidents WHERE alertname = {p} AND state = 'open'
- ORDER BY opened_at DESC LIMIT 1"""
+OPEN_INCIDENTS = (
+    "SELECT id, last_joined_at, gathers, apart FROM incidents WHERE state = 'open' AND last_joined_at >= {p}"
+)
+# Which of some open incidents each of some hosts is in ({hosts}, {ids}: the backend's list expressions).
+HOST_INCIDENTS = (
+    "SELECT DISTINCT m.host, m.incident_id FROM incident_members m WHERE m.host {hosts} AND m.incident_id {ids}"
+)
+SQLITE_IN_LIST = "IN (SELECT value FROM json_each(?))"
+POSTGRESQL_IN_LIST = "= ANY(%s)"
 MEMBERSHIP = "SELECT m.incident_id, m.alone FROM incident_members m WHERE m.alert_key = {p}"
-OPEN = """INSERT INTO incidents (id, alertname, playbook, state, opened_at, last_joined_at, version)
- VALUES ({p}, {p}, {p}, 'open', {p}, {p}, 0)"""
-ADD_MEMBER = "INSERT INTO incident_members (alert_key, incident_id, joined_at, alone) VALUES ({p}, {p}, {p}, {p})"
-JOINED = "UPDATE incidents SET last_joined_at = {p} WHERE id = {p}"
+OPEN = """INSERT INTO incidents
+       (id, alertname, playbook, state, opened_at, last_joined_at, grew_at, version, gathers, apart)
+ VALUES ({p}, {p}, {p}, 'open', {p}, {p}, {p}, 0, {p}, {p})"""
+ADD_MEMBER = """INSERT INTO incident_members (alert_key, incident_id, joined_at, alone, host)
+ VALUES ({p}, {p}, {p}, {p}, {p})"""
+JOINED = "UPDATE incidents SET last_joined_at = {p}, gathers = {p} WHERE id = {p}"
+GREW = "UPDATE incidents SET grew_at = {p} WHERE id = {p}"
+# Open incidents that gained hosts since their last analysis and none for a while: due to be analysed again.
+TO_SETTLE = """SELECT id FROM incidents
+ WHERE state = 'open' AND grew_at <= {p} AND (analysed_at IS NULL OR analysed_at < grew_at)
+ ORDER BY grew_at LIMIT 20"""
+ANALYSIS_TRIED = "UPDATE incidents SET analysed_at = {p} WHERE id = {p}"
 # A new version of each changed incident; it is resolved when none of its members fires, open again when one does.
 ADVANCE = """UPDATE incidents SET version = version + 1,
        analysis = COALESCE({p}, analysis),
+       analysed_at = COALESCE({p}, analysed_at),
+       receivers = {p},
        state = CASE WHEN EXISTS (SELECT 1 FROM incident_members m JOIN alerts a ON a.key = m.alert_key
                                   WHERE m.incident_id = incidents.id AND a.status = 'firing')
                     THEN 'open' ELSE 'resolved' END,
@@ -209,6 +116,60 @@ def lane_condition(lane: Lane, not_blocked: str) -> str:
     return f"NOT {IS_INCIDENT_DELIVERY} AND {not_blocked}"
 
 
+# --- what the membership rule reads, and writes -----------------------------------------------------------
+def membership_from_row(row: Any) -> Membership:
+    return Membership(row["incident_id"], bool(row["alone"]))
+
+
+def open_incident_from_row(row: Any) -> OpenIncident:
+    return OpenIncident(row["id"], row["last_joined_at"], frozenset(json.loads(row["gathers"])), bool(row["apart"]))
+
+
+def host_incidents_from_rows(rows: Sequence[Any]) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for row in rows:
+        found.setdefault(row["host"], []).append(row["incident_id"])
+    return found
+
+
+def candidates_from_rows(rows: Sequence[Any], rule: IncidentRule) -> list[Candidate]:
+    """`CANDIDATES`' rows with their hosts and policies; those no incident takes (the bot's own alerts) left out."""
+    found = []
+    for row in rows:
+        labels = json.loads(row["labels"])
+        policy = rule.policy(labels)
+        if policy is not None:
+            host = host_from_labels(labels)
+            found.append(Candidate(row["key"], row["alertname"], host, row["first_seen"], bool(row["told"]), policy))
+    return found
+
+
+PlanWrites = list[tuple[str, list[tuple[Any, ...]]]]
+
+
+def plan_writes(plan: MembershipPlan, now: float) -> PlanWrites:
+    """The statements (SQL with `{p}` placeholders, rows) that write a plan."""
+    opened = [
+        (i, name, book, now, now, now, _names(plan.gathers.get(i)), int(apart)) for i, name, book, apart in plan.opened
+    ]
+    members = [(m.alert_key, m.incident_id, now, int(m.alone), m.host) for m in plan.members]
+    joined = [(now, _names(plan.gathers.get(i)), i) for i in sorted(plan.joined - {i for i, *_ in plan.opened})]
+    grew = [(now, i) for i in sorted(plan.grew - {i for i, *_ in plan.opened})]
+    return [(OPEN, opened), (ADD_MEMBER, members), (JOINED, joined), (GREW, grew)]
+
+
+def _names(names: frozenset[str] | None) -> str:
+    return json.dumps(sorted(names or ()))
+
+
+def advance_values(row: Any, analysis: dict[str, Any] | None, receivers: frozenset[str], now: float) -> tuple[Any, ...]:
+    """`ADVANCE`'s values for an incident's row (before it), the analysis gathered (None: none) and the receivers
+    its changed alerts' firing went to."""
+    told = sorted(set(json.loads(row["receivers"])) | receivers)
+    stored = None if analysis is None else json.dumps(analysis)
+    return (stored, None if analysis is None else now, json.dumps(told), now, row["id"])
+
+
 def incident_from_rows(row: Any, summary: MemberSummary) -> IncidentRecord:
     """A record from its row and its members folded."""
     analysis = row["analysis"]
@@ -222,6 +183,8 @@ def incident_from_rows(row: Any, summary: MemberSummary) -> IncidentRecord:
         version=row["version"],
         analysis=json.loads(analysis) if analysis else None,
         summary=summary,
+        receivers=tuple(json.loads(row["receivers"])),
+        analysed_at=dt(row["analysed_at"]),
     )
 
 

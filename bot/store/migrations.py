@@ -13,7 +13,8 @@ from bot.store.base import StoreUnavailable
 # 2: the webhooks and their idempotency keys are written to an inbox file of their own (bot/store/sqlite/inbox.py).
 # 3: alerts.silence_claimed_at (one silence per alert) and remediation_breaker_window (a reset starts a window).
 # 4: incidents and their members (bot/incident/).
-SQLITE_SCHEMA_VERSION = 4
+# 5: incidents gather alerts of any alertname on their hosts (their members' hosts, gathered alertnames, receivers).
+SQLITE_SCHEMA_VERSION = 5
 
 
 class SchemaTooNew(StoreUnavailable):
@@ -268,6 +269,26 @@ CREATE TABLE incident_members (
     alone INTEGER NOT NULL
 );
 CREATE INDEX incident_members_incident ON incident_members(incident_id);
+""",
+    )
+)
+POSTGRESQL_MIGRATIONS.append(
+    (
+        6,
+        """
+-- Incidents gather alerts of any alertname on their hosts: the host of each member, the alertnames an incident takes
+-- on new hosts (each gathers its own, as before), whether it stands apart, when a host last joined, its last
+-- analysis, and the receivers told of it.
+ALTER TABLE incident_members ADD COLUMN host TEXT NOT NULL DEFAULT '';
+CREATE INDEX incident_members_host ON incident_members(host);
+ALTER TABLE incidents ADD COLUMN gathers TEXT NOT NULL DEFAULT '[]';
+ALTER TABLE incidents ADD COLUMN apart INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE incidents ADD COLUMN grew_at DOUBLE PRECISION;
+ALTER TABLE incidents ADD COLUMN analysed_at DOUBLE PRECISION;
+ALTER TABLE incidents ADD COLUMN receivers TEXT NOT NULL DEFAULT '[]';
+UPDATE incidents SET gathers = json_build_array(alertname)::text,
+       receivers = (SELECT COALESCE(json_agg(DISTINCT d.receiver), '[]'::json)::text FROM deliveries d
+                     WHERE d.alert_key = 'incident:' || incidents.id);
 """,
     )
 )

@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from bot.incident.model import Cause, Companion, IncidentView, Signal
+from bot.incident.model import Cause, Companion, IncidentView, Signal, Trait
 from bot.message import format_duration
-from bot.render.incident_text import no_trait_text
+from bot.render.incident_text import affected_text, analysed_text, counts_text, hosts_text, no_trait_text
 from bot.render.slack.alert import FALLBACK_BUDGET, Controls
 from bot.render.slack.blockkit import (
     MAX_BUTTON_TEXT,
@@ -58,6 +58,9 @@ def incident_card(view: IncidentView, controls: Controls = Controls()) -> Payloa
     if resolved:
         blocks.append(_section(recovery_text(view)))
     if view.analysed:
+        note = analysed_text(view)
+        if note:
+            blocks.append(context_block(escape(note)))
         blocks.append(_section(_traits_text(view)))
         moved = _signals_text(view.signals, view.companions)
         if moved:
@@ -120,7 +123,8 @@ def _share(part: int, whole: int | None, what: str) -> str:
 
 def _scope_line(view: IncidentView) -> str:
     scope = view.scope
-    return f"{_share(scope.hosts, scope.fleet_hosts, 'host')}, {_share(scope.gpus, scope.fleet_gpus, 'GPU')}"
+    gpus = f", {_share(scope.gpus, scope.fleet_gpus, 'GPU')}" if scope.gpus else ""
+    return f"{escape(hosts_text(scope))}{gpus}"
 
 
 def scope_text(view: IncidentView) -> str:
@@ -130,9 +134,13 @@ def scope_text(view: IncidentView) -> str:
         f"*Scope:* {_scope_line(view)}; {number(scope.alerts)} alert{'s' if scope.alerts != 1 else ''} ({firing})",
         f"*Since:* {scope.since:%Y-%m-%d %H:%M:%S} UTC",
     ]
+    counts = counts_text(view)
+    if counts:
+        lines.append(f"*Alerts:* {escape(counts)}")
     values = value_range(scope.value_min, scope.value_max, scope.unit)
     if values:
-        lines.append(f"*Value:* {escape(values)}")
+        of = f"{scope.value_alertname} " if counts else ""
+        lines.append(f"*Value:* {escape(of + values)}")
     if view.work:
         lines.append(f"*Who is hurt:* {escape(view.work)}")
     return "\n".join(lines)
@@ -152,12 +160,20 @@ def _traits_text(view: IncidentView) -> str:
     if not traits:
         return f"*What they share:* {escape(no_trait_text(view))}"
     lines = [
-        f"• {number(t.affected)} of {number(t.affected_total)} affected hosts have "
+        f"• {escape(affected_text(t, view.analysed_hosts))} have "
         f'`{escape(t.label)}="{escape(t.value)}"`, against {number(t.fleet)} of the fleet\'s '
-        f"{number(t.fleet_total)} hosts (p = {t.p_value:.1g} by chance)"
+        f"{number(t.fleet_total)} hosts (p = {t.p_value:.1g} by chance){_outside(t)}"
         for t in traits[:_MAX_TRAITS]
     ]
     return "*What they share:*\n" + "\n".join(lines)
+
+
+def _outside(trait: Trait) -> str:
+    if not trait.outside:
+        return ""
+    named = ", ".join(f"`{escape(host)}`" for host in trait.outside)
+    more = " …" if trait.affected_total - trait.affected > len(trait.outside) else ""
+    return f"; not on {named}{more}"
 
 
 def _signals_text(signals: Sequence[Signal], companions: Sequence[Companion]) -> str:

@@ -28,10 +28,15 @@ _HOST_LINE_BUDGET = 170
 _NUMBER = re.compile(r"^\d+$")
 
 
-def host_line(host: HostLine, unit: str, severity: str) -> str:
-    """`k-ai-107` · GPUs 0-7 · 93-95 °C · ids `a` `b` …: one host of the incident as one line of mrkdwn."""
+def host_line(host: HostLine, unit: str, severity: str, several: bool = False) -> str:
+    """`k-ai-107` · GPUs 0-7 · 93-95 °C · ids `a` `b` …: one host of the incident as one line of mrkdwn; with its
+    alertnames when the incident has `several`, and the shared trait it lacks."""
     emoji = RESOLVED_EMOJI if host.firing == 0 and host.resolved else severity_emoji(severity)
     parts = [f"{emoji} `{escape(host.host)}`"]
+    if several:
+        parts.append(escape(", ".join(host.alertnames)))
+    if host.outside:
+        parts.append(f"outside `{escape(host.outside)}`")
     if host.gpus:
         parts.append(gpus_text(host.gpus))
     values = value_range(host.value_min, host.value_max, unit, "-")
@@ -88,7 +93,8 @@ def hosts_reply(view: IncidentView, hosts: Sequence[str], first: int) -> Payload
     by_name = {h.host: h for h in view.hosts}
     order = {h.host: n for n, h in enumerate(view.hosts)}
     shown = sorted((h for h in hosts if h in by_name), key=lambda h: order[h])
-    lines = [host_line(by_name[h], view.scope.unit, view.severity) for h in shown]
+    several = len(view.alertnames) > 1
+    lines = [host_line(by_name[h], view.scope.unit, view.severity, several) for h in shown]
     text = "\n".join(lines) or "_(no host)_"
     last = first + len(lines) - 1
     fallback = clip(f"Hosts {first} to {last} of {escape(view.title)}", FALLBACK_BUDGET)

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
 
 from bot.incident.members import MemberSummary
+from bot.incident.membership import IncidentArrival, IncidentRule, Membership, join_open_incidents, open_incidents
 from bot.incident.model import AlertLine
+from bot.incident.record import IncidentAdvance, IncidentRecord, Origin
 from bot.models import Delivery, EventKind, IncidentRoute
 from bot.store import core
 from bot.store import incidents as shared
-from bot.store.incidents import IncidentArrival, IncidentRecord, IncidentRule, Membership, Origin
 from bot.store.postgresql.connection import Conn, PostgresConnection
 
 # Replicas attribute incidents one at a time: two batches of one storm must not each open an incident.
@@ -20,6 +19,7 @@ _INCIDENT_LOCK = 0x696E6364
 
 
 _MEMBERS = shared.MEMBERS.format(p="%s", workload=shared.POSTGRESQL_WORKLOAD).encode()
+_HOST_INCIDENTS = shared.HOST_INCIDENTS.format(hosts=shared.POSTGRESQL_IN_LIST, ids=shared.POSTGRESQL_IN_LIST).encode()
 
 
 def _q(sql: str) -> bytes:
@@ -64,37 +64,45 @@ class PostgresIncidents(PostgresConnection):
             for arrival in arrivals:
                 row = await (await conn.execute(_q(shared.MEMBERSHIP), (arrival.alert_key,))).fetchone()
                 if row is not None:
-                    known[arrival.alert_key] = Membership(row["incident_id"], bool(row["alone"]))
-            names = sorted({a.alertname for a in arrivals if a.new and a.alert_key not in known})
-            open_incidents: dict[str, shared.OpenIncident] = {}
-            candidates: list[shared.Candidate] = []
-            for name in names:
-                row = await (await conn.execute(_q(shared.OPEN_INCIDENT), (name,))).fetchone()
-                if row is not None:
-                    open_incidents[name] = shared.OpenIncident(row["id"], row["alertname"], row["last_joined_at"])
-                if row is None or now - row["last_joined_at"] > rule.window:
-                    rows = await (await conn.execute(_q(shared.CANDIDATES), (name, now - rule.window))).fetchall()
-                    candidates += [shared.Candidate(c["key"], c["alertname"], bool(c["told"])) for c in rows]
-            plan = shared.decide_memberships(list(arrivals), known, open_incidents, candidates, rule, now)
+                    known[arrival.alert_key] = shared.membership_from_row(row)
+            since = now - rule.lookback
+            rows = await (await conn.execute(_q(shared.OPEN_INCIDENTS), (since,))).fetchall()
+            live = [shared.open_incident_from_row(row) for row in rows]
+            hosts = sorted({a.host for a in arrivals if a.host and a.new and a.alert_key not in known})
+            on_hosts = await (await conn.execute(_HOST_INCIDENTS, (hosts, [i.id for i in live]))).fetchall()
+            plan = join_open_incidents(arrivals, known, live, shared.host_incidents_from_rows(on_hosts), rule, now)
+            if plan.waiting:
+                rows = await (await conn.execute(_q(shared.CANDIDATES), (since, since))).fetchall()
+                open_incidents(plan, shared.candidates_from_rows(rows, rule), rule, now)
             cursor = conn.cursor()
-            await cursor.executemany(_q(shared.OPEN), [(i, name, book, now, now) for i, name, book in plan.opened])
-            await cursor.executemany(_q(shared.ADD_MEMBER), [(k, i, now, int(alone)) for k, i, alone in plan.members])
-            await cursor.executemany(_q(shared.JOINED), [(now, i) for i in sorted(plan.joined)])
+            for sql, values in shared.plan_writes(plan, now):
+                await cursor.executemany(_q(sql), values)
         return plan.result
 
-    async def advance_incidents(self, analyses: Mapping[str, dict[str, Any] | None]) -> list[IncidentRecord]:
+    async def advance_incidents(self, changes: Mapping[str, IncidentAdvance]) -> list[IncidentRecord]:
         records: list[IncidentRecord] = []
-        if not analyses:
+        if not changes:
             return records
         async with self._transaction() as conn:
             now = self._now()
-            for incident_id, analysis in sorted(analyses.items()):
-                stored = None if analysis is None else json.dumps(analysis)
-                await conn.execute(_q(shared.ADVANCE), (stored, now, incident_id))
+            for incident_id, change in sorted(changes.items()):
+                row = await (await conn.execute(_q(shared.INCIDENT), (incident_id,))).fetchone()
+                if row is None:
+                    continue
+                values = shared.advance_values(row, change.analysis, change.receivers, now)
+                await conn.execute(_q(shared.ADVANCE), values)
                 record = await self._incident(conn, incident_id)
                 if record is not None:
                     records.append(record)
         return records
+
+    async def incidents_to_settle(self, quiet: float) -> list[str]:
+        async with self._connection() as conn:
+            rows = await (await conn.execute(_q(shared.TO_SETTLE), (self._now() - quiet,))).fetchall()
+        return [row["id"] for row in rows]
+
+    async def incident_analysis_tried(self, incident_id: str) -> None:
+        await self._execute(shared.ANALYSIS_TRIED.format(p="%s"), (self._now(), incident_id))
 
     async def get_incident(self, incident_id: str) -> IncidentRecord | None:
         async with self._connection() as conn:

@@ -27,6 +27,7 @@ from bot.store.sqlite.schema import (
     _add_missing_columns,
     _add_missing_short_ids,
     _check_sound,
+    upgrade_incidents,
 )
 from bot.store.sqlite.threads import (
     _BACKGROUND,
@@ -149,6 +150,7 @@ class SqliteConnection(Store):
         conn.execute(f"PRAGMA user_version = {SQLITE_SCHEMA_VERSION}")
         _add_missing_short_ids(conn)
         _add_missing_columns(conn, "alerts", _ALERT_SILENCE_COLUMNS)
+        upgrade_incidents(conn)
         if self._side != "ingest":
             # The lock above guarantees this is the only worker using the store: leases left by a killed one are void.
             conn.execute("UPDATE events SET lease_until = 0 WHERE state = 'pending'")

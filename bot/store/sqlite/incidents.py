@@ -6,17 +6,18 @@ import json
 import sqlite3
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
 
 from bot.incident.members import MemberSummary
+from bot.incident.membership import IncidentArrival, IncidentRule, Membership, join_open_incidents, open_incidents
 from bot.incident.model import AlertLine
+from bot.incident.record import IncidentAdvance, IncidentRecord, Origin
 from bot.models import Delivery, EventKind, IncidentRoute
 from bot.store import incidents as shared
 from bot.store.core import MAX_ERROR_CHARS
-from bot.store.incidents import IncidentArrival, IncidentRecord, IncidentRule, Membership, Origin
 from bot.store.sqlite.connection import SqliteConnection
 
 _MEMBERS = shared.MEMBERS.format(p="?", workload=shared.SQLITE_WORKLOAD)
+_HOST_INCIDENTS = shared.HOST_INCIDENTS.format(hosts=shared.SQLITE_IN_LIST, ids=shared.SQLITE_IN_LIST)
 
 
 def _q(sql: str) -> str:
@@ -60,39 +61,43 @@ class SqliteIncidents(SqliteConnection):
         for arrival in arrivals:
             row = conn.execute(_q(shared.MEMBERSHIP), (arrival.alert_key,)).fetchone()
             if row is not None:
-                known[arrival.alert_key] = Membership(row["incident_id"], bool(row["alone"]))
-        names = sorted({a.alertname for a in arrivals if a.new and a.alert_key not in known})
-        open_incidents: dict[str, shared.OpenIncident] = {}
-        candidates: list[shared.Candidate] = []
-        for name in names:
-            row = conn.execute(_q(shared.OPEN_INCIDENT), (name,)).fetchone()
-            if row is not None:
-                open_incidents[name] = shared.OpenIncident(row["id"], row["alertname"], row["last_joined_at"])
-            if row is None or now - row["last_joined_at"] > rule.window:
-                candidates += [
-                    shared.Candidate(c["key"], c["alertname"], bool(c["told"]))
-                    for c in conn.execute(_q(shared.CANDIDATES), (name, now - rule.window)).fetchall()
-                ]
-        plan = shared.decide_memberships(arrivals, known, open_incidents, candidates, rule, now)
-        conn.executemany(_q(shared.OPEN), [(i, name, playbook, now, now) for i, name, playbook in plan.opened])
-        conn.executemany(_q(shared.ADD_MEMBER), [(key, i, now, int(alone)) for key, i, alone in plan.members])
-        conn.executemany(_q(shared.JOINED), [(now, i) for i in sorted(plan.joined)])
+                known[arrival.alert_key] = shared.membership_from_row(row)
+        since = now - rule.lookback
+        live = [shared.open_incident_from_row(r) for r in conn.execute(_q(shared.OPEN_INCIDENTS), (since,))]
+        hosts = sorted({a.host for a in arrivals if a.host and a.new and a.alert_key not in known})
+        on_hosts = conn.execute(_HOST_INCIDENTS, (json.dumps(hosts), json.dumps([i.id for i in live]))).fetchall()
+        plan = join_open_incidents(arrivals, known, live, shared.host_incidents_from_rows(on_hosts), rule, now)
+        if plan.waiting:
+            rows = conn.execute(_q(shared.CANDIDATES), (since, since)).fetchall()
+            open_incidents(plan, shared.candidates_from_rows(rows, rule), rule, now)
+        for sql, values in shared.plan_writes(plan, now):
+            conn.executemany(_q(sql), values)
         return plan.result
 
-    async def advance_incidents(self, analyses: Mapping[str, dict[str, Any] | None]) -> list[IncidentRecord]:
-        if not analyses:
+    async def advance_incidents(self, changes: Mapping[str, IncidentAdvance]) -> list[IncidentRecord]:
+        if not changes:
             return []
-        return await self._run(self._transaction, lambda conn: self._advance(conn, dict(analyses)))
+        return await self._run(self._transaction, lambda conn: self._advance(conn, dict(changes)))
 
-    def _advance(self, conn: sqlite3.Connection, analyses: dict[str, dict[str, Any] | None]) -> list[IncidentRecord]:
+    def _advance(self, conn: sqlite3.Connection, changes: dict[str, IncidentAdvance]) -> list[IncidentRecord]:
         now = self._now()
         records = []
-        for incident_id, analysis in sorted(analyses.items()):
-            conn.execute(_q(shared.ADVANCE), (None if analysis is None else json.dumps(analysis), now, incident_id))
+        for incident_id, change in sorted(changes.items()):
+            row = conn.execute(_q(shared.INCIDENT), (incident_id,)).fetchone()
+            if row is None:
+                continue
+            conn.execute(_q(shared.ADVANCE), shared.advance_values(row, change.analysis, change.receivers, now))
             record = self._incident(conn, incident_id)
             if record is not None:
                 records.append(record)
         return records
+
+    async def incidents_to_settle(self, quiet: float) -> list[str]:
+        rows = await self._run(self._fetchall, _q(shared.TO_SETTLE), (self._now() - quiet,))
+        return [row["id"] for row in rows]
+
+    async def incident_analysis_tried(self, incident_id: str) -> None:
+        await self._run(self._execute, _q(shared.ANALYSIS_TRIED), (self._now(), incident_id))
 
     async def get_incident(self, incident_id: str) -> IncidentRecord | None:
         return await self._run(lambda: self._incident(self.connection, incident_id.strip()))

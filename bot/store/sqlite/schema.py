@@ -180,7 +180,10 @@ CREATE TABLE IF NOT EXISTS heartbeat (
     at REAL NOT NULL
 );
 
--- Incidents (bot/incident/): alerts of one alertname told as one; `analysis` is the incident-level evidence (JSON).
+-- Incidents (bot/incident/): one cause seen as alerts on a set of hosts; `analysis` is the incident-level evidence
+-- (JSON); `gathers`: the alertnames it takes on new hosts (JSON); `apart`: opened by alerts that stand apart (it
+-- gathers by alertname only); `grew_at`: when a host last joined; `analysed_at`: its last analysis; `receivers`:
+-- those told of it (JSON).
 CREATE TABLE IF NOT EXISTS incidents (
     id TEXT PRIMARY KEY,
     alertname TEXT NOT NULL,
@@ -190,17 +193,24 @@ CREATE TABLE IF NOT EXISTS incidents (
     last_joined_at REAL NOT NULL,
     resolved_at REAL,
     version INTEGER NOT NULL DEFAULT 0,
-    analysis TEXT
+    analysis TEXT,
+    gathers TEXT NOT NULL DEFAULT '[]',
+    apart INTEGER NOT NULL DEFAULT 0,
+    grew_at REAL,
+    analysed_at REAL,
+    receivers TEXT NOT NULL DEFAULT '[]'
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS incidents_open ON incidents(alertname) WHERE state = 'open';
 CREATE INDEX IF NOT EXISTS incidents_opened ON incidents(opened_at);
 
--- An incident's alerts; `alone`: told on its own before the incident opened (it keeps its own messages).
+-- An incident's alerts; `alone`: told on its own before the incident opened (it keeps its own messages); `host`:
+-- the host it names.
 CREATE TABLE IF NOT EXISTS incident_members (
     alert_key TEXT PRIMARY KEY,
     incident_id TEXT NOT NULL,
     joined_at REAL NOT NULL,
-    alone INTEGER NOT NULL
+    alone INTEGER NOT NULL,
+    host TEXT NOT NULL DEFAULT ''
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS incident_members_incident ON incident_members(incident_id);
 
@@ -246,6 +256,31 @@ def _add_missing_columns(conn: sqlite3.Connection, table: str, columns: dict[str
     for name, sql_type in columns.items():
         if name not in present:
             conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {sql_type}")
+
+
+# Incidents of a store written before they gathered several alertnames on their hosts.
+_INCIDENT_COLUMNS = {
+    "gathers": "TEXT NOT NULL DEFAULT '[]'",
+    "apart": "INTEGER NOT NULL DEFAULT 0",
+    "grew_at": "REAL",
+    "analysed_at": "REAL",
+    "receivers": "TEXT NOT NULL DEFAULT '[]'",
+}
+
+
+def upgrade_incidents(conn: sqlite3.Connection) -> None:
+    """Give an older store's incidents what the membership rule reads: each gathers its own alertname, as before,
+    and goes on to the receivers that had its versions."""
+    present = {row["name"] for row in conn.execute("PRAGMA table_info(incidents)")}
+    if "receivers" not in present:
+        _add_missing_columns(conn, "incidents", _INCIDENT_COLUMNS)
+        _add_missing_columns(conn, "incident_members", {"host": "TEXT NOT NULL DEFAULT ''"})
+        conn.execute("UPDATE incidents SET gathers = json_array(alertname)")
+        conn.execute(
+            """UPDATE incidents SET receivers = (SELECT json_group_array(DISTINCT d.receiver) FROM deliveries d
+                                                 WHERE d.alert_key = 'incident:' || incidents.id)"""
+        )
+    conn.execute("CREATE INDEX IF NOT EXISTS incident_members_host ON incident_members(host)")
 
 
 def _add_missing_short_ids(conn: sqlite3.Connection) -> None:
