@@ -21,7 +21,7 @@ from pathlib import Path
 from bot.config import SlackReceiver
 from bot.metrics import Metrics
 from bot.sinks.slack import SlackRateLimits, SlackSink
-from bot.store.base import Store
+from bot.storage.interface import Store
 from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack
 from tests.support.messages import delivery_of, sample_message
 from tests.support.store import sqlite_store

@@ -29,7 +29,7 @@ from bot.metrics import Metrics
 from bot.models import WebhookPayload
 from bot.playbooks import PlaybookSet
 from bot.service.app import start_runtime
-from bot.store.base import IncomingNotification
+from bot.storage.interface import IncomingNotification
 from bot.store.sqlite import SqliteStore
 
 _POLL = 0.02

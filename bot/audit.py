@@ -11,8 +11,8 @@ from datetime import UTC, datetime, timedelta
 from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import BotConfig
 from bot.printable import printable
+from bot.storage.interface import AuditEntry, Store
 from bot.store import StoreUnavailable, open_store
-from bot.store.base import AuditEntry, Store
 
 _COLUMNS = ("TIME", "ACTOR", "ACTION", "TARGET", "OUTCOME", "DETAIL")
 

@@ -12,7 +12,7 @@ from bot.evidence import Enrichment, GpuEvidence, LokiEvidence, PrometheusEviden
 from bot.message import Fact, Link, Message, Section, format_duration
 from bot.models import Event, EventKind, host_from_labels
 from bot.playbooks import Advice
-from bot.selftest.marking import TITLE_PREFIX, is_selftest
+from bot.selftest_label import TITLE_PREFIX, is_selftest
 
 _SUMMARY_ANNOTATIONS = ("summary", "description", "message")
 # Details travel with every delivery; the full evidence (e.g. a thousand log lines) stays with the alert.

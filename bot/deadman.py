@@ -30,7 +30,7 @@ from bot.config import AlertmanagerConfig, DeadmanConfig
 from bot.message import format_duration
 from bot.metrics import Metrics
 from bot.models import WebhookPayload
-from bot.store.base import IncomingNotification, Store, StoreUnavailable, WatchdogRecord
+from bot.storage.interface import IncomingNotification, Store, StoreUnavailable, WatchdogRecord
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from bot.config import ServerConfig
 from bot.logs import RateLimitedLog
 from bot.metrics import Metrics, WebhookRefusal
 from bot.models import SUPPORTED_PAYLOAD_VERSION, WebhookPayload
-from bot.store.base import IncomingNotification, Store, StoreUnavailable
+from bot.storage.interface import IncomingNotification, Store, StoreUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -34,8 +34,7 @@ from bot.logs import RateLimitedLog
 from bot.metrics import DeliveryOutcome, Metrics
 from bot.models import Delivery
 from bot.sinks.base import DeliveryResult, Sink
-from bot.store.base import Store, StoreUnavailable
-from bot.store.incidents import Lane
+from bot.storage.interface import Lane, Store, StoreUnavailable
 
 LANES: tuple[Lane, ...] = ("alerts", "incidents")
 

@@ -32,8 +32,8 @@ from bot.models import AlertState, Event, EventKind, EventRoute, NewDelivery
 from bot.outbox import Outbox
 from bot.playbooks import Advice, Playbook, PlaybookSet
 from bot.routing import Router, RouteTrace
-from bot.selftest.marking import heard_after_its_run, is_selftest
-from bot.store.base import Store
+from bot.selftest_label import heard_after_its_run, is_selftest
+from bot.storage.interface import Store
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from bot.logs import RateLimitedLog
 from bot.metrics import Metrics
 from bot.models import Event
 from bot.pipeline import Pipeline
-from bot.store.base import Store, StoreUnavailable
+from bot.storage.interface import Store, StoreUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 from bot.interact.approval import approval_text
 from bot.render.slack import approval_payload
-from bot.store.base import ActionRun
+from bot.storage.interface import ActionRun
 
 AT = datetime(2026, 11, 30, 22, 5, tzinfo=UTC)
 

@@ -31,7 +31,7 @@ from bot.interact.dispatch import Actor, Dispatcher
 from bot.interact.fleet import INCIDENT_ACTION, FleetCommands
 from bot.interact.remediation import RemediationCommands, SlackAuthorizer
 from bot.models import AlertState, short_id
-from bot.store.base import ActionRun, BreakerState, Store
+from bot.storage.interface import ActionRun, BreakerState, Store
 from tests.support.clock import FakeClock, running
 from tests.support.incidents import COOLING, INCIDENT_ID, incident_view
 from tests.support.payloads import am_alert, webhook

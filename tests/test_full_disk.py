@@ -24,7 +24,7 @@ from typing import BinaryIO
 import httpx
 import pytest
 
-from bot.store.base import StoreUnavailable
+from bot.storage.interface import StoreUnavailable
 from bot.store.sqlite.threads import _WAL_LIMIT_BYTES
 from tests.support.bot import RunningBot, eventually, running_bot
 from tests.support.payloads import body, distinct_webhooks

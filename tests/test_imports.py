@@ -72,6 +72,59 @@ def test_bot_has_no_import_cycle() -> None:
         pytest.fail(f"import cycle: {' -> '.join(exc.args[1])}")
 
 
+# The rooms that wire the bot together or run one of its jobs (the store's backends, the self-test, remediation, Slack
+# commands, the service, the command line, the worker's loop), and the layers below them that they build on: the
+# stages of the alert path and what those know (the models, the configuration, the playbooks, the Store interface,
+# the self-test label, the action catalog). A lower module never imports a higher room: docs/architecture.md.
+HIGHER = (
+    "bot.store",
+    "bot.selftest",
+    "bot.actions",
+    "bot.interact",
+    "bot.service",
+    "bot.commands",
+    "bot.server",
+    "bot.worker",
+    "bot.outbox",
+    "bot.pipeline",
+    "bot.ingest",
+)
+LOWER = (
+    "bot.models",
+    "bot.message",
+    "bot.config",
+    "bot.playbooks",
+    "bot.storage",
+    "bot.selftest_label",
+    "bot.action_catalog",
+    "bot.dedup",
+    "bot.routing",
+    "bot.evidence",
+    "bot.gpu",
+    "bot.slurm",
+    "bot.enrich",
+    "bot.incident",
+    "bot.compose",
+    "bot.render",
+    "bot.sinks",
+)
+
+
+def _in(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == package or module.startswith(package + ".") for package in packages)
+
+
+def test_the_layers_read_one_way() -> None:
+    upward = sorted(
+        f"{module} -> {imported}"
+        for module, imported_modules in import_graph().items()
+        if _in(module, LOWER)
+        for imported in imported_modules
+        if _in(imported, HIGHER)
+    )
+    assert upward == []
+
+
 def test_the_walk_sees_a_cycle_hidden_in_a_function(tmp_path: Path) -> None:
     first = tmp_path / "first.py"
     first.write_text("def later() -> None:\n    from bot.second import x\n", encoding="utf-8")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from bot.commands.cli import main
 from bot.incident.model import incident_key
-from bot.store.base import ActionRun
+from bot.storage.interface import ActionRun
 from tests.support.bot import write_config
 from tests.test_incident_stage import hot, stage
 

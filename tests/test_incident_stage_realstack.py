@@ -14,7 +14,7 @@ import pytest
 from bot.commands.cli import main
 from bot.incident.model import incident_key
 from bot.render.incident_text import analysed_text
-from bot.store.base import ActionRun
+from bot.storage.interface import ActionRun
 from tests.support.bot import write_config
 from tests.support.clock import FakeClock
 from tests.support.payloads import am_alert, webhook

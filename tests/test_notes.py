@@ -20,7 +20,7 @@ from bot.models import SHORT_ID_ALPHABET, SHORT_ID_LENGTH, Delivery, EventKind, 
 from bot.render.email import render_email, thread_message_id
 from bot.render.pagerduty import pagerduty_event
 from bot.sinks.console import ConsoleSink
-from bot.store.base import UnknownAlert
+from bot.storage.interface import UnknownAlert
 from tests.fakes.slack import FakeSlack
 from tests.support.bot import eventually, running_bot
 from tests.support.payloads import am_alert, gpu_alerts, webhook

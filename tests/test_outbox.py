@@ -17,7 +17,7 @@ from bot.metrics import Metrics
 from bot.models import Delivery
 from bot.outbox import Outbox
 from bot.sinks.base import DeliveryResult, Sink
-from bot.store.incidents import Lane
+from bot.storage.interface import Lane
 from bot.store.sqlite import SqliteStore
 from tests.support.bot import eventually
 from tests.support.clock import FakeClock

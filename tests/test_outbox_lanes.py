@@ -12,7 +12,7 @@ from bot.incident.record import IncidentAdvance
 from bot.incident.stage import incident_message
 from bot.models import Delivery, EventRoute, IncidentRoute, NewDelivery
 from bot.sinks.base import DeliveryResult
-from bot.store.base import Store
+from bot.storage.interface import Store
 from tests.support.bot import eventually
 from tests.support.clock import FakeClock
 from tests.support.payloads import gpu_alerts, webhook

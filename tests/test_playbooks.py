@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from bot import deadman
-from bot.actions.registry import ACTIONS
+from bot.action_catalog import ACTIONS
 from bot.commands.cli import main
 from bot.compose import compose_message
 from bot.config import StoreConfig, load_config

@@ -16,7 +16,7 @@ import pytest
 
 from bot.commands.cli import main
 from bot.models import short_id
-from bot.store.base import BreakerState
+from bot.storage.interface import BreakerState
 from tests.fakes.docker import FakeDocker
 from tests.support.bot import RunningBot, eventually, running_bot
 from tests.support.payloads import am_alert, body, webhook

@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
+from bot.action_catalog import ACTIONS
 from bot.actions.kubernetes import NODE_ACTIONS
 from bot.actions.policy import AutomaticPolicy
-from bot.actions.registry import ACTIONS
 from bot.actions.runs import ActionRefused
 from bot.actions.slurm import SLURM_ACTIONS
 from bot.actions.ssh import SSH_VERBS
 from bot.config import DOCKER_ACTIONS
 from bot.evidence import Enrichment, EnrichmentSection, Verdict, XidEvidence
 from bot.metrics import Metrics
-from bot.store.base import Store
+from bot.storage.interface import Store
 from bot.verdict import STALE_XID_GAUGE
 from tests.support.clock import FakeClock
 from tests.support.remediation import RecordingExecutor, Thread, engine, firing_alert, remediation_config

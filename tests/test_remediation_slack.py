@@ -21,7 +21,7 @@ from bot.interact.access import Access
 from bot.interact.dispatch import Actor, Dispatcher
 from bot.interact.remediation import RemediationCommands, SlackAuthorizer
 from bot.models import AlertState, short_id
-from bot.store.base import BreakerState, Store
+from bot.storage.interface import BreakerState, Store
 from tests.support.clock import FakeClock
 from tests.support.remediation import RecordingExecutor, Thread, firing_alert, remediation_config
 from tests.support.store import sqlite_store

@@ -8,7 +8,7 @@ import asyncio
 import dataclasses
 from datetime import timedelta
 
-from bot.store.base import ActionRun, BreakerState
+from bot.storage.interface import ActionRun, BreakerState
 from tests.support.clock import FakeClock
 from tests.support.store import Opener
 

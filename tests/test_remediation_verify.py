@@ -12,7 +12,7 @@ import pytest
 from bot.actions.verify import ExporterRestartCheck, VerificationError
 from bot.clock import SYSTEM_CLOCK
 from bot.config import PrometheusConfig
-from bot.store.base import ActionRun
+from bot.storage.interface import ActionRun
 from tests.support.bot import eventually
 from tests.support.clock import FakeClock
 from tests.support.exporter import DCGM_GPU_TEMP, DCGM_XID_ERRORS, SyntheticExporter, dcgm_labels

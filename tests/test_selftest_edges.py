@@ -17,7 +17,7 @@ import pytest
 
 from bot.config import BotConfig
 from bot.selftest.command import Options, selftest_command
-from bot.selftest.marking import UNTIL_ANNOTATION
+from bot.selftest_label import UNTIL_ANNOTATION
 from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack
 from tests.support.bot import RunningBot, eventually, running_bot
 from tests.support.payloads import am_alert, webhook

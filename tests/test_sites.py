@@ -28,7 +28,7 @@ from bot.metrics import Metrics
 from bot.models import AlertState, Event, EventKind
 from bot.playbooks import Advice, PlaybookSet
 from bot.sinks import build_previews
-from bot.store.base import Store
+from bot.storage.interface import Store
 from tests.fakes.loki import FakeLoki
 from tests.support.exporter import DCGM_GPU_TEMP, SyntheticExporter, dcgm_labels, scrape_config
 from tests.support.messages import delivery_of

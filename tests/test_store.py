@@ -22,8 +22,8 @@ from bot.models import (
     WebhookPayload,
     short_id,
 )
+from bot.storage.interface import StoreUnavailable, UnknownAlert, WatchdogRecord
 from bot.store import core
-from bot.store.base import StoreUnavailable, UnknownAlert, WatchdogRecord
 from bot.store.sqlite import SqliteStore, StoreInUse
 from tests.support.clock import FakeClock
 from tests.support.payloads import STARTED, am_alert, distinct_webhooks, gpu_alerts, webhook

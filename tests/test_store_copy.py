@@ -18,8 +18,8 @@ from bot.config import load_config
 from bot.incident.membership import IncidentArrival, IncidentRule, MemberPolicy
 from bot.incident.record import IncidentAdvance, IncidentRecord
 from bot.models import short_id
+from bot.storage.interface import ActionRun, AuditEntry, BreakerState, WatchdogRecord
 from bot.store import open_store
-from bot.store.base import ActionRun, AuditEntry, BreakerState, WatchdogRecord
 from bot.store.core import COPIED_TABLES
 from bot.store.migrations import POSTGRESQL_SCHEMA_VERSION as POSTGRES
 from bot.store.migrations import SQLITE_SCHEMA_VERSION as SQLITE

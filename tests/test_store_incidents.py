@@ -13,7 +13,7 @@ from bot.incident.record import IncidentAdvance
 from bot.incident.stage import incident_message
 from bot.incident.view import build_view
 from bot.models import Event, EventRoute, IncidentRoute, NewDelivery
-from bot.store.base import Store
+from bot.storage.interface import Store
 from tests.support.clock import FakeClock
 from tests.support.payloads import gpu_alerts, webhook
 from tests.support.store import Opener, ingest_and_dedup, message, postgres_store

@@ -20,8 +20,8 @@ from bot.commands.cli import main
 from bot.config import ConfigError, load_config
 from bot.dedup import plan_events
 from bot.models import EventKind
+from bot.storage.interface import ActionRun, StoreUnavailable
 from bot.store import open_store
-from bot.store.base import ActionRun, StoreUnavailable
 from bot.store.migrations import POSTGRESQL_MIGRATIONS, POSTGRESQL_SCHEMA_VERSION, SchemaTooNew
 from bot.store.postgresql import PostgresStore
 from tests.support.clock import FakeClock

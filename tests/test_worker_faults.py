@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.store.base import StoreUnavailable
+from bot.storage.interface import StoreUnavailable
 from tests.support.bot import eventually
 from tests.support.payloads import am_alert, webhook
 from tests.support.store import ingest, query

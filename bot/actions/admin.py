@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from bot.actions.build import RemediationService
 from bot.actions.runs import ActionRefused
 from bot.ingest import json_error
-from bot.store.base import ActionRun, StoreUnavailable
+from bot.storage.interface import ActionRun, StoreUnavailable
 
 ADMIN_PREFIX = "/admin/remediation"
 ACTOR_PREFIX = "cli:"

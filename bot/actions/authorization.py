@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from bot.actions.registry import ACTIONS
+from bot.action_catalog import ACTIONS
 from bot.config import RemediationConfig
 
 

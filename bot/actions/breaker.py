@@ -10,7 +10,7 @@ from bot.actions.runs import AUTOMATIC_ACTOR, CountingAudit, duration_text
 from bot.clock import Clock
 from bot.config import CircuitBreakerConfig
 from bot.metrics import Metrics
-from bot.store.base import BreakerState, Store
+from bot.storage.interface import BreakerState, Store
 
 
 class CircuitBreaker:

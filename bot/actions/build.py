@@ -19,7 +19,7 @@ from bot.config import BotConfig, RemediationConfig
 from bot.metrics import Metrics
 from bot.models import AlertState
 from bot.playbooks import PlaybookSet
-from bot.store.base import Store, StoreUnavailable
+from bot.storage.interface import Store, StoreUnavailable
 
 log = logging.getLogger(__name__)
 

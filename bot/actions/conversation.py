@@ -7,7 +7,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from bot.store.base import ActionRun
+from bot.storage.interface import ActionRun
 
 log = logging.getLogger(__name__)
 

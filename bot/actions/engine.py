@@ -14,11 +14,11 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from datetime import timedelta
 from typing import Any, NoReturn, Protocol
 
+from bot.action_catalog import ACTIONS
 from bot.actions.breaker import CircuitBreaker
 from bot.actions.conversation import Announcer, ApprovalWatcher, RunConversation
 from bot.actions.executor import ExecResult, Executor, ExecutorError, RunContext
 from bot.actions.rails import ExecutionRails
-from bot.actions.registry import ACTIONS
 from bot.actions.runs import (
     APPROVED,
     AUTOMATIC_ACTOR,
@@ -44,7 +44,7 @@ from bot.config import ActionPolicyConfig, RemediationConfig
 from bot.incident.model import INCIDENT_KEY_PREFIX
 from bot.metrics import Metrics
 from bot.models import AlertState, short_id
-from bot.store.base import ActionRun, BreakerState, Store
+from bot.storage.interface import ActionRun, BreakerState, Store
 
 log = logging.getLogger(__name__)
 

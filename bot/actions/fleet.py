@@ -23,10 +23,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NoReturn, Protocol
 
+from bot.action_catalog import ACTIONS
 from bot.actions.conversation import Announcer, RunConversation
 from bot.actions.engine import Remediation
 from bot.actions.executor import ExecutorError, RunContext
-from bot.actions.registry import ACTIONS
 from bot.actions.runs import (
     APPROVED,
     CONVERSATION_ACTIONS,
@@ -49,7 +49,7 @@ from bot.incident.model import INCIDENT_KEY_PREFIX, IncidentView, incident_key
 from bot.incident.view import build_view
 from bot.metrics import Metrics
 from bot.models import AlertState, short_id
-from bot.store.base import ActionRun, Store
+from bot.storage.interface import ActionRun, Store
 
 # Hosts named in the end's message, for each of failed and skipped; the audit log has every one.
 _NAMED = 10

@@ -13,7 +13,7 @@ from bot.actions.runs import AUTOMATIC_ACTOR, ActionRefused
 from bot.clock import Clock
 from bot.evidence import Enrichment
 from bot.models import AlertState
-from bot.store.base import Store
+from bot.storage.interface import Store
 from bot.verdict import STALE_XID_GAUGE, verdicts_of
 
 # alertname -> the action that fixes what it reports

@@ -10,7 +10,7 @@ from datetime import timedelta
 from bot.actions.runs import STARTED_STATES
 from bot.clock import Clock
 from bot.config import ActionPolicyConfig
-from bot.store.base import ActionRun, Store
+from bot.storage.interface import ActionRun, Store
 
 
 class ExecutionRails:

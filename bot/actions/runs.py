@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from bot.action_catalog import ACTIONS
 from bot.actions.executor import ExecResult
-from bot.actions.registry import ACTIONS
 from bot.audit import AuditLog
 from bot.metrics import Metrics
-from bot.store.base import ActionRun
+from bot.storage.interface import ActionRun
 
 REQUESTED, APPROVED, RUNNING, DONE, FAILED = "requested", "approved", "running", "done", "failed"
 VERIFIED, ESCALATED, REFUSED, EXPIRED, DRY_RUN = "verified", "escalated", "refused", "expired", "dry-run"

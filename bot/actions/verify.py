@@ -15,7 +15,7 @@ from bot.enrich.prometheus import PrometheusClient, RawSeries
 from bot.enrich.queryapi import Deadline, QueryError
 from bot.models import AlertState
 from bot.querytemplate import quoted
-from bot.store.base import ActionRun
+from bot.storage.interface import ActionRun
 
 GPU_SERIES = "DCGM_FI_DEV_GPU_TEMP"
 XID_GAUGE = "DCGM_FI_DEV_XID_ERRORS"

@@ -17,8 +17,8 @@ from bot.incident.record import IncidentRecord
 from bot.incident.view import build_view
 from bot.message import format_duration
 from bot.printable import printable
+from bot.storage.interface import Store
 from bot.store import StoreUnavailable, open_store
-from bot.store.base import Store
 
 # Incidents listed: every open one comes before any resolved one.
 LISTED = 50

@@ -27,8 +27,8 @@ from bot.printable import printable
 from bot.render import incident_text as text
 from bot.render.graph_worker import GraphRenderer
 from bot.render.incident_graph import incident_heat, render_incident_heat
+from bot.storage.interface import ActionRun
 from bot.store import StoreUnavailable, open_store
-from bot.store.base import ActionRun
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
-from bot.actions.registry import ACTIONS
+from bot.action_catalog import ACTIONS
 from bot.config.base import ConfigPath, StrictModel
 from bot.config.duration import Duration
 from bot.config.enrichment import PrometheusConfig

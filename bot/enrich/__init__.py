@@ -18,7 +18,7 @@ from bot.enrich.xid import XidEnricher
 from bot.gpu.xid_catalog import XidCatalog
 from bot.metrics import Metrics
 from bot.models import DEFAULT_HOST_LABELS
-from bot.store.base import Store
+from bot.storage.interface import Store
 
 __all__ = ["Enricher", "EnrichmentRequest", "EnrichmentRunner", "build_enrichers"]
 

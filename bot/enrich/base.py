@@ -24,7 +24,7 @@ from bot.failure import what_failed
 from bot.logs import RateLimitedLog
 from bot.metrics import Metrics
 from bot.models import AlertState
-from bot.store.base import StoreUnavailable
+from bot.storage.interface import StoreUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from typing import Protocol
 
 from bot.metrics import Metrics
 from bot.models import GpuEvent, GpuHistoryRequest
-from bot.store.base import Store
+from bot.storage.interface import Store
 
 # The store keeps times as float seconds: an event read back may differ from the one recorded by a microsecond.
 _STORED_TIME_PRECISION = timedelta(milliseconds=1)

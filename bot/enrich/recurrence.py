@@ -39,8 +39,8 @@ from bot.gpu.xid_catalog import FOLLOWER_XIDS, XidCatalog, severity_rank
 from bot.gpu.xid_escalation import Verdict, escalate, incidents, window_text
 from bot.metrics import Metrics
 from bot.models import AlertState, GpuEvent, GpuHistoryRequest
-from bot.selftest.marking import is_selftest
-from bot.store.base import Store
+from bot.selftest_label import is_selftest
+from bot.storage.interface import Store
 
 NONFATAL_SUFFIX = ":nonfatal"
 # The kernel line behind an alert's Xid label precedes the alert's start by an exporter poll, a scrape and a rule

@@ -16,7 +16,7 @@ from bot.enrich.base import EnrichmentRequest
 from bot.evidence import Enrichment, EnrichmentSection, RelatedAlertFound, RelatedEvidence
 from bot.message import format_duration
 from bot.models import AlertState, host_from_labels
-from bot.store.base import Store
+from bot.storage.interface import Store
 
 HOST_LABELS = ("Hostname", "hostname", "host", "node", "instance")
 

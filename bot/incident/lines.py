@@ -4,7 +4,7 @@ would carry them all), so a receiver that attaches or counts them reads them fro
 from __future__ import annotations
 
 from bot.incident.model import AlertLine, IncidentView
-from bot.store.base import Store
+from bot.storage.interface import Store
 
 
 async def with_alerts(view: IncidentView, store: Store) -> IncidentView:

@@ -37,8 +37,8 @@ from bot.message import Message
 from bot.metrics import Metrics
 from bot.models import Event, EventKind, IncidentRoute, NewDelivery, host_from_labels
 from bot.playbooks import Playbook, PlaybookSet
-from bot.selftest.marking import is_selftest
-from bot.store.base import Store
+from bot.selftest_label import is_selftest
+from bot.storage.interface import Store
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from bot.interact.remediation import SLACK_ACTOR, run_target
 from bot.interact.service import Interactivity
 from bot.render.slack import approval_payload, escape
 from bot.sinks.slack.state import SinkState
-from bot.store.base import ActionRun, Store
+from bot.storage.interface import ActionRun, Store
 
 log = logging.getLogger(__name__)
 

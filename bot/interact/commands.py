@@ -21,7 +21,7 @@ from bot.message import format_duration
 from bot.models import AlertState, short_id
 from bot.render.slack import ACK_BUTTON, RUNBOOK_BUTTON, UNACK_BUTTON, escape
 from bot.routing import LabelMatcher, parse_matcher
-from bot.store.base import Store, StoreUnavailable
+from bot.storage.interface import Store, StoreUnavailable
 
 _LIST_LIMIT = 30
 # Lines a part of the bot adds to `status`.

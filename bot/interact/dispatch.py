@@ -16,7 +16,7 @@ from bot.alertmanager import AlertmanagerError
 from bot.audit import AuditLog
 from bot.interact.access import Access
 from bot.render.slack import escape
-from bot.store.base import StoreUnavailable
+from bot.storage.interface import StoreUnavailable
 
 log = logging.getLogger(__name__)
 

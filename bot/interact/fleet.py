@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import re
 
+from bot.action_catalog import ACTIONS
 from bot.actions.fleet import FleetRemediation
-from bot.actions.registry import ACTIONS
 from bot.actions.runs import DRY_RUN, ActionRefused
 from bot.interact.access import Access
 from bot.interact.dispatch import ButtonSpec, CommandSpec, Dispatcher, Invocation, Outcome, UsageError

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from bot.interact.dispatch import UsageError
 from bot.models import AlertState
 from bot.render.slack import escape
-from bot.store.base import Store
+from bot.storage.interface import Store
 
 ALREADY_RESOLVED = "This alert is already resolved; nothing was changed."
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+from bot.action_catalog import ACTIONS
 from bot.actions.engine import Authorizer, Remediation
-from bot.actions.registry import ACTIONS
 from bot.actions.runs import ActionRefused
 from bot.interact.access import Access
 from bot.interact.dispatch import ButtonSpec, CommandSpec, Dispatcher, Invocation, Outcome, UsageError
 from bot.render.slack import APPROVE_RUN, REFUSE_RUN, escape
-from bot.store.base import ActionRun
+from bot.storage.interface import ActionRun
 
 RESPONDER, ADMIN = "responder", "admin"
 RUN, RUN_DANGEROUS = "run", "run-dangerous"

@@ -26,7 +26,7 @@ from bot.interact.transport import (
 )
 from bot.interact.verify import RequestVerifier
 from bot.render.slack import Controls
-from bot.store.base import Store
+from bot.storage.interface import Store
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from bot.alertmanager import AlertmanagerClient, AlertmanagerError, SilenceMatch
 from bot.clock import Clock
 from bot.models import AlertState, short_id
 from bot.routing import parse_matcher
-from bot.store.base import Store, StoreUnavailable
+from bot.storage.interface import Store, StoreUnavailable
 
 log = logging.getLogger(__name__)
 

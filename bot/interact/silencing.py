@@ -41,7 +41,7 @@ from bot.interact.silences import (
 from bot.message import format_duration
 from bot.models import AlertState, short_id
 from bot.render.slack import SILENCE_BUTTONS, UNSILENCE_BUTTON, escape
-from bot.store.base import Store, StoreUnavailable
+from bot.storage.interface import Store, StoreUnavailable
 
 _LIST_LIMIT = 30
 _BUTTON_SILENCES = {"silence-1h": 3600.0, "silence-4h": 4 * 3600.0, "silence-24h": 24 * 3600.0}

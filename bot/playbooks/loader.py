@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from bot.actions.registry import ACTIONS
+from bot.action_catalog import ACTIONS
 from bot.config.wording import plain_error
 from bot.gpu.xid_catalog import XidCatalog, XidCatalogError, load_catalog
 from bot.playbooks.base import PlaybookError

@@ -6,7 +6,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 
-from bot.actions.registry import ACTIONS
+from bot.action_catalog import ACTIONS
 from bot.evidence import Enrichment
 from bot.gpu.xid_catalog import XidCatalog, bundled_catalog
 from bot.message import ActionRef, Link

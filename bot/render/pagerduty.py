@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from bot.config import PagerDutyReceiver
 from bot.message import Message
-from bot.selftest.marking import pages_pagerduty
+from bot.selftest_label import pages_pagerduty
 
 SUMMARY_LIMIT = 1024
 DEDUP_KEY_LIMIT = 255

@@ -8,7 +8,7 @@
 A failure skips the steps that depend on it, so a dead Alertmanager fails in seconds, not at the timeout; a receiver
 whose check fails leaves only its own deliveries unproven. Once the
 alert was fired, every end of the run (a failure, the timeout, Ctrl-C) resolves it in Alertmanager; and the bot
-tells nobody of a self-test alert it first hears of after the run is over (bot/selftest/marking.py).
+tells nobody of a self-test alert it first hears of after the run is over (bot/selftest_label.py).
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from bot.models import AlertStatus, EventKind
 from bot.routing import Router
 from bot.selftest import checks
 from bot.selftest.diagnose import PathFigures
-from bot.selftest.marking import LABEL
 from bot.selftest.path import (
     SyntheticAlert,
     amtool_routes,
@@ -48,6 +47,7 @@ from bot.selftest.path import (
 from bot.selftest.reach import bot_url, probe_bot, read_only_store, store_name, worker_metrics_url
 from bot.selftest.steps import StepFailed, Steps, as_json, table
 from bot.selftest.watch import BotWatch, MetricsWatch, StoreWatch, Wait
+from bot.selftest_label import LABEL
 
 EXIT_PASSED = 0
 EXIT_FAILED = 1

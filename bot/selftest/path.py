@@ -16,9 +16,9 @@ import yaml
 
 from bot.alertmanager import AlertmanagerClient, AlertmanagerError, PostableAlert
 from bot.ingest import WEBHOOK_PATH
-from bot.selftest.marking import ALERTNAME, LABEL, PAGE_LABEL, UNTIL_ANNOTATION
 from bot.selftest.steps import StepFailed
-from bot.store.base import DeliveryRecord
+from bot.selftest_label import ALERTNAME, LABEL, PAGE_LABEL, UNTIL_ANNOTATION
+from bot.storage.interface import DeliveryRecord
 
 _AMTOOL_TIMEOUT = 30.0
 

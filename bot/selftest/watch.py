@@ -13,10 +13,10 @@ from bot.clock import Clock
 from bot.failure import what_failed
 from bot.models import AlertStatus, EventKind
 from bot.selftest.diagnose import Samples
-from bot.selftest.marking import ALERTNAME, LABEL
 from bot.selftest.path import SyntheticAlert
 from bot.selftest.steps import StepFailed, duration
-from bot.store.base import DeliveryRecord, Store, StoreUnavailable
+from bot.selftest_label import ALERTNAME, LABEL
+from bot.storage.interface import DeliveryRecord, Store, StoreUnavailable
 
 T = TypeVar("T")
 _POLL = 0.25

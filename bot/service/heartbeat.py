@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from bot.clock import Clock
-from bot.store.base import Store, StoreUnavailable
+from bot.storage.interface import Store, StoreUnavailable
 
 log = logging.getLogger(__name__)
 

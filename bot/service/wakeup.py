@@ -24,7 +24,7 @@ from contextlib import ExitStack, closing
 from pathlib import Path
 
 from bot.clock import Clock
-from bot.store.base import StoreUnavailable
+from bot.storage.interface import StoreUnavailable
 
 log = logging.getLogger(__name__)
 

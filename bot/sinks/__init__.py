@@ -19,7 +19,7 @@ from bot.sinks.email import EmailRendering, EmailSink
 from bot.sinks.graphs import AlertPictures
 from bot.sinks.pagerduty import PagerDutyRendering, PagerDutySink
 from bot.sinks.slack import SlackRateLimits, SlackRendering, SlackSink
-from bot.store.base import Store
+from bot.storage.interface import Store
 
 __all__ = [
     "SINK_TYPES",

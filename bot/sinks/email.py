@@ -42,7 +42,7 @@ from bot.render.graph import graph_description, graph_filename
 from bot.sinks.base import DeliveryResult, Preview
 from bot.sinks.email_incident import IncidentMails, incident_mail
 from bot.sinks.graphs import AlertPictures
-from bot.store.base import Store
+from bot.storage.interface import Store
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from bot.incident.model import IncidentView, incident_key
 from bot.render.email import build_email
 from bot.render.email_incident import IncidentMail, changes, incident_snapshot, render_incident_email
 from bot.sinks.base import DeliveryResult
-from bot.store.base import Store
+from bot.storage.interface import Store
 
 # Sends one mail for a delivery (its id keeps the recipients already served across retries).
 SendMail = Callable[[int, EmailMessage], Awaitable[DeliveryResult]]

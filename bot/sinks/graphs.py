@@ -13,7 +13,7 @@ from bot.evidence import Enrichment
 from bot.message import Message
 from bot.render.graph import AlertGraph, message_graph, render_alert_graph
 from bot.render.graph_worker import GraphRenderer
-from bot.store.base import Store
+from bot.storage.interface import Store
 
 log = logging.getLogger(__name__)
 

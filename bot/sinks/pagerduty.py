@@ -28,7 +28,7 @@ from bot.retry import classify_error, classify_status
 from bot.retry_after import retry_after_seconds
 from bot.sinks.base import DeliveryResult, Preview
 from bot.sinks.pagerduty_incident import IncidentPages, OpenPages
-from bot.store.base import Store
+from bot.storage.interface import Store
 
 _DETAIL_LIMIT = 500
 

@@ -26,7 +26,7 @@ from bot.incident.lines import alert_lines
 from bot.incident.model import IncidentView, incident_key
 from bot.render.pagerduty_incident import findings, incident_dedup_key, incident_trigger, material, resolve_event
 from bot.sinks.base import DeliveryResult
-from bot.store.base import Store
+from bot.storage.interface import Store
 
 Post = Callable[[dict[str, Any]], Awaitable[DeliveryResult]]
 PAGES_KEY = "pages"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import StoreConfig
-from bot.store.base import Store, StoreSide, StoreUnavailable
+from bot.storage.interface import Store, StoreSide, StoreUnavailable
 from bot.store.sqlite import SqliteStore
 
 __all__ = ["Store", "StoreSide", "StoreUnavailable", "open_store"]

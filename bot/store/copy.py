@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from bot.config import ConfigError, StoreConfig, load_config
+from bot.storage.interface import SchemaChange, Store, StoreUnavailable
 from bot.store import open_store
-from bot.store.base import SchemaChange, Store, StoreUnavailable
 from bot.store.core import COPIED_TABLES
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from bot.models import AlertState, AmAlert, EventKind, GpuEvent, GpuHistoryRequest, WebhookPayload
-from bot.store.base import (
+from bot.storage.interface import (
     ActionRun,
     AuditEntry,
     BreakerState,

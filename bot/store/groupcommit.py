@@ -7,7 +7,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from bot.store.base import IncomingNotification, IngestResult, StoreUnavailable
+from bot.storage.interface import IncomingNotification, IngestResult, StoreUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -8,16 +8,15 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any
 
 from bot.incident.members import MemberSummary, alert_line
 from bot.incident.membership import Candidate, IncidentRule, Membership, MembershipPlan, OpenIncident
 from bot.incident.model import INCIDENT_KEY_PREFIX, AlertLine
 from bot.incident.record import IncidentRecord, Origin
 from bot.models import host_from_labels
+from bot.storage.interface import Lane
 
-# A receiver's deliveries go in two lanes: an alert's never wait behind an incident's, and the other way round.
-Lane = Literal["alerts", "incidents"]
 _PREFIX_LENGTH = len(INCIDENT_KEY_PREFIX)
 
 

@@ -8,7 +8,7 @@ has shipped.
 
 from __future__ import annotations
 
-from bot.store.base import StoreUnavailable
+from bot.storage.interface import StoreUnavailable
 
 # 2: the webhooks and their idempotency keys are written to an inbox file of their own (bot/store/sqlite/inbox.py).
 # 3: alerts.silence_claimed_at (one silence per alert) and remediation_breaker_window (a reset starts a window).

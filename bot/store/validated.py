@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from bot.models import WebhookPayload
+from bot.storage.interface import IncomingNotification, IngestResult
 from bot.store import core
-from bot.store.base import IncomingNotification, IngestResult
 
 # A few seconds of a storm, a few MB at most.
 VALIDATED_PAYLOADS_KEPT = 256

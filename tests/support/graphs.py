@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from bot.evidence import Enrichment, EnrichmentSection, PrometheusEvidence, PrometheusSeries, PrometheusWindow
 from bot.message import Message
 from bot.models import Delivery, NewDelivery
-from bot.store.base import Store
+from bot.storage.interface import Store
 from tests.support.payloads import STARTED, am_alert, webhook
 from tests.support.store import ingest_and_dedup, route_event
 

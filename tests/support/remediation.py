@@ -14,7 +14,7 @@ from bot.actions.executor import ExecResult, Executor, RunContext
 from bot.config import RemediationConfig
 from bot.metrics import Metrics
 from bot.models import AlertState
-from bot.store.base import Store
+from bot.storage.interface import Store
 from bot.store.sqlite import SqliteStore
 from tests.support.clock import FakeClock
 from tests.support.payloads import am_alert, webhook

@@ -17,7 +17,7 @@ import pytest
 from bot.dedup import plan_events
 from bot.message import Message
 from bot.models import EventRoute, NewDelivery, WebhookPayload
-from bot.store.base import IncomingNotification, IngestResult, Store
+from bot.storage.interface import IncomingNotification, IngestResult, Store
 from bot.store.postgresql import PostgresStore
 from bot.store.sqlite import SqliteStore
 from tests.support.payloads import STARTED, body

@@ -34,7 +34,7 @@ from bot.render.slack.incident_thread import HOSTS_PER_REPLY, alert_list, hosts_
 from bot.sinks.slack.channel import SlackChannel, SlackFailure
 from bot.sinks.slack.pictures import SlackFiles
 from bot.sinks.slack.state import AlertRecord, Attachment, HostReply, IncidentCard, Posting, SinkState, Upload
-from bot.store.base import Store
+from bot.storage.interface import Store
 
 log = logging.getLogger(__package__)
 

@@ -25,7 +25,7 @@ from bot.clock import Clock
 from bot.message import Message
 from bot.metrics import Metrics
 from bot.render.graph import AlertGraph, graph_description, graph_filename
-from bot.selftest.marking import is_selftest
+from bot.selftest_label import is_selftest
 from bot.sinks.graphs import AlertPictures
 from bot.sinks.slack.channel import SlackChannel, SlackFailure
 from bot.sinks.slack.state import AlertRecord, SinkState, Upload

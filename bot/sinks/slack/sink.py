@@ -44,7 +44,7 @@ from bot.sinks.slack.incident import IncidentCards
 from bot.sinks.slack.pacing import SlackRateLimits
 from bot.sinks.slack.pictures import ThreadPictures
 from bot.sinks.slack.state import AlertRecord, Posting, Related, SinkState
-from bot.store.base import Store, StoreUnavailable
+from bot.storage.interface import Store, StoreUnavailable
 
 log = logging.getLogger(__package__)
 

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from bot.message import Message
 from bot.render.slack import shrink_for_slack
-from bot.store.base import Store
+from bot.storage.interface import Store
 
 # Sink-state keys remembered at most (a few MB): an incident of a few thousand alerts keeps their records.
 _REMEMBERED = 4096

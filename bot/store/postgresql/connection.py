@@ -16,7 +16,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from bot.clock import SYSTEM_CLOCK, Clock
 from bot.failure import what_failed
-from bot.store.base import IncomingNotification, IngestResult, SchemaChange, Store, StoreUnavailable
+from bot.storage.interface import IncomingNotification, IngestResult, SchemaChange, Store, StoreUnavailable
 from bot.store.groupcommit import GroupCommit
 from bot.store.migrations import POSTGRESQL_MIGRATIONS, POSTGRESQL_SCHEMA_VERSION, refuse_newer
 from bot.store.validated import ValidatedPayloads

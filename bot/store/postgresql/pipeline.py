@@ -13,9 +13,9 @@ import psycopg
 
 from bot.message import Message
 from bot.models import Delivery, Event, EventKind, EventRoute, IncidentRoute, short_id
+from bot.storage.interface import IncomingNotification, IngestResult, Lane, Planner
 from bot.store import core
-from bot.store.base import IncomingNotification, IngestResult, Planner
-from bot.store.incidents import Lane, lane_condition
+from bot.store.incidents import lane_condition
 from bot.store.postgresql.connection import (
     _DEDUP_LOCK,
     _OUTBOX_CHANNEL,

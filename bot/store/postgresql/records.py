@@ -11,8 +11,7 @@ from typing import Any
 from psycopg import sql
 
 from bot.models import AlertState, EventKind, GpuEvent, GpuHistoryRequest
-from bot.store import core
-from bot.store.base import (
+from bot.storage.interface import (
     ActionRun,
     AuditEntry,
     BreakerState,
@@ -21,6 +20,7 @@ from bot.store.base import (
     UnknownAlert,
     WatchdogRecord,
 )
+from bot.store import core
 from bot.store.postgresql.connection import _WORK_CHANNEL, Conn, PostgresConnection
 
 

@@ -21,8 +21,8 @@ from typing import Any
 
 from psycopg import sql
 
+from bot.storage.interface import StoreStats, StoreUnavailable
 from bot.store import core
-from bot.store.base import StoreStats, StoreUnavailable
 from bot.store.postgresql.incidents import PostgresIncidents
 from bot.store.postgresql.pipeline import PostgresAlertPath
 from bot.store.postgresql.records import PostgresRecords

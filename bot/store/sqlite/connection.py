@@ -16,7 +16,7 @@ from typing import Any, Literal, TypeVar
 
 from bot.clock import SYSTEM_CLOCK, Clock
 from bot.failure import what_failed
-from bot.store.base import IncomingNotification, IngestResult, SchemaChange, Store, StoreSide, StoreUnavailable
+from bot.storage.interface import IncomingNotification, IngestResult, SchemaChange, Store, StoreSide, StoreUnavailable
 from bot.store.groupcommit import GroupCommit
 from bot.store.migrations import SQLITE_SCHEMA_VERSION, refuse_newer
 from bot.store.sqlite import inbox

@@ -12,7 +12,7 @@ from typing import Any
 
 from bot.message import Message
 from bot.models import AlertState, Delivery, Event, EventKind, EventRoute, IncidentRoute, short_id
-from bot.store.base import IncomingNotification, IngestResult, Planner
+from bot.storage.interface import IncomingNotification, IngestResult, Lane, Planner
 from bot.store.core import (
     ALERT_INSERT_COLUMNS,
     ALERT_UPDATE,
@@ -24,7 +24,7 @@ from bot.store.core import (
     split_copies,
 )
 from bot.store.core import alert_from_row as _alert_from_row
-from bot.store.incidents import Lane, lane_condition
+from bot.store.incidents import lane_condition
 from bot.store.sqlite import inbox
 from bot.store.sqlite.connection import SqliteConnection, _dt
 from bot.store.sqlite.incidents import insert_incident_routes

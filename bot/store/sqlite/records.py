@@ -11,8 +11,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from bot.models import AlertState, EventKind, GpuEvent, GpuHistoryRequest
-from bot.store import core
-from bot.store.base import (
+from bot.storage.interface import (
     ActionRun,
     AuditEntry,
     BreakerState,
@@ -21,6 +20,7 @@ from bot.store.base import (
     UnknownAlert,
     WatchdogRecord,
 )
+from bot.store import core
 from bot.store.core import ALERT_DELIVERIES, delivery_record_from_row, gpu_event_from_row
 from bot.store.core import alert_from_row as _alert_from_row
 from bot.store.sqlite.connection import SqliteConnection, _ts

@@ -7,7 +7,7 @@ import sqlite3
 from pathlib import Path
 
 from bot.models import short_id
-from bot.store.base import StoreUnavailable
+from bot.storage.interface import StoreUnavailable
 
 _SCHEMA = """
 -- When an alert of the group last resolved: a notification accepted before that is no copy of one sent after

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from bot.store.base import StoreStats, StoreUnavailable
+from bot.storage.interface import StoreStats, StoreUnavailable
 from bot.store.core import copied_columns
 from bot.store.sqlite import inbox
 from bot.store.sqlite.incidents import SqliteIncidents

@@ -16,7 +16,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bot.store.base import StoreSide, StoreUnavailable
+from bot.storage.interface import StoreSide, StoreUnavailable
 
 log = logging.getLogger(__name__)
 

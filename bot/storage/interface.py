@@ -1,6 +1,7 @@
 """The Store interface: everything the bot persists, behind one small async API.
 
-SQLite (sqlite/) is the default; a PostgreSQL backend (postgresql/) for several replicas implements the same methods.
+bot/store/ implements it: SQLite (bot/store/sqlite/) is the default; a PostgreSQL backend (bot/store/postgresql/) for
+several replicas implements the same methods.
 Methods that change several things do so in one transaction, which is what makes a crash at any point safe.
 """
 
@@ -30,12 +31,14 @@ from bot.models import (
 )
 
 # Re-exported: the records Store's methods return are imported from here by the rest of the bot.
-from bot.store.entries import ActionRun as ActionRun
-from bot.store.entries import AuditEntry as AuditEntry
-from bot.store.entries import BreakerState as BreakerState
-from bot.store.entries import DeliveryRecord as DeliveryRecord
-from bot.store.entries import WatchdogRecord as WatchdogRecord
-from bot.store.incidents import Lane
+from bot.storage.entries import ActionRun as ActionRun
+from bot.storage.entries import AuditEntry as AuditEntry
+from bot.storage.entries import BreakerState as BreakerState
+from bot.storage.entries import DeliveryRecord as DeliveryRecord
+from bot.storage.entries import WatchdogRecord as WatchdogRecord
+
+# A receiver's deliveries go in two lanes: an alert's never wait behind an incident's, and the other way round.
+Lane = Literal["alerts", "incidents"]
 
 # The part of the bot a process runs (`serve --role`): "all" is ingest and worker in one process. An SQLite store
 # takes one ingest and one worker, whether they share a process or not.

@@ -1,5 +1,5 @@
 """What the store hands back about people's requests and the bot's own state: audit entries, deliveries, the dead
-man's switch's timers, remediation runs and the circuit breaker (bot/store/base.py's `Store` returns them)."""
+man's switch's timers, remediation runs and the circuit breaker (bot/storage/interface.py's `Store` returns them)."""
 
 from __future__ import annotations
 
