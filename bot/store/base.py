@@ -10,7 +10,7 @@ import abc
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from bot.dedup import AlertDecision
 from bot.incident.model import AlertLine
@@ -34,6 +34,9 @@ from bot.store.entries import BreakerState as BreakerState
 from bot.store.entries import DeliveryRecord as DeliveryRecord
 from bot.store.entries import WatchdogRecord as WatchdogRecord
 from bot.store.incidents import IncidentArrival, IncidentRecord, IncidentRule, Lane, Membership, Origin
+
+if TYPE_CHECKING:  # bot.store.pages reads rows as core does, and core imports this module
+    from bot.store.pages import AlertPage, AlertQuery, IncidentHead
 
 # The part of the bot a process runs (`serve --role`): "all" is ingest and worker in one process. An SQLite store
 # takes one ingest and one worker, whether they share a process or not.
@@ -168,6 +171,16 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def alert_incident(self, alert_key: str) -> str | None:
         """The id of the incident the alert episode is a member of, if any."""
+
+    # --- the incident pages (bot/pages/): reads only, bounded ------------------------------------------
+    @abc.abstractmethod
+    async def incident_heads(self, limit: int, incident_id: str | None = None) -> list[IncidentHead]:
+        """The open incidents first, then the most recent, at most `limit`, without their members (only the one
+        named by `incident_id` when given)."""
+
+    @abc.abstractmethod
+    async def incident_alert_page(self, incident_id: str, query: AlertQuery) -> AlertPage:
+        """One page of the incident's alerts, without their evidence, filtered and sorted by the store."""
 
     @abc.abstractmethod
     async def fail_event(self, event_id: int, error: str, retry_in: float | None) -> None:
