@@ -30,6 +30,7 @@ from bot.evidence import Enrichment
 from bot.message import Message
 from bot.metrics import Metrics
 from bot.models import AlertState, AmAlert, Delivery, Event, EventKind, WebhookPayload
+from bot.pages.links import page_links
 from bot.pipeline import Decision, Enrich, decide
 from bot.playbooks import Playbook, PlaybookSet
 from bot.printable import printable, printable_json
@@ -152,7 +153,7 @@ async def explain(
     """The whole report as JSON-ready data; `format_text` prints the same content for people."""
     router = Router(config.routing)
     receivers = {r.name: r for r in config.receivers}
-    previews = build_previews(config.receivers)
+    previews = build_previews(config.receivers, page_links(config.server))
     now = datetime.now(UTC)
     async with _enrichment(config, playbooks, enrich) as enrich_alert:
         alerts = []

@@ -90,13 +90,13 @@ class ServerConfig(StrictModel):
     def _pages_are_not_open_to_the_network(self) -> ServerConfig:
         if self.pages.enabled and not self.pages.auth.enabled and not is_loopback(self.host):
             raise ValueError(
-                f"server.pages.auth: the pages would be open to anyone who reaches {self.listen}: set "
-                "bearer_token_file, basic or proxy (docs/pages.md), or listen on loopback"
+                f"pages.auth: none set, so the pages would be open to anyone who reaches {self.listen}: set "
+                "pages.auth (bearer_token_file, basic or proxy; docs/pages.md), or listen on loopback"
             )
         if self.public_url is not None and not self.pages.enabled:
             raise ValueError(
-                "server.public_url: the links it makes lead to the pages, which are off: set server.pages.enabled "
-                "to true, or leave public_url out"
+                "public_url: the links it makes lead to the pages, which are off: set pages.enabled to true, or "
+                "leave public_url out"
             )
         return self
 
