@@ -92,7 +92,8 @@ async def test_the_list_of_incidents_puts_the_open_ones_first(opened: Opener) ->
         incident_id = await incident_of(store)
         [record] = await store.advance_incidents({incident_id: None})
         [head] = await store.incident_heads(10)
-        assert (head.id, head.state, head.version, head.alerts, head.firing) == (incident_id, "open", 1, 6, 6)
+        assert (head.id, head.state, head.version) == (incident_id, "open", 1)
+        assert (head.alerts, head.firing, head.acked) == (6, 6, 0)
         assert await store.incident_heads(10, incident_id) == [head]
         assert await store.incident_heads(10, "no-such-incident") == []
         assert head.opened_at == record.opened_at

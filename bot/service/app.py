@@ -271,6 +271,11 @@ def build_app(
         add_http_routes(app, config.interactivity, lambda request: request.app[RUNTIME_KEY].interactivity)
     admin_token = config.remediation.admin_token_file
     add_admin_routes(app, admin_token.get() if admin_token else None, _remediation)
+    if config.server.pages.enabled:
+        # Imported here: a bot without pages loads no template engine.
+        from bot.pages.routes import add_pages
+
+        add_pages(app, config, clock)
     return app
 
 

@@ -39,6 +39,7 @@ class IncidentHead:
     version: int
     alerts: int
     firing: int
+    acked: int
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class AlertQuery:
     gpu: str = ""
     status: Literal["", "firing", "resolved"] = ""
     acked: bool | None = None
+    silenced: bool | None = None
     labels: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
@@ -153,7 +155,9 @@ def _sqlite_value(annotations: str | None) -> float | None:
 _HEADS = """SELECT i.id, i.alertname, i.state, i.opened_at, i.resolved_at, i.version,
        (SELECT COUNT(*) FROM incident_members m WHERE m.incident_id = i.id) AS alerts,
        (SELECT COUNT(*) FROM incident_members m JOIN alerts a ON a.key = m.alert_key
-         WHERE m.incident_id = i.id AND a.status = 'firing') AS firing
+         WHERE m.incident_id = i.id AND a.status = 'firing') AS firing,
+       (SELECT COUNT(*) FROM incident_members m JOIN alerts a ON a.key = m.alert_key
+         WHERE m.incident_id = i.id AND a.acked_by IS NOT NULL) AS acked
   FROM incidents i {where}
  ORDER BY CASE WHEN i.state = 'open' THEN 0 ELSE 1 END, i.opened_at DESC, i.id LIMIT {p}"""
 
@@ -176,6 +180,7 @@ def head_from_row(row: Row) -> IncidentHead:
         version=int(row["version"]),
         alerts=int(row["alerts"]),
         firing=int(row["firing"]),
+        acked=int(row["acked"]),
     )
 
 
@@ -214,6 +219,8 @@ def _filters(query: AlertQuery, dialect: Dialect) -> tuple[str, list[Any]]:
         params.append(query.status)
     if query.acked is not None:
         conditions.append("a.acked_by IS NOT NULL" if query.acked else "a.acked_by IS NULL")
+    if query.silenced is not None:
+        conditions.append("a.silence_id IS NOT NULL" if query.silenced else "a.silence_id IS NULL")
     return "".join(f" AND {c}" for c in conditions), params
 
 
