@@ -91,8 +91,8 @@
     const last = (answer.page - 1) * answer.per_page + answer.rows.length;
     count.textContent =
       answer.matching === answer.total
-        ? `Alerts ${first}–${last} of ${answer.total}`
-        : `Alerts ${first}–${last} of ${answer.matching} matching (${answer.total} in all)`;
+        ? `Alerts ${first} to ${last} of ${answer.total}`
+        : `Alerts ${first} to ${last} of ${answer.matching} matching (${answer.total} in all)`;
     pageInfo.textContent = `page ${answer.page} of ${lastPage}`;
     previous.disabled = answer.page <= 1;
     next.disabled = answer.page >= lastPage;
