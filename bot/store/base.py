@@ -10,7 +10,7 @@ import abc
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from bot.dedup import AlertDecision
 from bot.incident.model import AlertLine
@@ -34,9 +34,7 @@ from bot.store.entries import BreakerState as BreakerState
 from bot.store.entries import DeliveryRecord as DeliveryRecord
 from bot.store.entries import WatchdogRecord as WatchdogRecord
 from bot.store.incidents import IncidentArrival, IncidentRecord, IncidentRule, Lane, Membership, Origin
-
-if TYPE_CHECKING:  # bot.store.pages reads rows as core does, and core imports this module
-    from bot.store.pages import AlertPage, AlertQuery, IncidentHead
+from bot.store.pages import AlertPage, AlertQuery, IncidentHead
 
 # The part of the bot a process runs (`serve --role`): "all" is ingest and worker in one process. An SQLite store
 # takes one ingest and one worker, whether they share a process or not.
