@@ -102,6 +102,14 @@
     }
   }
 
+  // The pictures come after the table: drawing one must not hold up the rows people came for.
+  function showPictures() {
+    for (const img of document.querySelectorAll("img[data-src]")) {
+      img.src = img.dataset.src;
+      img.removeAttribute("data-src");
+    }
+  }
+
   function problem(text) {
     count.textContent = text;
     count.classList.add("problem");
@@ -119,6 +127,7 @@
     count.classList.remove("problem");
     show(body);
     document.body.dataset.ready = "1";
+    showPictures();
   }
 
   async function follow() {
