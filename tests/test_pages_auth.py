@@ -6,7 +6,9 @@ security headers, refusals included."""
 
 from __future__ import annotations
 
+import asyncio
 import re
+import threading
 import tomllib
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,10 +19,12 @@ import pytest
 import yaml
 from playwright.async_api import Browser, expect
 
-from bot.pages.routes import SECURITY_HEADERS
+from bot.pages.routes import PAGES_KEY, SECURITY_HEADERS
+from bot.store.sqlite import SqliteStore
 from tests.support.bot import running_bot
 from tests.support.browser import watched_page
 from tests.support.pages import GPUS, host_alerts, post, the_incident
+from tests.support.payloads import gpu_alerts, webhook
 from tests.support.processes import REPO, free_port
 
 # In the session's event loop, the browser's.
@@ -103,3 +107,28 @@ async def test_a_bearer_token_of_the_pages_own_opens_them_and_every_answer_carri
         assert wrong.status_code == 400 and wrong.json()["message"].startswith("cannot sort by 'bogus'")
         assert (await client.get("/pages/incidents", headers={"Authorization": "Bearer nope"})).status_code == 401
         assert (await client.post("/pages/incidents", headers=good)).status_code == 405
+
+
+@in_browser_loop
+async def test_the_pages_read_a_store_of_their_own_so_a_busy_page_never_holds_up_a_webhook(tmp_path: Path) -> None:
+    """The pages' SQLite reads run in a thread of their own: with that thread held (a page reading a huge incident,
+    say), a webhook is still acknowledged, and the page answers once its thread is free."""
+    token = tmp_path / "pages_token"
+    token.write_text("pages-token-0123456789\n")
+    config = {"server": {"pages": {"enabled": True, "auth": {"bearer_token_file": str(token)}}}}
+    held = threading.Event()
+    async with running_bot(tmp_path, config) as bot, httpx.AsyncClient(base_url=bot.url, timeout=30) as client:
+        pages = bot.app[PAGES_KEY]
+        assert isinstance(pages.store, SqliteStore) and pages.store is not bot.runtime.store
+        busy = asyncio.ensure_future(pages.store._run(held.wait))
+        page = asyncio.ensure_future(
+            client.get("/pages/incidents", headers={"Authorization": "Bearer pages-token-0123456789"})
+        )
+        try:
+            answer = await client.post("/alertmanager", json=webhook(gpu_alerts(3)))
+            assert answer.status_code == 200
+            assert not page.done()  # still waiting for its store
+        finally:
+            held.set()
+        await busy
+        assert (await page).status_code == 200

@@ -96,7 +96,7 @@ def add_pages(app: web.Application, config: BotConfig, clock: Clock) -> None:
     """Serve the pages under /pages/ from `app`, whose own store is open by the time the pages' opens."""
     pages = Pages(PageAuth(config.server.pages.auth), config.server.pages.refresh, clock)
     sub = web.Application(middlewares=[_guard])
-    sub[PAGES_KEY] = pages
+    sub[PAGES_KEY] = app[PAGES_KEY] = pages
 
     async def lifecycle(_: web.Application) -> AsyncIterator[None]:
         # A read-only store of their own: two connections at most on PostgreSQL, a thread of its own on SQLite.
