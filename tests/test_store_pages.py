@@ -12,7 +12,8 @@ from bot.incident.members import alert_value
 from bot.models import host_from_labels
 from bot.store.base import Store
 from bot.store.pages import AlertQuery
-from tests.support.payloads import am_alert, webhook
+from tests.support.clock import FakeClock
+from tests.support.payloads import am_alert, gpu_alerts, webhook
 from tests.support.store import Opener, ingest_and_dedup
 from tests.test_store_incidents import RULE, arrivals
 
@@ -87,16 +88,27 @@ async def test_an_incidents_alerts_are_filtered_and_paged_by_the_store(opened: O
         assert (await store.incident_alert_page("no-such-incident", AlertQuery())).alerts == []
 
 
-async def test_the_list_of_incidents_puts_the_open_ones_first(opened: Opener) -> None:
-    async with opened() as store:
-        incident_id = await incident_of(store)
-        [record] = await store.advance_incidents({incident_id: None})
-        [head] = await store.incident_heads(10)
-        assert (head.id, head.state, head.version) == (incident_id, "open", 1)
-        assert (head.alerts, head.firing, head.acked) == (6, 6, 0)
-        assert await store.incident_heads(10, incident_id) == [head]
+async def test_the_list_of_incidents_puts_the_open_ones_first_then_the_most_recent(opened: Opener) -> None:
+    clock = FakeClock(datetime.now(UTC))
+    async with opened(clock=clock) as store:
+        hot = await incident_of(store)  # the oldest, still open
+        await clock.advance(60)
+        xid = webhook(gpu_alerts(6, host="k-ai-050"), group_key='{}:{alertname="GPUXidError"}')
+        await ingest_and_dedup(store, xid)
+        events = [e for e in await store.claim_events(100, 3600) if e.alert.labels["alertname"] == "GPUXidError"]
+        [newer] = {m.incident_id for m in (await store.attribute_incidents(arrivals(events), RULE)).values()}
+        await clock.advance(60)
+        resolved = [{**alert, "status": "resolved"} for alert in gpu_alerts(6, host="k-ai-050")]
+        await ingest_and_dedup(store, webhook(resolved, group_key='{}:{alertname="GPUXidError"}'))
+        await store.advance_incidents({hot: None, newer: None})
+        heads = await store.incident_heads(10)
+        assert [(h.id, h.state) for h in heads] == [(hot, "open"), (newer, "resolved")]
+        assert heads[1].opened_at > heads[0].opened_at
+        assert (heads[0].alerts, heads[0].firing, heads[0].acked) == (6, 6, 0)
+        assert (heads[1].alerts, heads[1].firing) == (6, 0)
+        assert await store.incident_heads(10, hot) == [heads[0]]
         assert await store.incident_heads(10, "no-such-incident") == []
-        assert head.opened_at == record.opened_at
+        assert len(await store.incident_heads(1)) == 1
 
 
 @pytest.mark.parametrize(
