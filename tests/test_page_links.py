@@ -12,6 +12,7 @@ import pytest
 
 from bot.config import ConsoleReceiver, PagerDutyReceiver, Receiver, SlackReceiver, load_config
 from bot.pages.links import PageLinks, page_links
+from bot.render.email_incident import render_incident_email
 from bot.sinks import build_previews
 from tests.support.bot import write_config
 from tests.support.incidents import INCIDENT_ID, incident_delivery, incident_view
@@ -78,3 +79,11 @@ def test_a_configuration_that_would_expose_the_pages_or_link_nowhere_is_refused(
 ) -> None:
     with pytest.raises(Exception, match=words):
         load_config(write_config(tmp_path, {"server": server}))
+
+
+def test_every_mail_of_an_incident_links_to_its_page_its_digests_and_recovery_too() -> None:
+    view = incident_view(analysed=True).model_copy(update={"page_url": INCIDENT_PAGE})
+    since = view.opened_at
+    for kind, extra in (("opening", {}), ("digest", {"changed": ["+8 alerts"], "since": since}), ("resolved", {})):
+        mail = render_incident_email(view, "example.com", kind, opening_title=view.title, **extra)  # type: ignore[arg-type]
+        assert INCIDENT_PAGE in mail.rendered.text and f'href="{INCIDENT_PAGE}"' in mail.rendered.html, kind
