@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class AlertPage:
+class AlertDetails:
     alert: AlertState
     short: str
     title: str
@@ -35,7 +35,7 @@ class AlertPage:
         return graph_description(self.graph) if self.graph is not None else ""
 
 
-async def read_alert(store: Store, short: str) -> AlertPage | None:
+async def read_alert(store: Store, short: str) -> AlertDetails | None:
     alert = await store.alert_by_short_id(short)
     if alert is None:
         return None
@@ -44,7 +44,7 @@ async def read_alert(store: Store, short: str) -> AlertPage | None:
     gpu = alert.labels.get("gpu", "")
     where = " ".join(part for part in (host and f"on {host}", gpu and f"GPU {gpu}") if part)
     value, unit = alert_value(alert.annotations)
-    return AlertPage(
+    return AlertDetails(
         alert=alert,
         short=short.strip().lower(),
         title=f"{alert.alertname or 'Alert'} {where}".strip(),
