@@ -6,9 +6,10 @@ import functools
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+import pytest_asyncio
 from hypothesis import HealthCheck, settings
 
 from bot.store.sqlite import SqliteStore
@@ -18,6 +19,9 @@ from tests.support.postgres import PostgresServer
 from tests.support.processes import Alertmanager, webhook_alertmanager_config
 from tests.support.sshd import Sshd
 from tests.support.store import Opener, postgres_store, slowed_stores, sqlite_store
+
+if TYPE_CHECKING:
+    from playwright.async_api import Browser
 
 # CI must not fail on an example nobody has seen before: property tests replay the same examples
 # unless HYPOTHESIS_PROFILE=explore asks for fresh ones (run it locally to hunt for new failures).
@@ -131,3 +135,14 @@ def sshd(tmp_path: Path) -> Iterator[Sshd]:
     server = Sshd(tmp_path / "sshd")
     yield server
     server.stop()
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def browser() -> AsyncIterator[Browser]:
+    """Debian's chromium, headless, one for the session (tests/support/browser.py): its tests run in the session's
+    event loop (`pytest.mark.asyncio(loop_scope="session")`)."""
+    # Imported here: only the browser tests load playwright.
+    from tests.support.browser import chromium
+
+    async with chromium() as started:
+        yield started

@@ -93,6 +93,26 @@ def test_the_wheel_carries_every_bundled_data_file(installed: Installed) -> None
     rules = {f"bot/bundled_rules/{path.name}" for path in (REPO / "config" / "rules").glob("*.yml")}
     assert "bot/bundled_rules/monitoring-alerts.yml" in rules
     assert rules <= names
+    pages = {f"bot/pages/{path.relative_to(REPO / 'bot' / 'pages')}" for path in (REPO / "bot" / "pages").glob("*/*.*")}
+    assert {"bot/pages/templates/incident.html", "bot/pages/static/pages.js", "bot/pages/static/pages.css"} <= pages
+    assert pages <= names
+
+
+def test_the_installed_bot_renders_its_pages_from_the_installed_package(installed: Installed) -> None:
+    shown = (
+        "from importlib.resources import files; from bot.pages.templates import render; "
+        "print(render('refused.html', prefix='/pages', title='<t>', message='m')); "
+        "print(len(files('bot.pages').joinpath('static', 'pages.js').read_bytes()))"
+    )
+    done = subprocess.run(
+        [str(installed.venv / "bin" / "python"), "-c", shown],
+        cwd=installed.elsewhere,
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "<h1>&lt;t&gt;</h1>" in done.stdout and int(done.stdout.split()[-1]) > 1000
 
 
 def test_the_installed_bot_reads_its_playbooks_from_the_installed_package(installed: Installed) -> None:

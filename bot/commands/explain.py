@@ -34,6 +34,7 @@ from bot.incident.stage import view_message
 from bot.message import Message
 from bot.metrics import Metrics
 from bot.models import AlertState, AmAlert, Delivery, Event, EventKind, WebhookPayload
+from bot.pages.links import PageLinks, page_links
 from bot.pipeline import Decision, Enrich, decide
 from bot.playbooks import Playbook, PlaybookSet
 from bot.printable import printable, printable_json
@@ -190,7 +191,7 @@ async def explain(
         incidents = [stored_incident(stored.incident, alert, decision, stored.told_alone)]
     else:
         incidents = payload_incidents(decided, config, now)
-    preview = _Previews(config.receivers, now)
+    preview = _Previews(config.receivers, now, page_links(config.server))
     alerts = []
     for (alert, decision), graph in zip(decided, graphs, strict=True):
         alerts.append(_alert_report(alert, decision, router, enrich, incidents, preview))
@@ -348,9 +349,9 @@ def _route_report(trace: RouteTrace, router: Router) -> dict[str, Any]:
 class _Previews:
     """What each configured receiver would send of a message, rendered by its sink's own code."""
 
-    def __init__(self, receivers: Sequence[Receiver], now: datetime) -> None:
+    def __init__(self, receivers: Sequence[Receiver], now: datetime, links: PageLinks | None) -> None:
         self._receivers = {receiver.name: receiver for receiver in receivers}
-        self._previewers = build_previews(receivers)
+        self._previewers = build_previews(receivers, links)
         self._now = now
 
     def __call__(self, name: str, message: Message) -> dict[str, Any]:

@@ -47,7 +47,8 @@ def _value(value: float | None, unit: str) -> str:
 
 def timeline(record: IncidentRecord, alerts: Sequence[AlertState], runs: Sequence[ActionRun]) -> list[Moment]:
     """What happened, oldest first: the first alert, the opening, the peak, actions, acks, silences, resolution.
-    `alerts`: the incident's, as stored."""
+    `alerts`: the incident's, as stored; those that say something are enough (the first, the peak, the acknowledged
+    and silenced ones: the incident page reads no more)."""
     view = build_view(record)
     first = min(alerts, key=lambda a: (a.starts_at, a.key))
     moments = [
@@ -76,7 +77,7 @@ def timeline(record: IncidentRecord, alerts: Sequence[AlertState], runs: Sequenc
         )
     if record.resolved_at is not None:
         lasted = format_duration((record.resolved_at - view.scope.since).total_seconds())
-        moments.append(Moment(record.resolved_at, f"All {len(alerts)} alerts resolved, {lasted} after the first"))
+        moments.append(Moment(record.resolved_at, f"All {view.scope.alerts} alerts resolved, {lasted} after the first"))
     return sorted(moments, key=lambda m: m.at)
 
 

@@ -53,7 +53,15 @@ from bot.config.remediation import (
 from bot.config.root import BotConfig, cross_section_problems, role_warnings, secret_file_warnings
 from bot.config.routing import Matcher, RouteRule, RoutingConfig
 from bot.config.secrets import Secret, SecretFile
-from bot.config.server import BasicAuthConfig, ServerConfig, WebhookAuthConfig
+from bot.config.server import (
+    BasicAuthConfig,
+    PagesAuthConfig,
+    PagesConfig,
+    ProxyAuthConfig,
+    ServerConfig,
+    WebhookAuthConfig,
+    is_loopback,
+)
 from bot.config.slurm import SlurmConfig, SlurmEnrichmentConfig
 from bot.config.ssh import SshExecutorConfig
 from bot.config.store import LoggingConfig, OutboxConfig, StoreConfig, WorkerConfig
@@ -87,9 +95,12 @@ __all__ = [
     "OutboxConfig",
     "PagerDutyReceiver",
     "PagerDutySeverity",
+    "PagesAuthConfig",
+    "PagesConfig",
     "PlaybooksConfig",
     "PrometheusConfig",
     "PrometheusSource",
+    "ProxyAuthConfig",
     "Receiver",
     "RemediationConfig",
     "RemediationHost",
@@ -112,6 +123,7 @@ __all__ = [
     "email_problems",
     "host_port",
     "http_url",
+    "is_loopback",
     "listen_address",
     "load_config",
     "located",

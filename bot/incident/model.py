@@ -165,6 +165,8 @@ class IncidentView(_Frozen):
     # e.g. "12 Slurm jobs of 5 users, 3 pods (15 likely lost)"; empty when none was found.
     work: str = ""
     hosts: list[HostLine] = Field(default_factory=list)  # worst first
+    # The incident's page (`server.public_url`), set as a receiver takes the view; empty: no page to link to.
+    page_url: str = ""
     # Every alert's line: never carried by a delivery (an incident of 100,000 alerts would carry them all in each
     # version); None: a receiver that attaches the list reads it from the store (`Store.incident_alerts`).
     alerts: list[AlertLine] | None = Field(default=None, exclude=True)

@@ -145,7 +145,7 @@ def render_incident_email(
     severity = f" ({view.severity})" if view.severity and kind != "resolved" else ""
     headline = f"{word}{severity}: {one_line(view.title, 1000)}"
     named = Block(title="", kind="text", lines=(f"Incident {view.id} · gpu-alert-bot report {view.id}",))
-    blocks = [named, *_lead(view, kind, changed or [], since), *_body(view)]
+    blocks = [named, *_lead(view, kind, changed or [], since), *_page(view), *_body(view)]
     footer = f"gpu-alert-bot · incident {view.id} · every alert in alerts.csv"
     colour = RESOLVED_COLOUR if kind == "resolved" else severity_colour(view.severity)
     rendered = RenderedEmail(
@@ -168,6 +168,12 @@ def _lead(view: IncidentView, kind: MailKind, changed: list[str], since: datetim
         when = f" since {since:%H:%M} UTC" if since is not None else ""
         return [Block(title=f"What changed{when}", kind="text", lines=tuple(changed))]
     return []
+
+
+def _page(view: IncidentView) -> list[Block]:
+    if not view.page_url:
+        return []
+    return [Block(title="Incident page", kind="links", pairs=(("Every alert, to sort and filter", view.page_url),))]
 
 
 def _body(view: IncidentView) -> list[Block]:

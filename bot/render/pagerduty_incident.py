@@ -98,8 +98,11 @@ def incident_trigger(
     }
     if config.client_url:
         event["client_url"] = config.client_url
+    links = [{"href": view.page_url, "text": "Incident page"}] if _is_web_url(view.page_url) else []
     if view.cause is not None and _is_web_url(view.cause.runbook_url):
-        event["links"] = [{"href": view.cause.runbook_url, "text": f"Runbook: {view.cause.title}"[:200]}]
+        links.append({"href": view.cause.runbook_url, "text": f"Runbook: {view.cause.title}"[:200]})
+    if links:
+        event["links"] = links
     return event
 
 

@@ -97,12 +97,14 @@ def start_processing(
     from bot.incident.stage import IncidentStage
     from bot.interact.service import slack_controls
     from bot.outbox import Outbox
+    from bot.pages.links import page_links
     from bot.pipeline import Pipeline
     from bot.routing import Router
     from bot.sinks import build_sinks
     from bot.worker import Worker
 
-    sinks = build_sinks(config.receivers, store, metrics, console, slack_controls(config, executable), clock)
+    controls = slack_controls(config, executable)
+    sinks = build_sinks(config.receivers, store, metrics, console, controls, clock, page_links(config.server))
     metrics.init_receivers(sinks)
     outbox = Outbox(store, sinks, config.outbox, metrics, receiver_lease=config.store.receiver_lease, clock=clock)
     enrichers = build_enrichers(config.enrichment, store, metrics, playbooks.xid_catalog, config.remediation)
@@ -269,6 +271,11 @@ def build_app(
         add_http_routes(app, config.interactivity, lambda request: request.app[RUNTIME_KEY].interactivity)
     admin_token = config.remediation.admin_token_file
     add_admin_routes(app, admin_token.get() if admin_token else None, _remediation)
+    if config.server.pages.enabled:
+        # Imported here: a bot without pages loads no template engine.
+        from bot.pages.routes import add_pages
+
+        add_pages(app, config, clock)
     return app
 
 

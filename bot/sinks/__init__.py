@@ -11,12 +11,14 @@ from typing import Any, Generic, TextIO, TypeVar
 from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import ConsoleReceiver, EmailReceiver, PagerDutyReceiver, Receiver, SlackReceiver
 from bot.metrics import Metrics
+from bot.pages.links import PageLinks
 from bot.render.graph_worker import GraphRenderer
 from bot.render.slack import Controls
 from bot.sinks.base import DeliveryResult, Preview, Previewer, Sink
 from bot.sinks.console import ConsoleSink
 from bot.sinks.email import EmailRendering, EmailSink
 from bot.sinks.graphs import AlertPictures
+from bot.sinks.linked import LinkedPreviewer, LinkedSink
 from bot.sinks.pagerduty import PagerDutyRendering, PagerDutySink
 from bot.sinks.slack import SlackRateLimits, SlackRendering, SlackSink
 from bot.storage.interface import Store
@@ -100,14 +102,22 @@ def build_sinks(
     console: TextIO | None = None,
     slack_controls: Mapping[str, Controls] | None = None,
     clock: Clock = SYSTEM_CLOCK,
+    links: PageLinks | None = None,
 ) -> dict[str, Sink]:
-    """`slack_controls`: the buttons each Slack receiver's messages may show (none for a receiver not listed)."""
+    """`slack_controls`: the buttons each Slack receiver's messages may show (none for a receiver not listed);
+    `links`: each delivery then carries the link to its page."""
     # Drawing is real CPU time in another process: its bound is on the system clock, whatever `clock` is.
     renderer = GraphRenderer(metrics)
     shared = SinkResources(store, metrics, console, SlackRateLimits(clock), slack_controls or {}, clock, renderer)
-    return {receiver.name: SINK_TYPES[type(receiver)].build(receiver, shared) for receiver in receivers}
+    sinks = {receiver.name: SINK_TYPES[type(receiver)].build(receiver, shared) for receiver in receivers}
+    if links is None:
+        return sinks
+    return {name: LinkedSink(sink, links) for name, sink in sinks.items()}
 
 
-def build_previews(receivers: Sequence[Receiver]) -> dict[str, Previewer]:
+def build_previews(receivers: Sequence[Receiver], links: PageLinks | None = None) -> dict[str, Previewer]:
     """What each receiver would send, rendered by its sink's code; Slack messages are shown without buttons."""
-    return {receiver.name: SINK_TYPES[type(receiver)].preview(receiver) for receiver in receivers}
+    previews = {receiver.name: SINK_TYPES[type(receiver)].preview(receiver) for receiver in receivers}
+    if links is None:
+        return previews
+    return {name: LinkedPreviewer(previewer, links) for name, previewer in previews.items()}

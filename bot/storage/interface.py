@@ -36,6 +36,7 @@ from bot.storage.entries import AuditEntry as AuditEntry
 from bot.storage.entries import BreakerState as BreakerState
 from bot.storage.entries import DeliveryRecord as DeliveryRecord
 from bot.storage.entries import WatchdogRecord as WatchdogRecord
+from bot.storage.pages import AlertPage, AlertQuery, IncidentHead
 
 # A receiver's deliveries go in two lanes: an alert's never wait behind an incident's, and the other way round.
 Lane = Literal["alerts", "incidents"]
@@ -186,6 +187,16 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def alert_incident(self, alert_key: str) -> str | None:
         """The id of the incident the alert episode is a member of, if any."""
+
+    # --- the incident pages (bot/pages/): reads only, bounded ------------------------------------------
+    @abc.abstractmethod
+    async def incident_heads(self, limit: int, incident_id: str | None = None) -> list[IncidentHead]:
+        """The open incidents first, then the most recent, at most `limit`, without their members (only the one
+        named by `incident_id` when given)."""
+
+    @abc.abstractmethod
+    async def incident_alert_page(self, incident_id: str, query: AlertQuery) -> AlertPage:
+        """One page of the incident's alerts, without their evidence, filtered and sorted by the store."""
 
     @abc.abstractmethod
     async def fail_event(self, event_id: int, error: str, retry_in: float | None) -> None:

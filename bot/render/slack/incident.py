@@ -80,6 +80,8 @@ def incident_card(view: IncidentView, controls: Controls = Controls()) -> Payloa
         )
     )
     blocks.append(context_block(incident_id_text(view.id)))
+    if view.page_url:
+        blocks.append(context_block(f"🔗 {link(view.page_url, 'Incident page')}: every alert, to sort and filter"))
     fallback = clip(f"{escape(title)}: {_scope_line(view)}", FALLBACK_BUDGET)
     colour = RESOLVED_COLOUR if resolved else severity_colour(view.severity)
     return {

@@ -24,6 +24,7 @@ from psycopg import sql
 from bot.storage.interface import StoreStats, StoreUnavailable
 from bot.store import core
 from bot.store.postgresql.incidents import PostgresIncidents
+from bot.store.postgresql.pages import PostgresPages
 from bot.store.postgresql.pipeline import PostgresAlertPath
 from bot.store.postgresql.records import PostgresRecords
 
@@ -31,7 +32,7 @@ from bot.store.postgresql.records import PostgresRecords
 RUNNING_RECENTLY = 60.0
 
 
-class PostgresStore(PostgresAlertPath, PostgresRecords, PostgresIncidents):
+class PostgresStore(PostgresAlertPath, PostgresRecords, PostgresIncidents, PostgresPages):
     # --- health and housekeeping -----------------------------------------------------------------------
     async def check_writable(self) -> None:
         if self._group_commit.stopped:

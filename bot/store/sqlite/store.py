@@ -20,6 +20,7 @@ from bot.storage.interface import StoreStats, StoreUnavailable
 from bot.store.core import copied_columns
 from bot.store.sqlite import inbox
 from bot.store.sqlite.incidents import SqliteIncidents
+from bot.store.sqlite.pages import SqlitePages
 from bot.store.sqlite.pipeline import SqliteAlertPath
 from bot.store.sqlite.records import SqliteRecords
 from bot.store.sqlite.threads import _HEALTH, LOCK_SUFFIXES, lock_held
@@ -29,7 +30,7 @@ from bot.store.sqlite.threads import _HEALTH, LOCK_SUFFIXES, lock_held
 _WRITE_PROBE_BYTES = 64 * 1024
 
 
-class SqliteStore(SqliteAlertPath, SqliteRecords, SqliteIncidents):
+class SqliteStore(SqliteAlertPath, SqliteRecords, SqliteIncidents, SqlitePages):
     # --- health and housekeeping -----------------------------------------------------------------------
     async def check_writable(self) -> None:
         if self._group_commit.stopped:
