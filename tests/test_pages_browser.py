@@ -14,6 +14,7 @@ import pytest
 from playwright.async_api import Browser, Page, expect
 from playwright.async_api import Error as PlaywrightError
 
+from bot.incident.record import IncidentAdvance
 from bot.storage.pages import AlertQuery
 from tests.support.bot import eventually, running_bot
 from tests.support.browser import watched_page
@@ -42,7 +43,7 @@ async def test_the_page_shows_the_cards_findings_and_its_table_sorts_filters_and
         for host in range(HOSTS):
             await post(bot, host_alerts(host, started))
         incident_id = await the_incident(bot.runtime.store, HOSTS * GPUS)
-        await bot.runtime.store.advance_incidents({incident_id: ANALYSIS})
+        await bot.runtime.store.advance_incidents({incident_id: IncidentAdvance(ANALYSIS)})
         async with watched_page(browser, http_credentials=CREDENTIALS) as watched:
             page = watched.page
             await page.goto(f"{bot.url}/pages/incidents")
@@ -50,7 +51,7 @@ async def test_the_page_shows_the_cards_findings_and_its_table_sorts_filters_and
             await page.wait_for_selector("body[data-ready='1']")
             assert page.url == f"{bot.url}/pages/incidents/{incident_id}?sort=value&order=desc&page=1"
             # What the card says: scope, what the hosts share, what moved, the likely cause and its first action.
-            await expect(page.locator("h1")).to_contain_text(f"GPUTempCritical on {HOSTS} hosts")
+            await expect(page.locator("h1")).to_contain_text(f"Facility cooling on {HOSTS} hosts")
             await expect(page.locator("#summary")).to_contain_text(f"{HOSTS * GPUS} alerts on {HOSTS} of 1,000 hosts")
             await expect(page.locator("#traits")).to_contain_text('48 of 50 affected hosts have row="C"')
             await expect(page.locator("#signals")).to_contain_text("inlet temperature moved +9.0 °C on 47 of 50")

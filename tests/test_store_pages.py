@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 import pytest
 
 from bot.incident.members import alert_value
+from bot.incident.record import IncidentAdvance
 from bot.models import host_from_labels
 from bot.storage.interface import Store
 from bot.storage.pages import AlertQuery
@@ -100,7 +101,7 @@ async def test_the_list_of_incidents_puts_the_open_ones_first_then_the_most_rece
         await clock.advance(60)
         resolved = [{**alert, "status": "resolved"} for alert in gpu_alerts(6, host="k-ai-050")]
         await ingest_and_dedup(store, webhook(resolved, group_key='{}:{alertname="GPUXidError"}'))
-        await store.advance_incidents({hot: None, newer: None})
+        await store.advance_incidents({hot: IncidentAdvance(), newer: IncidentAdvance()})
         heads = await store.incident_heads(10)
         assert [(h.id, h.state) for h in heads] == [(hot, "open"), (newer, "resolved")]
         assert heads[1].opened_at > heads[0].opened_at
