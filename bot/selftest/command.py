@@ -202,8 +202,15 @@ class SelfTest:
         if enrichment.prometheus is not None:
             prometheus = enrichment.prometheus
             if await self._steps.run("prometheus", partial(checks.prometheus_ready, prometheus)):
-                watchdog = self._config.deadman.alertname
-                await self._steps.run("prometheus rules", partial(checks.prometheus_rules, prometheus, watchdog))
+                rules = partial(
+                    checks.prometheus_rules,
+                    prometheus,
+                    self._config.deadman.alertname,
+                    clock=self._clock,
+                    limit=self._options.timeout,
+                    say=self._steps.say,
+                )
+                await self._steps.run("prometheus rules", rules)
         if enrichment.loki is not None:
             await self._steps.run("loki", partial(checks.loki_ready, enrichment.loki))
 
