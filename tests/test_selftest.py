@@ -8,7 +8,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+import yaml
 
 from bot.commands.cli import main
 from bot.config import BotConfig, load_config
@@ -63,6 +65,7 @@ async def test_a_correct_setup_passes_every_step_and_prints_the_table(
         for step in (
             "alertmanager",
             "bot",
+            "bot config",
             "bot store",
             "slack slack-gpu",
             "routing",
@@ -76,7 +79,7 @@ async def test_a_correct_setup_passes_every_step_and_prints_the_table(
             "deliver resolve slack-gpu",
         ):
             assert any(line.startswith(f"[pass] {step}: ") for line in text.splitlines()), (step, text)
-        assert "step" in text and "result" in text and "self-test passed: 0 step(s) failed of 13" in text
+        assert "step" in text and "result" in text and "self-test passed: 0 step(s) failed of 14" in text
         # Marked as a test in every sink: the console line and the Slack message, updated in place on resolve.
         fired, resolved = [e for e in bot.console_events() if e["alertname"] == "GPUSelfTest"]
         assert fired["title"] == resolved["title"] == "[self-test] GPUSelfTest"
@@ -246,3 +249,64 @@ async def test_pagerduty_hears_of_the_self_test_only_when_asked(
         [[incident]] = pagerduty.alerts.values()
         assert incident.status == "resolved"
         assert incident.summary.startswith("[self-test] GPUSelfTest")
+
+
+def bot_process(tmp_path: Path, config: dict[str, Any]) -> tuple[BotProcess, Path]:
+    """`serve` as a real process, listening where its file says (where the self-test looks for it)."""
+    port = free_port()
+    path = write_config(tmp_path, {**config, "server": {"listen": f"127.0.0.1:{port}"}})
+    return BotProcess(path, listen_port=port), path
+
+
+def edit(path: Path, config: dict[str, Any]) -> BotConfig:
+    """The file changed after the bot started (its listen address and store kept), as the self-test reads it."""
+    kept = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**config, "server": kept["server"], "store": kept["store"]}))
+    return load_config(path)
+
+
+async def test_a_receiver_added_to_the_file_of_a_running_bot_is_said_at_once(
+    tmp_path: Path, alertmanager_factory: Any, slack: FakeSlack
+) -> None:
+    console_only = {"receivers": [{"name": "console", "type": "console"}], "routing": {"default": ["console"]}}
+    bot, path = bot_process(tmp_path, console_only)
+    try:
+        am = alertmanager_factory(bot.url)
+        edited = edit(path, bot_config(tmp_path, slack))  # a Slack receiver added, the bot not restarted
+        code, steps, _ = await selftest(edited, am.url, config_file=str(path))
+    finally:
+        bot.stop()
+    assert code == 1
+    [failed] = [s for s in steps if s["outcome"] == "FAIL"]
+    assert (failed["step"], failed["detail"]) == (
+        "bot config",
+        "the running bot has no receiver slack-gpu: restart it with this config",
+    )
+    assert failed["cause"] == f"{path} was changed after the bot started, or the bot runs another configuration file"
+    assert failed["look"] == (
+        f"curl -s {bot.url}/config; systemctl restart gpu-alert-bot (or: docker compose restart gpu-alert-bot)"
+    )
+    # Nothing was fired to wait for: the alert path is skipped.
+    assert {step: outcomes(steps)[step] for step in ALERT_PATH} == dict.fromkeys(ALERT_PATH, "skip")
+
+
+async def test_a_running_bot_whose_routing_differs_from_the_file_is_said_at_once_and_its_secrets_are_not(
+    tmp_path: Path, alertmanager_factory: Any, slack: FakeSlack
+) -> None:
+    config = bot_config(tmp_path, slack)
+    bot, path = bot_process(tmp_path, config)
+    try:
+        told = httpx.get(f"{bot.url}/config").json()
+        am = alertmanager_factory(bot.url)
+        edited = edit(path, {**config, "routing": {"default": ["console"]}})
+        code, steps, _ = await selftest(edited, am.url, config_file=str(path))
+    finally:
+        bot.stop()
+    assert told["receivers"] == [{"name": "console", "type": "console"}, {"name": "slack-gpu", "type": "slack"}]
+    assert DEFAULT_TOKEN not in json.dumps(told) and "slack_token" not in json.dumps(told)
+    assert code == 1
+    [failed] = [s for s in steps if s["outcome"] == "FAIL"]
+    assert (failed["step"], failed["detail"]) == (
+        "bot config",
+        f"the running bot's receivers or routing differ from {path}: restart it with this config",
+    )

@@ -74,8 +74,9 @@ async def prometheus_rules(
         loaded = {r.get("name") for g in groups for r in g.get("rules", [])}
         missing = sorted(shipped_alert_names(shipped) - loaded)
         if missing:
+            named = f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"
             raise StepFailed(
-                f"{len(missing)} shipped rule(s) not loaded: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}",
+                f"{len(missing)} shipped rule(s) not loaded: {named}",
                 "prometheus.yml's rule_files does not include config/rules/*.yml",
                 look,
             )

@@ -45,7 +45,7 @@ from bot.selftest.path import (
     fire,
     misdirected,
 )
-from bot.selftest.reach import bot_url, probe_bot, read_only_store, store_name, worker_metrics_url
+from bot.selftest.reach import bot_url, compare_config, probe_bot, read_only_store, store_name, worker_metrics_url
 from bot.selftest.steps import StepFailed, Steps, as_json, table
 from bot.selftest.watch import BotWatch, MetricsWatch, StoreWatch, Wait
 
@@ -53,7 +53,7 @@ EXIT_PASSED = 0
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a command ended by Ctrl-C
 _ALERT_PATH = ("routing", "fire", "bot received", "resolve")
-_ESSENTIAL = ("alertmanager", "bot", "bot store", "bot metrics")
+_ESSENTIAL = ("alertmanager", "bot", "bot config", "bot store", "bot metrics")
 # Beyond Alertmanager's timeout, for amtool to start and finish the resolve of an early end.
 _CLEANUP_MARGIN = 10.0
 
@@ -64,6 +64,8 @@ class Options:
     receiver: str | None = None
     timeout: float = 300.0
     bot_url: str | None = None
+    # The file the configuration was read from, as the user named it (None: the defaults).
+    config_file: str | None = None
     pagerduty_event: bool = False
     output: str = "table"
 
@@ -179,6 +181,8 @@ class SelfTest:
         http = await stack.enter_async_context(httpx.AsyncClient(timeout=self._am_timeout()))
         if not await self._steps.run("bot", partial(probe_bot, http, self._bot_url(), self._options.bot_url)):
             return None
+        config_file = self._options.config_file or "the default configuration"
+        await self._steps.run("bot config", partial(compare_config, http, self._bot_url(), self._config, config_file))
 
         async def from_store() -> str:
             store = await stack.enter_async_context(read_only_store(self._config))
