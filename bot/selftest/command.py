@@ -5,6 +5,7 @@
 2. Alertmanager routes the synthetic alert `GPUSelfTest` to a receiver that posts to this bot.
 3. The alert is fired, reaches the bot, is delivered by each receiver the bot routes it to, then resolved the same
    way.
+4. The bot's dead man's switch is armed: Alertmanager's Watchdog reaches the bot (bot/selftest/switch.py).
 A failure skips the steps that depend on it, so a dead Alertmanager fails in seconds, not at the timeout; a receiver
 whose check fails leaves only its own deliveries unproven. Once the
 alert was fired, every end of the run (a failure, the timeout, Ctrl-C) resolves it in Alertmanager; and the bot
@@ -47,12 +48,14 @@ from bot.selftest.path import (
 )
 from bot.selftest.reach import bot_url, compare_config, probe_bot, read_only_store, store_name, worker_metrics_url
 from bot.selftest.steps import StepFailed, Steps, as_json, table
+from bot.selftest.switch import switch_armed
 from bot.selftest.watch import BotWatch, MetricsWatch, StoreWatch, Wait
 
 EXIT_PASSED = 0
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a command ended by Ctrl-C
 _ALERT_PATH = ("routing", "fire", "bot received", "resolve")
+SWITCH = "dead man's switch"
 _ESSENTIAL = ("alertmanager", "bot", "bot config", "bot store", "bot metrics")
 # Beyond Alertmanager's timeout, for amtool to start and finish the resolve of an early end.
 _CLEANUP_MARGIN = 10.0
@@ -256,12 +259,18 @@ class SelfTest:
         if amtool is not None and not await self._steps.run("routing", routing):
             return
         figures = PathFigures(http, am_url, self._bot_url())
+        path_starts = len(self._steps.results)
         try:
             await self._fire_and_follow(client, watch, figures, wait, amtool, am_url, routing)
         finally:
             # A failure, the timeout or Ctrl-C (a cancellation) must not leave the alert firing in Alertmanager.
             if self._firing_in is not None:
                 await self._resolve_after_failure(amtool, client, self._firing_in)
+        # The Watchdog takes the path just proven: the switch is checked once that path works.
+        path_failed = any(r.outcome == "FAIL" for r in self._steps.results[path_starts:])
+        if self._config.deadman.enabled and not path_failed:
+            watchdog = self._config.deadman.alertname
+            await self._steps.run(SWITCH, partial(switch_armed, watch, client, wait, watchdog, expected))
 
     async def _fire_and_follow(
         self,
