@@ -243,11 +243,8 @@ class SelfTest:
         amtool = find_amtool()
         assert self._status is not None
         am_url = self._status.url  # the replica that answered: with an HA pair, the first may be down
-        expected = (
-            {self._options.receiver}
-            if self._options.receiver
-            else bot_receivers(self._status.config.original, self._options.bot_url)
-        )
+        posting = bot_receivers(self._status.config.original, self._options.bot_url)
+        expected = {self._options.receiver} if self._options.receiver else posting
         alert = self._alert
         wrong_path = {} if self._options.receiver else misdirected(self._status.config.original, self._bot_url())
 
@@ -270,7 +267,9 @@ class SelfTest:
         path_failed = any(r.outcome == "FAIL" for r in self._steps.results[path_starts:])
         if self._config.deadman.enabled and not path_failed:
             watchdog = self._config.deadman.alertname
-            await self._steps.run(SWITCH, partial(switch_armed, watch, client, wait, watchdog, expected))
+            # Any receiver posting to the bot may carry the Watchdog, not only the one --receiver names.
+            armed = partial(switch_armed, watch, client, wait, watchdog, posting | expected)
+            await self._steps.run(SWITCH, armed)
 
     async def _fire_and_follow(
         self,
