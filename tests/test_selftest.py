@@ -370,3 +370,18 @@ async def test_a_watchdog_alertmanager_sends_elsewhere_is_named(tmp_path: Path) 
         "nobody",
     )
     assert steps[-1]["look"] == "amtool config routes test alertname=Watchdog"
+
+
+async def test_a_silenced_watchdog_is_named_with_its_silence(tmp_path: Path, alertmanager_factory: Any) -> None:
+    async with running_bot(tmp_path) as bot:
+        am = alertmanager_factory(bot.url)
+        # Silenced before it fires: Alertmanager never sends it.
+        silence = am.amtool("silence", "add", "alertname=Watchdog", "--comment=maintenance", "--duration=1h")
+        watchdog_firing(am)
+        code, steps, _ = await selftest(bot.config, am.url)
+    assert code == 1
+    assert (steps[-1]["step"], steps[-1]["detail"]) == (
+        "dead man's switch",
+        f"the Watchdog is silenced ({silence.stdout.strip()}) in Alertmanager: it never reaches the bot, whose dead "
+        "man's switch is never armed and pages nobody",
+    )

@@ -76,7 +76,7 @@ async def compare_config(http: httpx.AsyncClient, url: str, config: BotConfig, c
         response = await http.get(target)
     except httpx.HTTPError as exc:
         raise StepFailed(
-            f"cannot read {target}: {type(exc).__name__}: {exc}", "the bot stopped since the step above", look
+            f"cannot read {target}: {exc or 'no answer'}", "the bot stopped since the step above", look
         ) from None
     if response.status_code == 404:
         return f"not compared: the bot at {url} is of a version that does not tell which configuration it runs"

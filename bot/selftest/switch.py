@@ -2,8 +2,8 @@
 
 The self-test's own alert does not arm the switch: the switch times the Watchdog, which Prometheus fires all the
 time and Alertmanager sends on. A switch never armed pages nobody, so a self-test that passes leaves it armed;
-when it is not, the step says what keeps the Watchdog away: nothing fires it, Alertmanager sends it elsewhere, or
-it has not come yet (waited for within `--timeout`).
+when it is not, the step says what keeps the Watchdog away: nothing fires it, Alertmanager sends it elsewhere or
+silences it, or it has not come yet (waited for within `--timeout`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ async def switch_armed(
             f"Alertmanager has no {watchdog} alert: the bot's dead man's switch is never armed and pages nobody",
             "Prometheus does not load config/rules/monitoring-alerts.yml, or does not send its alerts to this "
             "Alertmanager (alerting.alertmanagers in prometheus.yml)",
-            f"{query}; curl -s PROMETHEUS/api/v1/rules",
+            query,
         )
     routed = {receiver.name for alert in alerts for receiver in alert.receivers}
     if not routed & bot_receivers:
@@ -38,6 +38,16 @@ async def switch_armed(
             "man's switch is never armed and pages nobody",
             f"the {watchdog}'s route names another receiver (config/alertmanager.example.yml routes it to the bot)",
             f"amtool config routes test alertname={watchdog}",
+        )
+    told = [alert for alert in alerts if alert.status.state != "suppressed"]
+    if not told:
+        silences = sorted({silence for alert in alerts for silence in alert.status.silenced_by})
+        why = f"silenced ({', '.join(silences)})" if silences else "inhibited by another alert"
+        raise StepFailed(
+            f"the {watchdog} is {why} in Alertmanager: it never reaches the bot, whose dead man's switch is never "
+            "armed and pages nobody",
+            f"a silence or an inhibit rule matches the {watchdog}, which must never be silenced",
+            f"amtool silence query alertname={watchdog}; amtool config show | grep -n -A8 inhibit_rules",
         )
 
     async def armed() -> bool | None:
