@@ -46,7 +46,10 @@ RECEIVER = "gpu-alert-bot-deadman"
 MEMBER_ALERTNAME = "AlertmanagerClusterMemberMissing"
 # The store keeps that alert's state beside the timers, under this prefix and the member's externalURL.
 MEMBER = "member "
-NEVER_ARMED = "never armed: no Watchdog received yet, so it cannot page (`gpu-alert-bot selftest` proves the path)"
+NEVER_ARMED = (
+    "never armed: no Watchdog received yet, so it cannot page (Prometheus must fire the Watchdog and Alertmanager "
+    "send it to this bot: `gpu-alert-bot selftest` says which does not)"
+)
 
 
 class Deadman:
@@ -112,8 +115,8 @@ class Deadman:
         self._paths = sites.paths(r.replica for r in records)
         timers = [r for r in records if not r.replica.startswith(MEMBER) and not sites.is_path(r.replica)]
         self._arm(is_armed(records))
-        # A switch that never heard a Watchdog proves nothing by its silence: it does not page (the self-test
-        # proves the path on day one), and says so in /readyz, /gpu status and its metric.
+        # A switch that never heard a Watchdog proves nothing by its silence: it does not page (the self-test says
+        # what keeps the Watchdog away), and says so in /readyz, /gpu status and its metric.
         quiet = {r.replica for r in timers if self.armed and self._age(r, now) > self._config.effective_timeout}
         members = await self._look(timers)
         # A member whose cluster's Watchdog arrives is not silent, and one that is down or out of its cluster is
@@ -139,7 +142,7 @@ class Deadman:
         if not armed and self.armed is not False:
             log.warning(
                 "the dead man's switch is not armed: no Watchdog has arrived yet, so its silence pages nobody; "
-                "route the Watchdog to this bot and run `gpu-alert-bot selftest`"
+                "route the Watchdog to this bot; `gpu-alert-bot selftest` says what keeps it away"
             )
         self.armed = armed
         self._metrics.deadman_armed.set(1 if armed else 0)

@@ -81,7 +81,11 @@ async def test_a_bot_that_never_got_a_watchdog_is_never_armed_and_pages_nobody(t
         async with httpx.AsyncClient() as client:
             ready = await client.get(f"{bot.url}/readyz")
         assert ready.status_code == 200
-        assert ready.json()["checks"]["deadman"].startswith("never armed: no Watchdog received yet, so it cannot page")
+        said = ready.json()["checks"]["deadman"]
+        assert said.startswith("never armed: no Watchdog received yet, so it cannot page")
+        # What arms it (the Watchdog, not the self-test's own alert), and where to learn what keeps it away.
+        assert "Prometheus must fire the Watchdog and Alertmanager send it to this bot" in said
+        assert "`gpu-alert-bot selftest` says which does not" in said
         assert status_line(await bot.runtime.store.watchdog_records()).startswith("Dead man's switch: never armed")
 
 

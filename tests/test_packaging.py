@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -15,10 +16,11 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
-from tests.support.processes import REPO, ManagedProcess, free_port, wait_http
+from tests.support.processes import REPO, ManagedProcess, find_binary, free_port, wait_http
 
 pytestmark = pytest.mark.wheel
 
@@ -167,3 +169,113 @@ def test_serve_becomes_ready_and_the_healthcheck_finds_it(installed: Installed) 
     finally:
         assert bot.stop(signal.SIGTERM) == 0, bot.stderr.snapshot()
     assert (installed.elsewhere / "serve.db").is_file()
+
+
+UNIT = REPO / "deploy" / "systemd" / "gpu-alert-bot.service"
+VM_CONFIG = REPO / "deploy" / "systemd" / "bot.yaml"
+
+
+def unit_settings(text: str) -> dict[str, list[str]]:
+    """`Section.Key` and its values in order (a key may be given more than once), as systemd reads a unit file."""
+    settings: dict[str, list[str]] = {}
+    section = ""
+    for line in (raw.strip() for raw in text.splitlines()):
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            section = line.strip("[]")
+            continue
+        key, _, value = line.partition("=")
+        settings.setdefault(f"{section}.{key}", []).append(value)
+    return settings
+
+
+def test_systemd_finds_nothing_wrong_in_the_unit_starting_the_installed_wheel(
+    installed: Installed, tmp_path: Path
+) -> None:
+    unit = tmp_path / UNIT.name  # systemd reads the unit's name from its file's
+    unit.write_text(UNIT.read_text().replace("/opt/gpu-alert-bot", str(installed.venv)))
+    verified = subprocess.run(
+        [find_binary("systemd-analyze"), "verify", str(unit)], capture_output=True, text=True, timeout=60
+    )
+    # Unknown keys and values it cannot parse are warnings on stderr, with exit status 0.
+    assert (verified.returncode, verified.stderr) == (0, "")
+
+
+def test_the_unit_serves_the_vm_configuration_from_its_state_directory_and_credentials(
+    installed: Installed, tmp_path: Path
+) -> None:
+    """The unit's command, environment and directories with deploy/systemd/bot.yaml, as systemd gives them to the
+    bot: each of the unit's places moved under tmp_path."""
+    settings = unit_settings(UNIT.read_text())
+    assert settings["Service.StateDirectory"] == settings["Service.CacheDirectory"] == ["gpu-alert-bot"]
+    assert settings["Service.WorkingDirectory"] == ["/var/lib/gpu-alert-bot"]
+    places = {
+        "/opt/gpu-alert-bot": installed.venv,
+        "/etc/gpu-alert-bot": tmp_path / "etc",
+        "/var/lib/gpu-alert-bot": tmp_path / "state",  # StateDirectory=
+        "/var/cache/gpu-alert-bot": tmp_path / "cache",  # CacheDirectory=
+        "/run/credentials/gpu-alert-bot.service": tmp_path / "credentials",  # $CREDENTIALS_DIRECTORY
+    }
+
+    def here(text: str) -> str:
+        for path, place in places.items():
+            text = text.replace(path, str(place))
+        return text
+
+    for place in places.values():
+        place.mkdir(exist_ok=True)
+    # LoadCredential=ID:DIRECTORY: each file of the directory becomes the credential ID_<file name>.
+    [credential] = settings["Service.LoadCredential"]
+    name, _, source = credential.partition(":")
+    secrets = Path(here(source))
+    secrets.mkdir()
+    (secrets / "webhook_token").write_text("webhook-s3cret\n")
+    for secret in secrets.iterdir():
+        shutil.copy(secret, places["/run/credentials/gpu-alert-bot.service"] / f"{name}_{secret.name}")
+    [command] = settings["Service.ExecStart"]
+    argv = here(command).split()
+    config = yaml.safe_load(here(VM_CONFIG.read_text()))
+    port = free_port()
+    config["server"]["listen"] = f"127.0.0.1:{port}"
+    assert argv[1:3] == ["serve", "--config"]
+    Path(argv[3]).write_text(yaml.safe_dump(config))
+    environment = dict(pair.split("=", 1) for line in settings["Service.Environment"] for pair in here(line).split())
+    bot = ManagedProcess(
+        argv,
+        cwd=Path(here(settings["Service.WorkingDirectory"][0])),
+        env=dict(
+            _clean_env(), CREDENTIALS_DIRECTORY=str(places["/run/credentials/gpu-alert-bot.service"]), **environment
+        ),
+    )
+    try:
+        wait_http(f"http://127.0.0.1:{port}/readyz", timeout=60, process=bot.process)
+        webhook = f"http://127.0.0.1:{port}/alertmanager"
+        assert httpx.post(webhook, json={}, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        told = httpx.post(webhook, json={}, headers={"Authorization": "Bearer webhook-s3cret"}).status_code
+        assert told == 400  # past the token read from the credential: an empty body refused as such
+    finally:
+        assert bot.stop(signal.SIGTERM) == 0, bot.stderr.snapshot()
+    assert (places["/var/lib/gpu-alert-bot"] / "gpu-alert-bot.db").is_file()
+
+
+def test_every_advice_naming_a_systemd_unit_of_the_bot_names_the_shipped_one() -> None:
+    """`systemctl status gpu-alert-bot`, `journalctl -u gpu-alert-bot` in the bot's words and the docs: the unit of
+    deploy/systemd, not one no install has."""
+    advice = re.compile(r"(?:systemctl (?:[a-z-]+ )+|journalctl (?:-[a-z] \S+ )*-u )(gpu-alert-bot[\w@.-]*)")
+    texts = [
+        *(REPO / "bot").rglob("*.py"),
+        *(REPO / "docs").glob("*.md"),
+        *(REPO / "deploy").rglob("*"),
+        REPO / "README.md",
+    ]
+    named = {
+        (path.relative_to(REPO).as_posix(), unit.removesuffix(".service"))
+        for path in texts
+        if path.is_file()
+        for unit in advice.findall(path.read_text(errors="replace"))
+    }
+    shipped = {unit.stem for unit in (REPO / "deploy" / "systemd").glob("*.service")}
+    assert shipped == {"gpu-alert-bot"}
+    assert named, "no advice names a unit: the pattern no longer finds them"
+    assert {(path, unit) for path, unit in named if unit not in shipped} == set()

@@ -6,16 +6,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from bot.config import EmailReceiver, LokiConfig, PrometheusConfig
 from bot.selftest import checks
 from bot.selftest.steps import StepFailed
 from tests.fakes.loki import FakeLoki
-from tests.support.bot import eventually
+from tests.support.clock import FakeClock, running
 from tests.support.processes import Prometheus, free_port
 from tests.support.rules import SHIPPED_RULES, quick_rules
 from tests.test_email import USERS, Pki, make_pki, smtp_server
 
+WEEK = 7 * 24 * 3600.0
 PROMETHEUS_CONFIG = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "scrape_configs": []}
 
 
@@ -76,16 +78,44 @@ async def test_smtp_problems_fail_the_step_with_the_servers_reason(tmp_path: Pat
 async def test_prometheus_with_the_shipped_rules_and_the_watchdog_firing_passes(prometheus: Prometheus) -> None:
     config = PrometheusConfig(url=prometheus.url)
     assert await checks.prometheus_ready(config) == f"{prometheus.url} is ready"
-
-    async def rules_loaded() -> str | None:
-        try:
-            return await checks.prometheus_rules(config, "Watchdog")
-        except StepFailed as exc:
-            # Only the first evaluation of the Watchdog is worth waiting for.
-            return None if "Watchdog alert is not firing" in exc.detail else exc.detail
-
-    detail = await eventually(rules_loaded, timeout=20)
+    # Asked as soon as Prometheus is ready: the check waits for the first evaluation of the Watchdog's group.
+    detail = await checks.prometheus_rules(config, "Watchdog")
     assert detail == f"{len(checks.shipped_alert_names(SHIPPED_RULES))} rules loaded, Watchdog firing"
+
+
+def rules_evaluated_every(tmp_path: Path, interval: str) -> Path:
+    """The shipped rules, the Watchdog's group evaluated every `interval` (a week: not once during the test)."""
+    rules = quick_rules(sorted(SHIPPED_RULES.glob("*.yml")), tmp_path / "rules.yml")
+    groups = yaml.safe_load(rules.read_text())["groups"]
+    for group in groups:
+        if any(rule.get("alert") == "Watchdog" for rule in group["rules"]):
+            group["interval"] = interval
+    rules.write_text(yaml.safe_dump({"groups": groups}))
+    return rules
+
+
+async def test_a_watchdog_not_evaluated_yet_is_waited_for_one_interval_of_its_group(tmp_path: Path) -> None:
+    """Prometheus evaluates a group first within one interval of starting: until then its Watchdog is not firing,
+    and that is no missing rule."""
+    prometheus = Prometheus(tmp_path / "prom", PROMETHEUS_CONFIG, [rules_evaluated_every(tmp_path, "1w")])
+    clock, said = FakeClock(), []
+    try:
+        async with running(clock):
+            with pytest.raises(StepFailed) as failed:
+                await checks.prometheus_rules(
+                    PrometheusConfig(url=prometheus.url), "Watchdog", clock=clock, limit=WEEK * 2, say=said.append
+                )
+    finally:
+        prometheus.stop()
+    assert clock.monotonic() >= WEEK  # not called missing before its group's interval passed
+    assert said == [
+        "waiting for Prometheus to evaluate the Watchdog rule a first time (its group monitoring runs every "
+        "604800 s): up to 168 h"
+    ]
+    assert failed.value.detail == (
+        "Prometheus has not evaluated the Watchdog rule in 168 h (its group monitoring runs every 604800 s): rule "
+        "evaluation is stuck"
+    )
 
 
 @pytest.mark.parametrize("prometheus", [("monitoring",)], indirect=True)

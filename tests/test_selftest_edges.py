@@ -22,6 +22,7 @@ from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack
 from tests.support.bot import RunningBot, eventually, running_bot
 from tests.support.payloads import am_alert, webhook
 from tests.support.processes import Alertmanager, free_port, webhook_alertmanager_config
+from tests.test_selftest import watchdog_firing
 
 CONSOLE = {"receivers": [{"name": "console", "type": "console"}], "routing": {"default": ["console"]}}
 
@@ -217,11 +218,13 @@ async def test_a_receiver_failing_its_check_leaves_the_others_proven(
         slack_config = with_slack(tmp_path, slack)
         Path(slack_config["receivers"][1]["token_file"]).write_text("xoxb-revoked\n")
     async with running_bot(tmp_path, slack_config) as bot:
-        am = alertmanager_factory(bot.url)
+        am = watchdog_firing(alertmanager_factory(bot.url))
         code, steps = await run(bot.config, am, timeout=30)
     assert code == 1
     assert [s["step"] for s in steps if s["outcome"] == "FAIL"] == ["slack slack-gpu"]
-    assert {s["step"]: s["outcome"] for s in steps if s["step"] not in ("alertmanager", "bot", "bot store")} == {
+    assert {
+        s["step"]: s["outcome"] for s in steps if s["step"] not in ("alertmanager", "bot", "bot config", "bot store")
+    } == {
         "slack slack-gpu": "FAIL",
         "routing": "pass",
         "fire": "pass",
@@ -232,6 +235,7 @@ async def test_a_receiver_failing_its_check_leaves_the_others_proven(
         "bot received resolve": "pass",
         "deliver resolve console": "pass",
         "deliver resolve slack-gpu": "skip",
+        "dead man's switch": "pass",
     }
     [unproven] = [s for s in steps if s["step"] == "deliver slack-gpu"]
     assert unproven["detail"] == "not proven: the check of slack-gpu failed above"

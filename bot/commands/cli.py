@@ -330,6 +330,7 @@ def _selftest(args: argparse.Namespace) -> int:
         receiver=args.receiver,
         timeout=args.timeout,
         bot_url=args.bot,
+        config_file=str(args.config) if args.config else None,
         pagerduty_event=args.pagerduty_event,
         output="json" if args.json else "table",
     )

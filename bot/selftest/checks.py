@@ -4,6 +4,7 @@ Slack is asked who the token is and whether it is in its channel, SMTP goes as f
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,17 +14,24 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.alertmanager import AlertmanagerClient, AlertmanagerError, AmStatus
+from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import EmailReceiver, LokiConfig, PagerDutyReceiver, PrometheusConfig, Secret, SlackReceiver
 from bot.datafile import bundled_rules
 from bot.enrich.queryapi import bearer_auth, body_text
 from bot.failure import what_failed
 from bot.render.graph_worker import graphs_installed
-from bot.selftest.steps import StepFailed
+from bot.selftest.steps import StepFailed, duration
 from bot.sinks.email import probe_smtp
 
 SHIPPED_RULES = bundled_rules()
 _CHANNEL_ID = re.compile(r"^[CGD][A-Z0-9]{6,}$")
 _CHANNEL_TYPES = "public_channel,private_channel"
+# How Prometheus shows a rule it never evaluated: the zero time.
+_NEVER = "0001-01-01T00:00:00"
+# Beyond one interval of the Watchdog's group: the evaluation itself, and Prometheus's answer.
+_EVALUATION_MARGIN = 5.0
+_RULES_POLL = 1.0
+_POLLS_PER_INTERVAL = 30
 
 
 async def alertmanager_status(client: AlertmanagerClient) -> AmStatus:
@@ -49,32 +57,98 @@ async def prometheus_ready(config: PrometheusConfig) -> str:
     return f"{config.url} is ready"
 
 
-async def prometheus_rules(config: PrometheusConfig, watchdog: str, shipped: Path = SHIPPED_RULES) -> str:
-    """The shipped alert rules are loaded and the Watchdog fires."""
+async def prometheus_rules(
+    config: PrometheusConfig,
+    watchdog: str,
+    *,
+    clock: Clock = SYSTEM_CLOCK,
+    limit: float = 300.0,
+    say: Callable[[str], None] | None = None,
+    shipped: Path = SHIPPED_RULES,
+) -> str:
+    """The shipped alert rules are loaded and the Watchdog fires. A Watchdog rule Prometheus has not evaluated yet
+    (it just started) is waited for, one interval of its group at most (and `limit` seconds, the self-test's
+    timeout), before it is called not firing."""
     look = f"curl -s {config.url}/api/v1/rules | jq '.data.groups[].rules[].name'"
     async with _http(config.url, config.timeout, config.bearer_token_file) as http:
-        rules = await _get(http, "/api/v1/rules", "Prometheus")
-        alerts = await _get(http, "/api/v1/alerts", "Prometheus")
-    loaded = {r.get("name") for g in rules.get("data", {}).get("groups", []) for r in g.get("rules", [])}
-    missing = sorted(shipped_alert_names(shipped) - loaded)
-    if missing:
+        groups = _rule_groups(await _get(http, "/api/v1/rules", "Prometheus"))
+        loaded = {r.get("name") for g in groups for r in g.get("rules", [])}
+        missing = sorted(shipped_alert_names(shipped) - loaded)
+        if missing:
+            named = f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"
+            raise StepFailed(
+                f"{len(missing)} shipped rule(s) not loaded: {named}",
+                "prometheus.yml's rule_files does not include config/rules/*.yml",
+                look,
+            )
+        found = _watchdog_rule(groups, watchdog)
+        if found is not None and not _evaluated(found[1]):
+            found = await _first_evaluation(http, watchdog, found[0], clock, limit, say)
+    if found is None:
         raise StepFailed(
-            f"{len(missing)} shipped rule(s) not loaded: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}",
-            "prometheus.yml's rule_files does not include config/rules/*.yml",
+            f"no {watchdog} rule is loaded in Prometheus",
+            "prometheus.yml's rule_files does not include config/rules/monitoring-alerts.yml, or deadman.alertname "
+            "names another alert",
             look,
         )
-    firing = [
-        a
-        for a in alerts.get("data", {}).get("alerts", [])
-        if a.get("labels", {}).get("alertname") == watchdog and a.get("state") == "firing"
-    ]
-    if not firing:
+    rule = found[1]
+    if rule.get("state") != "firing":
+        error = f", {rule['lastError']}" if rule.get("lastError") else ""
         raise StepFailed(
-            f"the {watchdog} alert is not firing in Prometheus",
-            "its rule is missing or rule evaluation is stuck",
-            f"curl -s {config.url}/api/v1/alerts",
+            f"the {watchdog} alert is not firing in Prometheus: its rule is {rule.get('state')} (health "
+            f"{rule.get('health')}{error})",
+            "its expression was changed (the shipped one, vector(1), always fires) or fails to evaluate",
+            f"curl -s {config.url}/api/v1/rules",
         )
     return f"{len(loaded)} rules loaded, {watchdog} firing"
+
+
+def _rule_groups(answer: Any) -> list[dict[str, Any]]:
+    groups = answer.get("data", {}).get("groups", []) if isinstance(answer, dict) else []
+    return [g for g in groups if isinstance(g, dict)]
+
+
+def _watchdog_rule(groups: list[dict[str, Any]], watchdog: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The Watchdog's alerting rule and its group (the firing one, when several rules carry the name)."""
+    found = [(g, r) for g in groups for r in g.get("rules", []) if r.get("name") == watchdog]
+    return next((pair for pair in found if pair[1].get("state") == "firing"), found[0] if found else None)
+
+
+def _evaluated(rule: dict[str, Any]) -> bool:
+    """Prometheus shows a rule it never evaluated with the zero time and health `unknown`."""
+    return not str(rule.get("lastEvaluation", _NEVER)).startswith(_NEVER)
+
+
+async def _first_evaluation(
+    http: httpx.AsyncClient,
+    watchdog: str,
+    group: dict[str, Any],
+    clock: Clock,
+    limit: float,
+    say: Callable[[str], None] | None,
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The Watchdog's rule once evaluated; StepFailed when its group's interval passed without an evaluation.
+    Prometheus evaluates a group first within one interval of loading it."""
+    interval = float(group.get("interval") or 0)
+    every = f"its group {group.get('name')} runs every {interval:g} s"
+    longest = min(interval + _EVALUATION_MARGIN, limit)
+    if say is not None:
+        say(f"waiting for Prometheus to evaluate the {watchdog} rule a first time ({every}): up to {duration(longest)}")
+    deadline = clock.monotonic() + longest
+    while clock.monotonic() < deadline:
+        await clock.sleep(max(_RULES_POLL, interval / _POLLS_PER_INTERVAL))
+        found = _watchdog_rule(_rule_groups(await _get(http, "/api/v1/rules", "Prometheus")), watchdog)
+        if found is None or _evaluated(found[1]):
+            return found
+    stuck = longest > interval
+    raise StepFailed(
+        f"Prometheus has not evaluated the {watchdog} rule in {duration(longest)} ({every})"
+        + (": rule evaluation is stuck" if stuck else ": its first evaluation is not due yet"),
+        "Prometheus is overloaded (its rule evaluations take longer than their interval)"
+        if stuck
+        else "Prometheus started less than an interval ago: run the self-test again, or with a longer --timeout",
+        f"curl -s {http.base_url}/api/v1/rules | jq '.data.groups[] | {{name, interval, lastEvaluation}}'",
+    )
 
 
 def shipped_alert_names(directory: Path) -> set[str]:

@@ -5,6 +5,7 @@
 2. Alertmanager routes the synthetic alert `GPUSelfTest` to a receiver that posts to this bot.
 3. The alert is fired, reaches the bot, is delivered by each receiver the bot routes it to, then resolved the same
    way.
+4. The bot's dead man's switch is armed: Alertmanager's Watchdog reaches the bot (bot/selftest/switch.py).
 A failure skips the steps that depend on it, so a dead Alertmanager fails in seconds, not at the timeout; a receiver
 whose check fails leaves only its own deliveries unproven. Once the
 alert was fired, every end of the run (a failure, the timeout, Ctrl-C) resolves it in Alertmanager; and the bot
@@ -44,8 +45,9 @@ from bot.selftest.path import (
     fire,
     misdirected,
 )
-from bot.selftest.reach import bot_url, probe_bot, read_only_store, store_name, worker_metrics_url
+from bot.selftest.reach import bot_url, compare_config, probe_bot, read_only_store, store_name, worker_metrics_url
 from bot.selftest.steps import StepFailed, Steps, as_json, table
+from bot.selftest.switch import switch_armed
 from bot.selftest.watch import BotWatch, MetricsWatch, StoreWatch, Wait
 from bot.selftest_label import LABEL
 
@@ -53,7 +55,8 @@ EXIT_PASSED = 0
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a command ended by Ctrl-C
 _ALERT_PATH = ("routing", "fire", "bot received", "resolve")
-_ESSENTIAL = ("alertmanager", "bot", "bot store", "bot metrics")
+SWITCH = "dead man's switch"
+_ESSENTIAL = ("alertmanager", "bot", "bot config", "bot store", "bot metrics")
 # Beyond Alertmanager's timeout, for amtool to start and finish the resolve of an early end.
 _CLEANUP_MARGIN = 10.0
 
@@ -64,6 +67,8 @@ class Options:
     receiver: str | None = None
     timeout: float = 300.0
     bot_url: str | None = None
+    # The file the configuration was read from, as the user named it (None: the defaults).
+    config_file: str | None = None
     pagerduty_event: bool = False
     output: str = "table"
 
@@ -179,6 +184,8 @@ class SelfTest:
         http = await stack.enter_async_context(httpx.AsyncClient(timeout=self._am_timeout()))
         if not await self._steps.run("bot", partial(probe_bot, http, self._bot_url(), self._options.bot_url)):
             return None
+        config_file = self._options.config_file or "the default configuration"
+        await self._steps.run("bot config", partial(compare_config, http, self._bot_url(), self._config, config_file))
 
         async def from_store() -> str:
             store = await stack.enter_async_context(read_only_store(self._config))
@@ -202,8 +209,15 @@ class SelfTest:
         if enrichment.prometheus is not None:
             prometheus = enrichment.prometheus
             if await self._steps.run("prometheus", partial(checks.prometheus_ready, prometheus)):
-                watchdog = self._config.deadman.alertname
-                await self._steps.run("prometheus rules", partial(checks.prometheus_rules, prometheus, watchdog))
+                rules = partial(
+                    checks.prometheus_rules,
+                    prometheus,
+                    self._config.deadman.alertname,
+                    clock=self._clock,
+                    limit=self._options.timeout,
+                    say=self._steps.say,
+                )
+                await self._steps.run("prometheus rules", rules)
         if enrichment.loki is not None:
             await self._steps.run("loki", partial(checks.loki_ready, enrichment.loki))
 
@@ -229,11 +243,8 @@ class SelfTest:
         amtool = find_amtool()
         assert self._status is not None
         am_url = self._status.url  # the replica that answered: with an HA pair, the first may be down
-        expected = (
-            {self._options.receiver}
-            if self._options.receiver
-            else bot_receivers(self._status.config.original, self._options.bot_url)
-        )
+        posting = bot_receivers(self._status.config.original, self._options.bot_url)
+        expected = {self._options.receiver} if self._options.receiver else posting
         alert = self._alert
         wrong_path = {} if self._options.receiver else misdirected(self._status.config.original, self._bot_url())
 
@@ -245,12 +256,20 @@ class SelfTest:
         if amtool is not None and not await self._steps.run("routing", routing):
             return
         figures = PathFigures(http, am_url, self._bot_url())
+        path_starts = len(self._steps.results)
         try:
             await self._fire_and_follow(client, watch, figures, wait, amtool, am_url, routing)
         finally:
             # A failure, the timeout or Ctrl-C (a cancellation) must not leave the alert firing in Alertmanager.
             if self._firing_in is not None:
                 await self._resolve_after_failure(amtool, client, self._firing_in)
+        # The Watchdog takes the path just proven: the switch is checked once that path works.
+        path_failed = any(r.outcome == "FAIL" for r in self._steps.results[path_starts:])
+        if self._config.deadman.enabled and not path_failed:
+            watchdog = self._config.deadman.alertname
+            # Any receiver posting to the bot may carry the Watchdog, not only the one --receiver names.
+            armed = partial(switch_armed, watch, client, wait, watchdog, posting | expected)
+            await self._steps.run(SWITCH, armed)
 
     async def _fire_and_follow(
         self,

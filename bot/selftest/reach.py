@@ -11,10 +11,12 @@ from urllib.parse import urlsplit
 import httpx
 
 from bot.config import BotConfig, split_listen
+from bot.config.digest import CONFIG_PATH, digest
 from bot.failure import what_failed
 from bot.selftest.steps import StepFailed
 from bot.store import Store, open_store
 
+RESTART = "systemctl restart gpu-alert-bot (or: docker compose restart gpu-alert-bot)"
 # A bot listening on every address is reached on loopback.
 _WILDCARDS = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}  # noqa: S104 (read, not bound)
 
@@ -64,6 +66,45 @@ async def probe_bot(http: httpx.AsyncClient, url: str, given: str | None) -> str
             look,
         )
     return f"{target} answers: the bot is running"
+
+
+async def compare_config(http: httpx.AsyncClient, url: str, config: BotConfig, config_file: str) -> str:
+    """The running bot runs the receivers and routing of `config`, read from `config_file`: a receiver added to the
+    file of a bot not restarted is said at once, not blamed on that receiver at the timeout."""
+    target = f"{url.rstrip('/')}{CONFIG_PATH}"
+    look = f"curl -s {target}; {RESTART}"
+    try:
+        response = await http.get(target)
+    except httpx.HTTPError as exc:
+        raise StepFailed(
+            f"cannot read {target}: {exc or 'no answer'}", "the bot stopped since the step above", look
+        ) from None
+    if response.status_code == 404:
+        return f"not compared: the bot at {url} is of a version that does not tell which configuration it runs"
+    try:
+        told = response.json()
+        running = {str(receiver["name"]) for receiver in told["receivers"]}
+        running_digest = str(told["digest"])
+    except (ValueError, KeyError, TypeError):
+        raise StepFailed(
+            f"{target} answered {response.status_code} without the bot's receivers: is the bot listening there?",
+            f"another service listens at {url}",
+            look,
+        ) from None
+    missing = [receiver.name for receiver in config.receivers if receiver.name not in running]
+    if missing:
+        raise StepFailed(
+            f"the running bot has no receiver {', '.join(missing)}: restart it with this config",
+            f"{config_file} was changed after the bot started, or the bot runs another configuration file",
+            look,
+        )
+    if running_digest != digest(config):
+        raise StepFailed(
+            f"the running bot's receivers or routing differ from {config_file}: restart it with this config",
+            f"{config_file} was changed after the bot started, or the bot runs another configuration file",
+            look,
+        )
+    return f"the running bot has the receivers and routing of {config_file}"
 
 
 def store_name(config: BotConfig) -> str:

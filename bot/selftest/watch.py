@@ -10,6 +10,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from bot.clock import Clock
+from bot.deadman import is_armed
 from bot.failure import what_failed
 from bot.models import AlertStatus, EventKind
 from bot.selftest.diagnose import Samples
@@ -23,6 +24,7 @@ _POLL = 0.25
 PROGRESS_EVERY = 5.0
 _ALERTS = "gpu_alert_bot_alerts_received_total"
 _DELIVERIES = "gpu_alert_bot_deliveries_total"
+_ARMED = "gpu_alert_bot_deadman_armed"
 
 
 class BotWatch(Protocol):
@@ -34,6 +36,9 @@ class BotWatch(Protocol):
 
     async def delivery(self, kind: EventKind, receiver: str) -> DeliveryRecord | None:
         """The delivery once settled (delivered or failed); None while it is pending or not queued yet."""
+
+    async def armed(self) -> bool:
+        """Whether the bot's dead man's switch is armed: a Watchdog reached it."""
 
 
 class StoreWatch:
@@ -58,6 +63,9 @@ class StoreWatch:
             if record.event_kind == kind and record.receiver == receiver and record.state != "pending":
                 return record
         return None
+
+    async def armed(self) -> bool:
+        return is_armed(await self._store.watchdog_records())
 
 
 class MetricsWatch:
@@ -85,6 +93,10 @@ class MetricsWatch:
                 error = None if result == "delivered" else "given up; the bot's log says why"
                 return DeliveryRecord(kind, receiver, result, 1, error)
         return None
+
+    async def armed(self) -> bool:
+        """As the ingest process, which runs the switch, last checked it (every deadman.check_interval)."""
+        return (await self.samples(self.url)).get((_ARMED, ()), 0.0) == 1.0
 
     async def _moved(self, url: str, name: str, **labels: str) -> bool:
         key = (name, tuple(sorted(labels.items())))

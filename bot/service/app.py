@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, TextIO
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -16,6 +16,7 @@ from bot.actions.build import RemediationService, build_remediation
 from bot.auth import WebhookAuth
 from bot.clock import SYSTEM_CLOCK, Clock
 from bot.config import BotConfig, InteractivityConfig
+from bot.config.digest import CONFIG_PATH, described
 from bot.deadman import Deadman
 from bot.ingest import WEBHOOK_PATH, WebhookHandler, json_error
 from bot.metrics import Metrics
@@ -218,6 +219,7 @@ STORE_INFO_KEY = web.AppKey("store_info", dict[str, str])
 CLOCK_KEY = web.AppKey("clock", Clock)
 READY_TIMEOUT_KEY = web.AppKey("ready_timeout", float)
 READY_QUESTIONS_KEY = web.AppKey("ready_questions", StoreQuestions)
+CONFIG_KEY = web.AppKey("config", dict[str, Any])
 WORKER_PROCESS_KEY: web.AppKey[Callable[[], str | None]] = web.AppKey("worker_process")
 
 
@@ -238,6 +240,7 @@ def build_app(
     app[METRICS_KEY] = metrics
     app[STORE_INFO_KEY] = {"backend": config.store.backend, "replica": config.store.replica}
     app[CLOCK_KEY] = clock
+    app[CONFIG_KEY] = described(config)
     app[WORKER_PROCESS_KEY] = worker_process or _runs_in_this_process
     app[READY_TIMEOUT_KEY] = config.server.ready_timeout
     app[READY_QUESTIONS_KEY] = questions = StoreQuestions()
@@ -264,6 +267,7 @@ def build_app(
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)
+    app.router.add_get(CONFIG_PATH, _config)
     if _interactive(config.interactivity):
         # Imported here like the Interactivity it serves (_interactivity).
         from bot.interact.service import add_http_routes
@@ -285,6 +289,11 @@ def _remediation(request: web.Request) -> RemediationService | None:
 
 async def _webhook(request: web.Request) -> web.Response:
     return await request.app[WEBHOOK_KEY](request)
+
+
+async def _config(request: web.Request) -> web.Response:
+    """Which receivers the bot runs with, and a digest of its receivers and routing: what `selftest` compares."""
+    return web.json_response(request.app[CONFIG_KEY])
 
 
 async def _healthz(request: web.Request) -> web.Response:
