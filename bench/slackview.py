@@ -12,7 +12,11 @@ from collections.abc import Callable
 
 from tests.fakes.slack import FakeSlack
 
-_HOST_LINE = re.compile(r"`([^`]+)` · GPUs? ([\d, -]+?)(?: ·|$)", re.MULTILINE)
+# A host's line in an incident's thread: its host, its alertnames (when the incident has several), the shared trait
+# it lacks, its GPUs.
+_HOST_LINE = re.compile(
+    r"`([^`]+)`(?: · ([A-Za-z0-9_:, ]+?))?(?: · outside `[^`]*`)? · GPUs? ([\d, -]+?)(?: ·|$)", re.MULTILINE
+)
 
 
 def visible(slack: FakeSlack, alertname: str) -> set[tuple[str, str]]:
@@ -28,9 +32,12 @@ def visible(slack: FakeSlack, alertname: str) -> set[tuple[str, str]]:
         found = top.search(message.text)
         if found:
             seen.add((found.group(1), found.group(2)))
-        if alertname in message.text:
+        if alertname in message.text or "*Scope:*" in message.rendered_text():
             for text in texts[1:]:
-                seen.update((m.group(1), gpu) for m in _HOST_LINE.finditer(text) for gpu in _gpus(m.group(2)))
+                for m in _HOST_LINE.finditer(text):
+                    names = m.group(2)
+                    if (names and alertname in names.split(", ")) or (not names and alertname in message.text):
+                        seen.update((m.group(1), gpu) for gpu in _gpus(m.group(3)))
         for shared in (f for reply in replies for f in reply.files if f["name"].endswith(".txt")):
             seen.update(_listed(slack.uploads[shared["id"]].data or b"", alertname))
     return seen

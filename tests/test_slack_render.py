@@ -194,10 +194,16 @@ def test_a_card_claims_no_trait_or_cause_the_evidence_did_not_find() -> None:
     text = "\n".join(texts(incident_card(view)))
     assert "*What they share:* Nothing stands out: the affected hosts look like any hosts of the fleet." in text
     assert "Likely cause:* none the data points at" in text and "Looking for" not in text
-    # Without the fleet (no Prometheus, or it did not answer), nothing is said of what the hosts share.
+    # Without the fleet, nothing is said of what the hosts share, and why it was not read says what to check.
     blind = view.model_copy(update={"scope": view.scope.model_copy(update={"fleet_hosts": None, "fleet_gpus": None})})
-    told = "\n".join(texts(incident_card(blind)))
-    assert "*What they share:* Not known: the fleet could not be read" in told and "look like any" not in told
+    said = {
+        "none": "Not known: no Prometheus is configured (enrichment.prometheus)",
+        "unanswered": "Not known: Prometheus did not answer, so the hosts were compared with nothing; check",
+        "empty": "Not known: Prometheus answered but holds no GPU series (DCGM_FI_DEV_GPU_TEMP)",
+    }
+    for fleet, words in said.items():
+        told = "\n".join(texts(incident_card(blind.model_copy(update={"fleet": fleet}))))
+        assert f"*What they share:* {words}" in told and "look like any" not in told, fleet
     young = "\n".join(texts(incident_card(fleet_view(hosts=40))))
     assert "Looking for what the affected hosts share" in young and "Likely cause" not in young
 
