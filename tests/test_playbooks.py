@@ -29,7 +29,7 @@ from bot.playbooks import (
     fill_command,
 )
 from bot.querytemplate import TemplateError, fill_query, query_template_problems
-from bot.selftest import marking as selftest_marking
+from bot import selftest_label as selftest_marking
 from bot.store import open_store
 from tests.support.payloads import alert_state
 from tests.support.processes import REPO, find_binary
