@@ -199,7 +199,7 @@ async def _measured(
         {"type": "slack", "name": "slack", "channel": "#gpu-alerts", "token_file": str(work / "slack_token"),
          "api_url": slack.api_url, "messages_per_second": 1.0},
         {"type": "email", "name": "mail", "to": ["oncall@example.com"], "from": "bot@example.com",
-         "smarthost": f"127.0.0.1:{smtp_port}", "security": "none"},
+         "smarthost": f"127.0.0.1:{smtp_port}", "security": "none", "allow_plaintext": True},
         {"type": "pagerduty", "name": "pd", "routing_key_file": str(work / "pd_key"), "url": pagerduty.url},
     ]  # fmt: skip
     settings = {

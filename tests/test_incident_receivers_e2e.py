@@ -49,8 +49,16 @@ async def test_a_host_that_joins_late_is_named_to_pagerduty_and_in_the_next_mail
     key_file.write_text(ROUTING_KEY + "\n")
     with smtp_server("plain") as (port, mails):
         async with FakePagerDuty() as pagerduty:
-            mail = {"type": "email", "name": "mail", "to": ["oncall@example.com"], "from": "bot@example.com",
-                    "smarthost": f"127.0.0.1:{port}", "security": "none", "digest_interval": "2s"}  # fmt: skip
+            mail = {
+                "type": "email",
+                "name": "mail",
+                "to": ["oncall@example.com"],
+                "from": "bot@example.com",
+                "smarthost": f"127.0.0.1:{port}",
+                "security": "none",
+                "allow_plaintext": True,
+                "digest_interval": "2s",
+            }
             config = {
                 "receivers": [
                     mail,

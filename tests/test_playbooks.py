@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from bot import deadman
+from bot import selftest_label as selftest_marking
 from bot.action_catalog import ACTIONS
 from bot.commands.cli import main
 from bot.compose import compose_message
@@ -29,7 +30,6 @@ from bot.playbooks import (
     fill_command,
 )
 from bot.querytemplate import TemplateError, fill_query, query_template_problems
-from bot import selftest_label as selftest_marking
 from bot.store import open_store
 from tests.support.payloads import alert_state
 from tests.support.processes import REPO, find_binary
