@@ -306,9 +306,18 @@ def _figures(
         "findable_worst_s": round(delays[-1], 1) if delays else None,
         "findable_median_s": round(statistics.median(delays), 1) if delays else None,
         "not_findable": sum(1 for d in delays if d == float("inf")),
+        "findable_by_alertname_s": _by_alertname(seen),
         "prometheus_queries": queries,
         "bot_metrics": metrics,
     }  # fmt: skip
+
+
+def _by_alertname(seen: dict[tuple[str, str, str], tuple[float, float]]) -> dict[str, tuple[float, float]]:
+    """Each alertname's median and worst time from its alerts' arrival until findable in Slack."""
+    delays: dict[str, list[float]] = {}
+    for (alertname, _, _), (heard, found) in seen.items():
+        delays.setdefault(alertname, []).append(found - heard)
+    return {name: (round(statistics.median(d), 1), round(max(d), 1)) for name, d in sorted(delays.items())}
 
 
 def _open(pagerduty: FakePagerDuty, dedup_key: str) -> bool:

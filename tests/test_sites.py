@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import urllib.parse
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -24,9 +24,11 @@ from bot.gpu.xid_catalog import bundled_catalog
 from bot.incident.analyser import IncidentAnalyser
 from bot.incident.members import MemberSummary, alert_line
 from bot.incident.record import IncidentRecord
+from bot.incident.view import build_view
 from bot.metrics import Metrics
 from bot.models import AlertState, Event, EventKind
 from bot.playbooks import Advice, PlaybookSet
+from bot.render.incident_text import scope_text
 from bot.sinks import build_previews
 from bot.storage.interface import Store
 from tests.fakes.loki import FakeLoki
@@ -195,6 +197,10 @@ async def test_an_incident_over_two_sites_is_compared_with_both_sites_fleets(sit
     finally:
         await analyser.close()
     assert (found["fleet_hosts"], found["fleet_gpus"], found["problems"]) == (2, 2, [])
+    # The card names the sites of its hosts.
+    assert (found["sites"], nowhere["sites"]) == (["a", "b"], [])
+    view = build_view(replace(record, analysis={**found, "analysed_hosts": 2}))
+    assert scope_text(view.scope).startswith("2 alerts on 2 of 2 hosts of sites a and b")
     assert nowhere["fleet_hosts"] is None and nowhere["problems"]  # the default source answers nothing
 
 

@@ -153,6 +153,33 @@ async def test_the_card_is_posted_once_and_edited_in_place_at_a_pace(fake: FakeS
     assert len(fake.calls_of("chat.postMessage")) == 2  # the card, one reply of host lines (edited as hosts join)
 
 
+async def test_a_host_line_naming_a_new_alert_shows_at_once_while_figures_alone_wait(
+    fake: FakeSlack, make_sink: SinkFactory
+) -> None:
+    """Another alertname joins on a host already listed (a cooling cascade): its line names it at once, so the
+    alert is findable; a line whose value alone changed waits for the pace of edits."""
+    async with running(FakeClock(datetime.now(UTC))) as clock:
+        sink = make_sink(clock=clock)
+        first = fleet_view(hosts=20)
+        assert await sink.deliver(incident_delivery(first)) == DeliveryResult.ok()
+        card = the_card(fake)
+        names = ["GPUMemoryTempHigh", "GPUTempCritical"]
+        joined = first.model_copy(
+            update={
+                "version": 2,
+                "alertnames": names,
+                "hosts": [first.hosts[0].model_copy(update={"alertnames": names}), *first.hosts[1:]],
+            }
+        )
+        assert await sink.deliver(incident_delivery(joined)) == DeliveryResult.ok()
+        assert "GPUMemoryTempHigh, GPUTempCritical" in host_lines(fake, card)[0]
+        hotter = joined.model_copy(
+            update={"version": 3, "hosts": [joined.hosts[0].model_copy(update={"value_max": 99.0}), *joined.hosts[1:]]}
+        )
+        assert (await sink.deliver(incident_delivery(hotter))).held
+        assert "99" not in host_lines(fake, card)[0]
+
+
 async def test_a_restart_during_the_cards_post_is_still_one_card(fake: FakeSlack, make_sink: SinkFactory) -> None:
     sink = make_sink()
     await sink.deliver(delivery(alert(1)))  # the channel's ID is known from here on

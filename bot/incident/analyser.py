@@ -42,8 +42,8 @@ class Sources:
 class IncidentAnalyser:
     def __init__(self, config: PrometheusConfig, variables: Mapping[str, str]) -> None:
         self._default = PrometheusClient(config)
-        self._sites: list[tuple[SiteMatch, PrometheusClient]] = [
-            (site.match, PrometheusClient(site, name=site.name)) for site in config.sites
+        self._sites: list[tuple[SiteMatch, str, PrometheusClient]] = [
+            (site.match, site.name, PrometheusClient(site, name=site.name)) for site in config.sites
         ]
         self._variables = dict(variables)
 
@@ -55,7 +55,7 @@ class IncidentAnalyser:
     @property
     def site_labels(self) -> list[str]:
         """The labels a site is picked by: what the store is asked of the incident's alerts (`analyse`'s origins)."""
-        return sorted({name for match, _ in self._sites for name in match.labels})
+        return sorted({name for match, _, _ in self._sites for name in match.labels})
 
     async def analyse(
         self,
@@ -69,7 +69,8 @@ class IncidentAnalyser:
         its alerts come from (`Store.incident_origins` of `site_labels`), when sources are per site."""
         summary = record.summary
         alertnames = upstream_order(summary.names) or [record.alertname]
-        api = self._sources(origins)
+        picked = self._picked(origins)
+        api = Sources([client for _, client in picked]) if self._sites else self._default
         request = AnalysisRequest(
             alertnames=alertnames,
             sections=sections,
@@ -82,24 +83,26 @@ class IncidentAnalyser:
             ],
             members=[Companion(alertname=name, hosts=summary.hosts_of(name)) for name in alertnames],
             variables=self._variables,
-            sources=len(api.clients) if isinstance(api, Sources) else 1,
+            sources=len(picked),
         )
-        return (await analyse_incident(request)).model_dump(mode="json")
+        found = (await analyse_incident(request)).model_dump(mode="json")
+        return {**found, "sites": sorted(name for name, _ in picked if name)}
 
-    def _sources(self, origins: Sequence[Origin]) -> PrometheusClient | Sources:
-        """The default source without sites; else the source of each site an alert comes from (the default for
-        an alert no site picks), each once."""
+    def _picked(self, origins: Sequence[Origin]) -> list[tuple[str, PrometheusClient]]:
+        """The default source without sites; else the source of each site an alert comes from (the default, which
+        names no site, for an alert no site picks), each once, with its site's name."""
         if not self._sites:
-            return self._default
-        picked: dict[int, PrometheusClient] = {}
+            return [("", self._default)]
+        picked: dict[int, tuple[str, PrometheusClient]] = {}
         for labels, generator_url in origins:
-            client = next((c for m, c in self._sites if site_matches(m, labels, generator_url)), self._default)
-            picked[id(client)] = client
-        return Sources(list(picked.values()) or [self._default])
+            site = next((s for s in self._sites if site_matches(s[0], labels, generator_url)), None)
+            name, client = (site[1], site[2]) if site is not None else ("", self._default)
+            picked[id(client)] = (name, client)
+        return list(picked.values()) or [("", self._default)]
 
     async def close(self) -> None:
         await self._default.close()
-        for _, client in self._sites:
+        for _, _, client in self._sites:
             await client.close()
 
 

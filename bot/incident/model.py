@@ -42,6 +42,7 @@ class Scope(_Frozen):
     fleet_gpus: int | None = None
     unknown_hosts: int = 0
     unknown: list[str] = Field(default_factory=list)
+    sites: list[str] = Field(default_factory=list)  # the sites of its alerts, with a Prometheus per site
     since: datetime
     value_min: float | None = None
     value_max: float | None = None

@@ -124,6 +124,7 @@ def _scope(record: IncidentRecord, analysis: Mapping[str, Any], shown: str) -> S
         fleet_gpus=fleet_gpus,
         unknown_hosts=unknown,
         unknown=list(analysis.get("unknown", [])),
+        sites=list(analysis.get("sites", [])),
         since=summary.since or record.opened_at,
         value_min=values[0],
         value_max=values[1],

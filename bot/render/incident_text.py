@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from datetime import datetime
 
+from bot.evidence.sites import sites_text
 from bot.incident.model import Companion, HostLine, IncidentView, Scope, Signal, Trait
 from bot.message import format_duration
 
@@ -44,8 +45,11 @@ def _of(value: int, total: int | None, noun: str) -> str:
 
 
 def hosts_text(scope: Scope) -> str:
-    """'150 of 1,000 hosts'; '31 hosts (30 not known to Prometheus: k-ai-00, ...)' when its fleet lacks some."""
+    """'150 of 1,000 hosts'; '31 hosts (30 not known to Prometheus: k-ai-00, ...)' when its fleet lacks some; 'of
+    sites a and b' with a Prometheus per site."""
     text = _of(scope.hosts, scope.fleet_hosts, "host")
+    if scope.sites:
+        text += f" of {sites_text(scope.sites)}"
     if scope.unknown_hosts:
         named = ", ".join(scope.unknown)
         more = " ..." if scope.unknown_hosts > len(scope.unknown) else ""

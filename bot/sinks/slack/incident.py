@@ -52,6 +52,12 @@ def digest(payload: object) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def _named(view: IncidentView, hosts: list[str]) -> str:
+    """What the lines of these hosts name (the host, its alertnames and GPUs), figures left out."""
+    mine = set(hosts)
+    return digest(sorted([h.host, h.alertnames, h.gpus] for h in view.hosts if h.host in mine))
+
+
 def _stage(view: IncidentView) -> str:
     """What makes an edit urgent when it changes: the evidence found, the cause, open or over."""
     return f"{view.analysed}:{view.cause.key if view.cause else ''}:{view.status}"
@@ -155,18 +161,18 @@ class IncidentCards:
         for index, reply in enumerate(card.replies):
             payload = hosts_reply(view, reply.hosts, first)
             first += len(reply.hosts)
-            shown = digest(payload)
+            shown, named = digest(payload), _named(view, reply.hosts)
             if not reply.ts:
                 nonce = f"incident:{view.id}:hosts:{index}"
                 _, reply.ts = await self._post_once(view.id, card, payload, card.ts, nonce)
             elif shown == reply.shown:
                 continue
-            elif reply.listed == len(reply.hosts) and paced:
+            elif reply.named == named and paced:
                 put_off = True
                 continue
             else:
                 await self._channel.update(card.channel, reply.ts, payload)
-            reply.shown, reply.listed = shown, len(reply.hosts)
+            reply.shown, reply.named = shown, named
             card.edited_at = self._clock.now().timestamp()
             await self._save(view.id, card)
         return put_off

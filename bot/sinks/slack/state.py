@@ -85,7 +85,9 @@ class HostReply(BaseModel):
     hosts: list[str] = Field(default_factory=list)
     ts: str = ""
     shown: str = ""  # digest of the payload last shown
-    listed: int = 0  # how many of `hosts` it showed
+    # Digest of what its lines named (each host's alertnames and GPUs) as last shown: a line that names a new alert
+    # is shown at once, one whose figures alone changed waits for the pace of edits.
+    named: str = ""
 
 
 class Attachment(BaseModel):
