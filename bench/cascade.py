@@ -307,6 +307,16 @@ def _figures(
         "findable_median_s": round(statistics.median(delays), 1) if delays else None,
         "not_findable": sum(1 for d in delays if d == float("inf")),
         "findable_by_alertname_s": _by_alertname(seen),
+        "slack_calls_after_first_webhook_s": [
+            (
+                call.method,
+                round(call.at + time.time() - time.monotonic() - first_webhook, 1),
+                str(call.args.get("thread_ts") or call.args.get("ts") or ""),
+                str(call.args.get("text", ""))[:50],
+            )
+            for call in slack.calls
+            if call.method.startswith(("chat.post", "chat.update", "files.completeUploadExternal"))
+        ],
         "prometheus_queries": queries,
         "bot_metrics": metrics,
     }  # fmt: skip

@@ -32,7 +32,7 @@ def visible(slack: FakeSlack, alertname: str) -> set[tuple[str, str]]:
         found = top.search(message.text)
         if found:
             seen.add((found.group(1), found.group(2)))
-        if alertname in message.text or "*Scope:*" in message.rendered_text():
+        if alertname in message.rendered_text():
             for text in texts[1:]:
                 for m in _HOST_LINE.finditer(text):
                     names = m.group(2)

@@ -5,14 +5,20 @@ its members route to gets every version, and a receiver added since hears no end
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from bot.config import load_config
 from bot.incident.lines import with_alerts
 from bot.incident.model import IncidentView
+from bot.incident.stage import IncidentStage
 from bot.models import Delivery
+from bot.playbooks import PlaybookSet
+from tests.support.bot import write_config
 from tests.support.payloads import STARTED, am_alert, webhook
+from tests.support.store import ingest_and_dedup, sqlite_store
 from tests.test_incident_stage import Stage, stage
 
 ROW_C = [f"c-{n:02d}" for n in range(6)]
@@ -124,3 +130,43 @@ async def test_a_receiver_added_later_hears_no_ending_of_what_it_never_saw(tmp_p
         await s.run(ended)
         assert [d.message.event for d in await own_messages(s)] == ["resolved"]
         assert await own_messages(s, "pager") == []
+
+
+class SlowAnalyser:
+    """An analyser that answers once released, counting what it was asked."""
+
+    per_site = False
+    site_labels: list[str] = []
+
+    def __init__(self) -> None:
+        self.asked = 0
+        self.release = asyncio.Event()
+
+    async def analyse(self, record: Any, sections: Any, firing: Any, origins: Any = ()) -> dict[str, Any]:
+        self.asked += 1
+        await self.release.wait()
+        return {"fleet": "unanswered", "queries": 4}
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_batches_in_flight_together_ask_prometheus_about_an_incident_once(tmp_path: Path) -> None:
+    """The worker runs several batches at once: two that change the same incident while its first analysis is
+    under way leave it to that one (the incident settles later if it missed hosts)."""
+    config = load_config(write_config(tmp_path, {}))
+    playbooks = PlaybookSet.load(config.playbooks.dir, config.playbooks.vars)
+    analyser = SlowAnalyser()
+    async with sqlite_store(config.store.path) as store:
+        incidents = IncidentStage(store, config.incidents, playbooks, analyser)  # type: ignore[arg-type]
+        await ingest_and_dedup(store, alerts("GPUTempCritical", ROW_C, 2))
+        events = await store.claim_events(100, 60)
+        matched = [(event, playbooks.match(event.alert)) for event in events]
+        attribution = await incidents.attribute(matched)
+        first = asyncio.ensure_future(incidents.analyse(attribution, matched))
+        second = asyncio.ensure_future(incidents.analyse(attribution, matched))
+        await asyncio.sleep(0)
+        analyser.release.set()
+        found = [await first, await second]
+    assert analyser.asked == 1
+    assert sorted(bool(analysis) for result in found for analysis in result.values()) == [False, True]

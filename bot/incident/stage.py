@@ -106,6 +106,9 @@ class IncidentStage:
         self._analyser = analyser
         self._metrics = metrics or Metrics()
         self._clock = clock
+        # Incidents whose analysis is under way here: a batch in flight beside it leaves them to it (the next
+        # change or their settling reads them again), so several batches never ask Prometheus the same at once.
+        self._analysing: set[str] = set()
 
     async def close(self) -> None:
         if self._analyser is not None:
@@ -188,6 +191,8 @@ class IncidentStage:
             return []
         analyses: dict[str, IncidentAdvance] = {}
         for incident_id in await self._store.incidents_to_settle(self._config.settle):
+            if incident_id in self._analysing:
+                continue
             record = await self._store.get_incident(incident_id)
             found = await self._analyse(record, "settled") if record is not None else None
             if found is None:
@@ -222,9 +227,19 @@ class IncidentStage:
         return await self._analyse(record, "grew")
 
     async def _analyse(self, record: IncidentRecord, trigger: Trigger) -> dict[str, Any] | None:
+        if record.id in self._analysing:
+            return None
+        self._analysing.add(record.id)
+        try:
+            return await self._analysed(record, trigger)
+        finally:
+            self._analysing.discard(record.id)
+
+    async def _analysed(self, record: IncidentRecord, trigger: Trigger) -> dict[str, Any] | None:
         analyser = self._analyser
         assert analyser is not None
         hosts = len(record.summary.hosts)
+        read_at = self._clock.now().timestamp()  # what it reads is the incident as it stood then
         sections = [self._playbooks.match_labels({"alertname": name}).incident for name in self._names(record)]
         firing = await self._store.list_alerts("firing", _FIRING_READ, evidence=False)
         origins = await self._store.incident_origins(record.id, analyser.site_labels) if analyser.per_site else []
@@ -238,7 +253,7 @@ class IncidentStage:
             self._metrics.incident_analysis_duration.observe(time.perf_counter() - started)
         self._metrics.incident_analyses.labels(trigger).inc()
         self._metrics.incident_analysis_queries.inc(found.get("queries", 0))
-        return {**found, "analysed_hosts": hosts}
+        return {**found, "analysed_hosts": hosts, "read_at": read_at}
 
     @staticmethod
     def _names(record: IncidentRecord) -> list[str]:

@@ -71,10 +71,8 @@ def scope_text(scope: Scope) -> str:
 
 
 def counts_text(view: IncidentView) -> str:
-    """'GPUTempCritical 400 · GPUMemoryTempHigh 380 · InletTemperatureHigh 50': what each of its alertnames is
-    about (GPUs, sensors); '' for an incident of one alertname."""
-    if len(view.counts) < 2:
-        return ""
+    """'GPUTempCritical 400 · GPUMemoryTempHigh 380 · InletTemperatureHigh 50': how many things (GPUs, sensors)
+    each of its alertnames is about, most first."""
     return " · ".join(f"{c.alertname} {c.count:,}" for c in view.counts)
 
 

@@ -166,7 +166,9 @@ def advance_values(row: Any, analysis: dict[str, Any] | None, receivers: frozens
     its changed alerts' firing went to."""
     told = sorted(set(json.loads(row["receivers"])) | receivers)
     stored = None if analysis is None else json.dumps(analysis)
-    return (stored, None if analysis is None else now, json.dumps(told), now, row["id"])
+    # An analysis is of the incident as it was read: a host that joined while it ran makes it due to settle again.
+    analysed_at = None if analysis is None else analysis.get("read_at", now)
+    return (stored, analysed_at, json.dumps(told), now, row["id"])
 
 
 def incident_from_rows(row: Any, summary: MemberSummary) -> IncidentRecord:

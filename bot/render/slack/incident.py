@@ -141,7 +141,7 @@ def scope_text(view: IncidentView) -> str:
         lines.append(f"*Alerts:* {escape(counts)}")
     values = value_range(scope.value_min, scope.value_max, scope.unit)
     if values:
-        of = f"{scope.value_alertname} " if counts else ""
+        of = f"{scope.value_alertname} " if len(view.counts) > 1 else ""
         lines.append(f"*Value:* {escape(of + values)}")
     if view.work:
         lines.append(f"*Who is hurt:* {escape(view.work)}")
