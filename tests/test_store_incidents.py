@@ -5,7 +5,10 @@ version stands for the older ones, a hold makes newer versions wait as long)."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
+from contextlib import closing
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from bot.incident.membership import IncidentArrival, IncidentRule, MemberPolicy
 from bot.incident.model import incident_key
@@ -16,7 +19,7 @@ from bot.models import Event, EventRoute, IncidentRoute, NewDelivery
 from bot.storage.interface import Store
 from tests.support.clock import FakeClock
 from tests.support.payloads import gpu_alerts, webhook
-from tests.support.store import Opener, ingest_and_dedup, message, postgres_store
+from tests.support.store import Opener, ingest_and_dedup, message, postgres_store, sqlite_store
 
 RULE = IncidentRule(threshold=5, window=60.0)
 
@@ -189,3 +192,60 @@ async def test_incidents_are_listed_open_first_then_the_most_recent(opened: Open
         top = listed[0]
         assert (top.alertname, list(top.summary.hosts), top.summary.alerts) == ("GPUFellOffTheBus", ["k-ai-02"], 6)
         assert [r.id for r in await store.list_incidents(2)] == [still_open, latest]
+
+
+async def named_storm(store: Store, alertname: str, hosts: list[str], per_host: int) -> list[Event]:
+    for host in hosts:
+        alerts = gpu_alerts(per_host, host=host, alertname=alertname)
+        await ingest_and_dedup(store, webhook(alerts, group_key=f'{{}}:{{alertname="{alertname}", host="{host}"}}'))
+    return await store.claim_events(1000, 60)
+
+
+async def test_alerts_of_another_name_on_its_hosts_join_it_and_those_on_other_hosts_do_not(opened: Opener) -> None:
+    """The membership rule as each backend reads and writes it (bot/incident/membership.py): the hosts of an open
+    incident are found by the arrivals' hosts, its gathered alertnames kept with it."""
+    rule = IncidentRule(threshold=5, window=60.0, host_window=900.0)
+    async with opened() as store:
+        inlet = await named_storm(store, "InletTemperatureHigh", ["c-01", "c-02", "c-03"], 2)
+        [cooling] = {m.incident_id for m in (await store.attribute_incidents(arrivals(inlet), rule)).values()}
+        await store.route_events([EventRoute(e.id, None, []) for e in inlet])
+        hot = await named_storm(store, "GPUTempCritical", ["c-02"], 4)
+        xid = await named_storm(store, "GPUXIDError", ["d-01", "d-02"], 1)
+        found = await store.attribute_incidents(arrivals(hot + xid), rule)
+        assert {(m.incident_id, m.via) for k, m in found.items()} == {(cooling, "host")}
+        assert set(found) == {e.alert.key for e in hot}  # the two Xid alerts on other hosts stay alone
+        # Its gathered alertnames are kept: a GPUTempCritical on a new host joins it while it grows.
+        spread = await named_storm(store, "GPUTempCritical", ["c-09"], 1)
+        joined = await store.attribute_incidents(arrivals(spread), rule)
+        assert [(m.incident_id, m.via) for m in joined.values()] == [(cooling, "alertname")]
+        [record] = await store.advance_incidents({cooling: IncidentAdvance()})
+        assert sorted(record.summary.names) == ["GPUTempCritical", "InletTemperatureHigh"]
+        assert sorted(record.summary.hosts) == ["c-01", "c-02", "c-03", "c-09"]
+        assert await store.incidents_to_settle(0.0) == [cooling]  # hosts joined since its (no) analysis
+
+
+async def test_an_older_stores_open_incident_gathers_its_own_alertname_and_keeps_its_receivers(tmp_path: Path) -> None:
+    """A store written before incidents gathered alerts on their hosts: opened again, its open incident goes on
+    taking its alertname's alerts, and its versions go to the receivers that had them."""
+    path = tmp_path / "bot.db"
+    async with sqlite_store(path) as store:
+        events = await storm(store, "k-ai-01", 6)
+        [incident_id] = {m.incident_id for m in (await store.attribute_incidents(arrivals(events), RULE)).values()}
+        [record] = await store.advance_incidents({incident_id: IncidentAdvance(receivers=frozenset({"slack"}))})
+        version = [NewDelivery(receiver="slack", message=incident_message(record))]
+        await store.route_events([EventRoute(e.id, None, []) for e in events])
+        await store.route_events([], [IncidentRoute(incident_key(incident_id), version)])
+    with closing(sqlite3.connect(path)) as conn, conn:
+        conn.execute("DROP INDEX incident_members_host")
+        for table, column in [("incident_members", "host"), *(("incidents", c) for c in OLDER_INCIDENT_COLUMNS)]:
+            conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+        conn.execute("PRAGMA user_version = 4")
+    async with sqlite_store(path) as store:
+        later = await storm(store, "k-ai-02", 1)
+        joined = await store.attribute_incidents(arrivals(later), RULE)
+        assert [(m.incident_id, m.via) for m in joined.values()] == [(incident_id, "alertname")]
+        [record] = await store.advance_incidents({incident_id: IncidentAdvance()})
+    assert record.receivers == ("slack",)
+
+
+OLDER_INCIDENT_COLUMNS = ("gathers", "apart", "grew_at", "analysed_at", "receivers")
