@@ -222,17 +222,14 @@ async def test_a_cooling_cascade_is_one_incident_beside_an_xid_burst_and_a_rando
 
 
 def _settled(slack: FakeSlack, pagerduty: FakePagerDuty) -> bool:
-    """Three cards, the cooling one read from all of its hosts and naming each alertname; three PagerDuty alerts."""
+    """Three cards, the cooling one read from all of its hosts and counting every alert of each alertname; three
+    PagerDuty alerts."""
     cooling = card_of(slack, "Facility cooling")
     if len(cards(slack)) != 3 or cooling is None or len(incident_pages(pagerduty)) != 3:
         return False
     text = cooling.rendered_text()
-    return (
-        "GPUThermalThrottling" in text
-        and "GPUMemoryTempHigh" in text
-        and "12 of 48 hosts" in text
-        and ("Found among" not in text)
-    )
+    every = ("GPUMemoryTempHigh 24", "GPUTempCritical 12", "GPUThermalThrottling 12", "InletTemperatureHigh 12")
+    return all(count in text for count in every) and "12 of 48 hosts" in text and "Found among" not in text
 
 
 def _card_text(slack: FakeSlack, word: str) -> str:
