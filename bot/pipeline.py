@@ -188,14 +188,21 @@ class Pipeline:
     async def _told_of_firing(
         self, matched: Sequence[tuple[Event, Playbook]], attribution: Attribution
     ) -> dict[int, set[str]]:
-        """For each resolve told as the alert's own whose firing reached a receiver: the receivers it reached."""
+        """For each resolve told as the alert's own: the receivers told of its firing, none when it never reached
+        one (a receiver added since, or an alert first heard of once resolved, hears no ending of what it never
+        saw). A resolve whose firing this same batch tells is left to its routing."""
+        firing_here = {e.alert.key for e, _ in matched if e.kind in (EventKind.FIRING, EventKind.REFIRING)}
         heard: dict[int, set[str]] = {}
         for event, _ in matched:
-            if event.kind is EventKind.RESOLVED and attribution.told_alone(event):
+            if (
+                event.kind is EventKind.RESOLVED
+                and attribution.told_alone(event)
+                and event.alert.key not in firing_here
+            ):
                 deliveries = await self._store.alert_deliveries(event.alert.key)
-                told = {d.receiver for d in deliveries if d.event_kind in (EventKind.FIRING, EventKind.REFIRING)}
-                if told:
-                    heard[event.id] = told
+                heard[event.id] = {
+                    d.receiver for d in deliveries if d.event_kind in (EventKind.FIRING, EventKind.REFIRING)
+                }
         return heard
 
     async def _unheard_self_tests(self, events: Sequence[Event]) -> set[int]:

@@ -132,6 +132,17 @@ async def test_a_receiver_added_later_hears_no_ending_of_what_it_never_saw(tmp_p
         assert await own_messages(s, "pager") == []
 
 
+async def test_an_alert_first_heard_of_once_resolved_is_told_to_nobody(tmp_path: Path) -> None:
+    """It fired and resolved between two of Alertmanager's notifications of its group (a warning its critical
+    variant inhibits, a blip): no receiver saw it firing, so none is told of its ending."""
+    blip = alerts("GPUMemoryTempHigh", ["k-ai-01"], 1, severity="warning")
+    blip["alerts"][0]["status"] = "resolved"
+    blip["alerts"][0]["endsAt"] = blip["alerts"][0]["startsAt"]
+    async with stage(tmp_path, ROUTING) as s:
+        await s.run(blip)
+        assert await own_messages(s) == [] and await own_messages(s, "pager") == []
+
+
 class SlowAnalyser:
     """An analyser that answers once released, counting what it was asked."""
 
@@ -152,8 +163,8 @@ class SlowAnalyser:
 
 
 async def test_batches_in_flight_together_ask_prometheus_about_an_incident_once(tmp_path: Path) -> None:
-    """The worker runs several batches at once: two that change the same incident while its first analysis is
-    under way leave it to that one (the incident settles later if it missed hosts)."""
+    """The worker runs several batches at once: one that changes an incident while its first analysis is under way
+    waits for that analysis and takes its answer, so the incident's first card names what it found."""
     config = load_config(write_config(tmp_path, {}))
     playbooks = PlaybookSet.load(config.playbooks.dir, config.playbooks.vars)
     analyser = SlowAnalyser()
@@ -169,4 +180,5 @@ async def test_batches_in_flight_together_ask_prometheus_about_an_incident_once(
         analyser.release.set()
         found = [await first, await second]
     assert analyser.asked == 1
-    assert sorted(bool(analysis) for result in found for analysis in result.values()) == [False, True]
+    [(one, answer)] = found[0].items()
+    assert found[1] == {one: answer} and answer is not None and answer["queries"] == 4

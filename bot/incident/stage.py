@@ -19,6 +19,7 @@ incident.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -106,9 +107,9 @@ class IncidentStage:
         self._analyser = analyser
         self._metrics = metrics or Metrics()
         self._clock = clock
-        # Incidents whose analysis is under way here: a batch in flight beside it leaves them to it (the next
-        # change or their settling reads them again), so several batches never ask Prometheus the same at once.
-        self._analysing: set[str] = set()
+        # The analyses under way here, by incident: a batch in flight beside one takes its answer rather than ask
+        # Prometheus the same again at once.
+        self._analysing: dict[str, asyncio.Future[dict[str, Any] | None]] = {}
 
     async def close(self) -> None:
         if self._analyser is not None:
@@ -227,13 +228,13 @@ class IncidentStage:
         return await self._analyse(record, "grew")
 
     async def _analyse(self, record: IncidentRecord, trigger: Trigger) -> dict[str, Any] | None:
-        if record.id in self._analysing:
-            return None
-        self._analysing.add(record.id)
-        try:
-            return await self._analysed(record, trigger)
-        finally:
-            self._analysing.discard(record.id)
+        running = self._analysing.get(record.id)
+        if running is None:
+            running = asyncio.ensure_future(self._analysed(record, trigger))
+            self._analysing[record.id] = running
+            running.add_done_callback(lambda _: self._analysing.pop(record.id, None))
+        # Shielded: a batch cancelled while it waits does not cancel the analysis others wait for.
+        return await asyncio.shield(running)
 
     async def _analysed(self, record: IncidentRecord, trigger: Trigger) -> dict[str, Any] | None:
         analyser = self._analyser

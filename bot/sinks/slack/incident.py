@@ -98,9 +98,13 @@ class IncidentCards:
             return None
         view = await with_alerts(view, self._store)
         paced = self._paced(card, view)
-        put_off = await self._card(view, card, paced)
+        if card.ts:  # the host lines first: they are where a person finds each new alert
+            put_off = await self._hosts(view, card, paced)
+            put_off = await self._card(view, card, paced) or put_off
+        else:  # the thread needs its card
+            put_off = await self._card(view, card, paced)
+            put_off = await self._hosts(view, card, paced) or put_off
         await self._members(view, card)
-        put_off = await self._hosts(view, card, paced) or put_off
         await self._alert_list(view, card)
         await self._heat_map(view, card)
         await self._recovery(view, card)
