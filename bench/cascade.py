@@ -50,6 +50,8 @@ from tests.support.exporter import (
     DCGM_THERMAL_VIOLATION,
     DCGM_XID_ERRORS,
     IPMI_TEMPERATURE,
+    NO_XID,
+    XID_79,
     dcgm_labels,
 )
 from tests.support.fleet import SyntheticFleet
@@ -61,8 +63,6 @@ ROWS = "ABCDEF"
 HOT_ROW = "C"
 MODELS = ("NVIDIA H100 80GB HBM3", "NVIDIA H200")
 INLET = {"name": "Inlet Temp"}
-NO_XID = {"err_code": "0", "err_msg": "No Error"}
-XID_79 = {"err_code": "79", "err_msg": "GPU has fallen off the bus"}
 _POLL = 0.2
 
 

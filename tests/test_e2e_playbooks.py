@@ -28,7 +28,9 @@ from tests.support.exporter import (
     DCGM_POWER_USAGE,
     DCGM_THERMAL_VIOLATION,
     DCGM_XID_ERRORS,
+    NO_XID,
     VLLM_WAITING,
+    XID_79,
     SyntheticExporter,
     dcgm_labels,
     vllm_labels,
@@ -57,8 +59,6 @@ HEALTHY = {
     DCGM_THERMAL_VIOLATION: 0,
     DCGM_ECC_DBE_VOL_TOTAL: 0,
 }
-NO_XID = {"err_code": "0", "err_msg": "No Error"}
-XID_79 = {"err_code": "79", "err_msg": "GPU has fallen off the bus"}
 
 
 def scrape_config_for(targets: list[str]) -> dict[str, Any]:

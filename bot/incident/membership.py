@@ -29,9 +29,9 @@ from typing import Literal
 
 from bot.models import short_id
 
-# How an alert came to be a member: `member` (already was), `host`, `alertname`, `opened` (counted to open it),
-# `pulled` (firing on its hosts when it opened).
-Via = Literal["member", "host", "alertname", "opened", "pulled"]
+# How an arriving alert came to be a member: `member` (already was), `host`, `alertname`, `opened` (counted to
+# open it).
+Via = Literal["member", "host", "alertname", "opened"]
 
 
 @dataclass(frozen=True)

@@ -151,7 +151,7 @@ class IncidentStage:
         self, attribution: Attribution, matched: Sequence[tuple[Event, Playbook]]
     ) -> dict[str, dict[str, Any] | None]:
         """The incident-level evidence of each incident the batch changes, by its id (None: it keeps what it has),
-        gathered while the batch's own evidence is."""
+        gathered together, while the batch's own evidence is."""
         changed = sorted(
             {
                 membership.incident_id
@@ -159,7 +159,8 @@ class IncidentStage:
                 if (membership := attribution.memberships.get(event.id)) is not None and event.kind in _CHANGES
             }
         )
-        return {incident_id: await self._analysis(incident_id) for incident_id in changed}
+        found = await asyncio.gather(*(self._analysis(incident_id) for incident_id in changed))
+        return dict(zip(changed, found, strict=True))
 
     async def routes(
         self,

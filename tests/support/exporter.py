@@ -79,6 +79,9 @@ DCGM_METRICS: dict[str, tuple[Kind, str]] = {
 DCGM_BUS_NUMBERS = ("18", "2A", "3B", "5D", "9A", "AB", "BA", "DB")
 DEFAULT_MODEL = "NVIDIA H100 80GB HBM3"
 DEFAULT_DRIVER = "550.54.15"
+# dcgm-exporter's Xid gauge labels: no Xid yet, and a GPU fallen off the bus.
+NO_XID = {"err_code": "0", "err_msg": "No Error"}
+XID_79 = {"err_code": "79", "err_msg": "GPU has fallen off the bus"}
 
 # --- node_exporter, cAdvisor, vLLM, ipmi_exporter, smartctl_exporter ------------------------------------
 NODE_MEM_AVAILABLE = "node_memory_MemAvailable_bytes"
