@@ -36,6 +36,8 @@ from bot.selftest_label import heard_after_its_run, is_selftest
 from bot.storage.interface import Store
 
 log = logging.getLogger(__name__)
+# Event kinds that tell an alert fires: what a receiver must have heard before its ending.
+_FIRES = frozenset({EventKind.FIRING, EventKind.REFIRING})
 
 Enrich = Callable[[AlertState, Playbook], Awaitable[Enrichment]]
 
@@ -112,8 +114,13 @@ class Pipeline:
         gathered, analyses = await asyncio.gather(
             self._gather(matched, attribution), self._incidents.analyse(attribution, matched)
         )
-        unheard = await self._unheard_self_tests(events)
-        heard = await self._told_of_firing(matched, attribution)
+        told = await self._told_of_firing(events, attribution)
+        unheard = self._unheard_self_tests(events, told)
+        heard = {
+            event.id: told[event.alert.key]
+            for event, _ in matched
+            if event.kind is EventKind.RESOLVED and event.alert.key in told and attribution.told_alone(event)
+        }
         routes, decided, undecided = self._decide(matched, gathered, attribution, unheard, heard)
         alert_keys = {event.id: event.alert.key for event in events}
         fresh = {alert_keys[r.event_id]: r.enrichment for r in routes if r.enrichment is not None}
@@ -185,41 +192,38 @@ class Pipeline:
             decided.append((event, playbook, told))
         return routes, decided, failed
 
-    async def _told_of_firing(
-        self, matched: Sequence[tuple[Event, Playbook]], attribution: Attribution
-    ) -> dict[int, set[str]]:
-        """For each resolve told as the alert's own: the receivers told of its firing, none when it never reached
-        one (a receiver added since, or an alert first heard of once resolved, hears no ending of what it never
-        saw). A resolve whose firing this same batch tells is left to its routing."""
-        firing_here = {e.alert.key for e, _ in matched if e.kind in (EventKind.FIRING, EventKind.REFIRING)}
-        heard: dict[int, set[str]] = {}
-        for event, _ in matched:
-            if (
-                event.kind is EventKind.RESOLVED
-                and attribution.told_alone(event)
-                and event.alert.key not in firing_here
-            ):
-                deliveries = await self._store.alert_deliveries(event.alert.key)
-                heard[event.id] = {
-                    d.receiver for d in deliveries if d.event_kind in (EventKind.FIRING, EventKind.REFIRING)
-                }
-        return heard
+    async def _told_of_firing(self, events: Sequence[Event], attribution: Attribution) -> dict[str, set[str]]:
+        """The receivers told of the firing of each alert whose later event this batch holds (a resolve told as the
+        alert's own, any update of a self-test alert) and whose firing it does not: a resolve reaches only them (a
+        receiver added since, or an alert first heard of once resolved, hears no ending of what it never saw),
+        and a self-test's update reaches nobody when its firing did not."""
+        firing_here = {e.alert.key for e in events if e.kind in _FIRES}
+        asked = sorted(
+            {
+                e.alert.key
+                for e in events
+                if e.alert.key not in firing_here
+                and (is_selftest(e.alert.labels) or (e.kind is EventKind.RESOLVED and attribution.told_alone(e)))
+            }
+        )
+        told: dict[str, set[str]] = {}
+        for key in asked:
+            told[key] = {d.receiver for d in await self._store.alert_deliveries(key) if d.event_kind in _FIRES}
+        return told
 
-    async def _unheard_self_tests(self, events: Sequence[Event]) -> set[int]:
+    @staticmethod
+    def _unheard_self_tests(events: Sequence[Event], told: Mapping[str, set[str]]) -> set[int]:
         """The self-test events to tell nobody: those of an alert the bot first heard of once its run was over,
-        and any later event (a resolve by hand, which carries no deadline) of one whose firing reached nobody."""
+        and any later event (a resolve by hand, which carries no deadline) of one whose firing reached nobody.
+        `told`: the receivers told of each alert's firing (`_told_of_firing`)."""
         unheard: set[int] = set()
-        told_here: set[str] = set()  # alerts whose firing this batch tells
         for event in events:
             alert = event.alert
             if not is_selftest(alert.labels):
                 continue
             if heard_after_its_run(alert.labels, alert.annotations, alert.first_seen):
                 why = "a self-test alert arrived after its run was over: told to nobody"
-            elif event.kind is EventKind.FIRING:
-                told_here.add(alert.key)
-                continue
-            elif alert.key in told_here or await self._store.alert_deliveries(alert.key):
+            elif alert.key not in told or told[alert.key]:  # fires in this batch, or its firing was told
                 continue
             else:
                 why = "a self-test alert whose firing reached nobody: its update is told to nobody either"
