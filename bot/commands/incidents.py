@@ -77,7 +77,9 @@ async def incidents_command(config: BotConfig) -> int:
         print(f"gpu-alert-bot incidents: cannot read the store: {exc}", file=sys.stderr)
         return 1
     try:
-        records = await store.list_incidents(LISTED)
+        # The pages' list (open ones first, then the most recent), each read whole for its title and hosts.
+        heads = await store.incident_heads(LISTED)
+        records = [record for head in heads if (record := await store.get_incident(head.id)) is not None]
     finally:
         await store.close()
     if not records:

@@ -173,10 +173,6 @@ class Store(abc.ABC):
         """The incident with its members folded by host (read one row at a time)."""
 
     @abc.abstractmethod
-    async def list_incidents(self, limit: int) -> list[IncidentRecord]:
-        """At most `limit` incidents, the open ones first, then the most recently opened, each as `get_incident`."""
-
-    @abc.abstractmethod
     async def incident_alerts(self, incident_id: str) -> list[AlertLine]:
         """Each alert of the incident as a line, in the order they joined (none: no such incident)."""
 

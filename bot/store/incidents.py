@@ -63,9 +63,6 @@ ADVANCE = """UPDATE incidents SET version = version + 1,
                     THEN NULL ELSE COALESCE(resolved_at, {p}) END
  WHERE id = {p}"""
 INCIDENT = "SELECT * FROM incidents WHERE id = {p}"
-# The incidents a person lists (`gpu-alert-bot incidents`): the open ones first, then the most recent.
-LISTED = """SELECT id FROM incidents ORDER BY CASE WHEN state = 'open' THEN 0 ELSE 1 END, opened_at DESC, id
- LIMIT {p}"""
 # An incident's members, read one row at a time and folded (`summary_from_rows`): what a version shows, with no
 # evidence but the workload section (who is hurt). `{workload}`: the backend's JSON expression.
 MEMBERS = """SELECT m.alone, a.key, a.status, a.labels, a.annotations, a.starts_at, a.last_seen,

@@ -108,11 +108,6 @@ class PostgresIncidents(PostgresConnection):
         async with self._connection() as conn:
             return await self._incident(conn, incident_id.strip())
 
-    async def list_incidents(self, limit: int) -> list[IncidentRecord]:
-        async with self._connection() as conn:
-            ids = [row["id"] for row in await (await conn.execute(_q(shared.LISTED), (limit,))).fetchall()]
-            return [record for i in ids if (record := await self._incident(conn, i)) is not None]
-
     @staticmethod
     async def _incident(conn: Conn, incident_id: str) -> IncidentRecord | None:
         row = await (await conn.execute(_q(shared.INCIDENT), (incident_id,))).fetchone()

@@ -102,13 +102,6 @@ class SqliteIncidents(SqliteConnection):
     async def get_incident(self, incident_id: str) -> IncidentRecord | None:
         return await self._run(lambda: self._incident(self.connection, incident_id.strip()))
 
-    async def list_incidents(self, limit: int) -> list[IncidentRecord]:
-        def listed() -> list[IncidentRecord]:
-            ids = [row["id"] for row in self.connection.execute(_q(shared.LISTED), (limit,))]
-            return [record for i in ids if (record := self._incident(self.connection, i)) is not None]
-
-        return await self._run(listed)
-
     @staticmethod
     def _incident(conn: sqlite3.Connection, incident_id: str) -> IncidentRecord | None:
         row = conn.execute(_q(shared.INCIDENT), (incident_id,)).fetchone()
