@@ -31,93 +31,31 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.common import REPO, serve
+from bench.common import serve
 from bench.fleet import prometheus_requests
 from bench.slackview import visible
 from tests.fakes.pagerduty import FakePagerDuty
 from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack
-from tests.support.exporter import (
-    DCGM_GPU_TEMP,
-    DCGM_MEMORY_TEMP,
-    DCGM_THERMAL_VIOLATION,
-    DCGM_XID_ERRORS,
-    IPMI_TEMPERATURE,
-    NO_XID,
-    XID_79,
-    dcgm_labels,
-)
+from tests.support.cooling import alert_to, healthy_fleet, overheat, shipped_alertmanager_config, warm_inlet, xid_burst
 from tests.support.fleet import SyntheticFleet
-from tests.support.processes import Alertmanager, Prometheus, webhook_alertmanager_config
+from tests.support.processes import Alertmanager, Prometheus
 from tests.support.rules import SHIPPED_RULES, quick_rules
 from tests.test_email import smtp_server
 
 ROWS = "ABCDEF"
 HOT_ROW = "C"
-MODELS = ("NVIDIA H100 80GB HBM3", "NVIDIA H200")
-INLET = {"name": "Inlet Temp"}
 _POLL = 0.2
 
 
 def layout(hosts: int, row: int) -> dict[str, str]:
     """host -> rack: rows of `row` hosts, racks of 10."""
     return {f"gpu-{n:03d}": f"{ROWS[n // row % len(ROWS)]}{n % row // 10 + 1}" for n in range(hosts)}
-
-
-def gpu_labels(host: str, gpu: int, **extra: str) -> dict[str, str]:
-    return dcgm_labels(gpu, hostname=host, model=MODELS[int(host[-1]) % 2], **extra)
-
-
-@contextmanager
-def fleet_of(racks: dict[str, str], gpus: int) -> Iterator[SyntheticFleet]:
-    with SyntheticFleet() as fleet:
-        for host in racks:
-            exporter = fleet.host(host)
-            for gpu in range(gpus):
-                values = {DCGM_GPU_TEMP: 60, DCGM_MEMORY_TEMP: 70, DCGM_THERMAL_VIOLATION: 0}
-                exporter.set_gpu(gpu_labels(host, gpu), values)
-                exporter.set(DCGM_XID_ERRORS, gpu_labels(host, gpu, **NO_XID), 0)
-            exporter.set(IPMI_TEMPERATURE, INLET, 24.0)
-        yield fleet
-
-
-def overheat(fleet: SyntheticFleet, hosts: list[str], gpus: int) -> None:
-    """Every GPU of the row above 87 °C but the last (GPUTempCritical), that one throttling, every GPU's memory at
-    97 °C (GPUMemoryTempHigh's warning and critical)."""
-    for host in hosts:
-        exporter = fleet.host(host)
-        for gpu in range(gpus):
-            exporter.set(DCGM_GPU_TEMP, gpu_labels(host, gpu), 92 if gpu < gpus - 1 else 86)
-            exporter.set(DCGM_MEMORY_TEMP, gpu_labels(host, gpu), 97)
-        exporter.inc(DCGM_THERMAL_VIOLATION, gpu_labels(host, gpus - 1), 4e8)
-
-
-def xid_burst(fleet: SyntheticFleet, hosts: list[str]) -> None:
-    for host in hosts:
-        exporter = fleet.host(host)
-        exporter.remove(DCGM_XID_ERRORS, gpu_labels(host, 0, **NO_XID))
-        exporter.set(DCGM_XID_ERRORS, gpu_labels(host, 0, **XID_79), 79)
-
-
-def alertmanager_config(bot_url: str) -> dict[str, Any]:
-    shipped = yaml.safe_load((REPO / "config" / "alertmanager.example.yml").read_text())
-    config = webhook_alertmanager_config(bot_url, group_by=shipped["route"]["group_by"], group_interval="5s")
-    config["inhibit_rules"] = shipped["inhibit_rules"]
-    return config
-
-
-def connect(prometheus: Prometheus, alertmanager: Alertmanager) -> None:
-    config = yaml.safe_load(prometheus.config_path.read_text())
-    config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager.url[len("http://") :]]}]}]}
-    prometheus.config_path.write_text(yaml.safe_dump(config))
-    urllib.request.urlopen(urllib.request.Request(f"{prometheus.url}/-/reload", method="POST"), timeout=10)  # noqa: S310
 
 
 def scraped(prometheus: Prometheus, hosts: int) -> bool:
@@ -167,7 +105,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     racks = layout(args.hosts, args.row)
     hot = [h for h, rack in racks.items() if rack[0] == HOT_ROW]
     burst = [h for h, rack in racks.items() if rack[0] == "E"][:8]
-    with tempfile.TemporaryDirectory(prefix="gpu-alert-bot-cascade-") as tmp, fleet_of(racks, args.gpus) as fleet:
+    with tempfile.TemporaryDirectory(prefix="gpu-alert-bot-cascade-") as tmp, healthy_fleet(racks, args.gpus) as fleet:
         work = Path(tmp)
         rules = quick_rules([SHIPPED_RULES / "gpu-alerts.yml", SHIPPED_RULES / "hardware-alerts.yml"], work / "r.yml")
         scrape = fleet.scrape_config(work / "targets.json", {h: {"rack": r} for h, r in racks.items()}, interval="2s")
@@ -208,13 +146,12 @@ async def _measured(
         "enrichment": {"prometheus": {"url": prometheus.url, "history": "2m"}},
     }
     with serve(work, settings) as (url, _process):
-        alertmanager = Alertmanager(work / "am", alertmanager_config(url))
+        alertmanager = Alertmanager(work / "am", shipped_alertmanager_config(url, group_interval="5s"))
         try:
-            connect(prometheus, alertmanager)
+            alert_to(prometheus, alertmanager.url)
             await _first(lambda: scraped(prometheus, args.hosts), args.limit)
             asked = prometheus_requests(prometheus.url)
-            for host in hot:
-                fleet.host(host).set(IPMI_TEMPERATURE, INLET, 33.0)
+            warm_inlet(fleet, hot)
             warmed = time.time()
             cause_seen = await _first(lambda: _card_naming(slack, "Facility cooling"), args.limit)
             overheat(fleet, hot, args.gpus)

@@ -20,6 +20,7 @@ from bot.message import Message
 from bot.playbooks import PlaybookSet
 from bot.render.slack import escape, slack_payload
 from tests.support.bot import eventually, running_bot
+from tests.support.cooling import alert_to
 from tests.support.exporter import (
     DCGM_ECC_DBE_VOL_TOTAL,
     DCGM_FB_USED,
@@ -133,16 +134,6 @@ def texts(node: Any) -> Iterator[str]:
             yield from texts(item)
 
 
-def connect_alerting(prometheus: Prometheus, alertmanager_url: str) -> None:
-    """Prometheus starts before the bot (which enriches from it) and Alertmanager (which delivers to the bot):
-    point it at Alertmanager afterwards and reload."""
-    config = yaml.safe_load(prometheus.config_path.read_text())
-    target = alertmanager_url.removeprefix("http://")
-    config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [target]}]}]}
-    prometheus.config_path.write_text(yaml.safe_dump(config))
-    httpx.post(f"{prometheus.url}/-/reload", timeout=10).raise_for_status()
-
-
 async def test_every_gpu_rule_fires_with_its_runbook_and_threshold_and_vllm_is_judged(
     tmp_path: Path, alertmanager_factory: Any
 ) -> None:
@@ -160,7 +151,7 @@ async def test_every_gpu_rule_fires_with_its_runbook_and_threshold_and_vllm_is_j
             config = {"enrichment": {"budget": "5s", "prometheus": {"url": prometheus.url, "history": "2m"}}}
             async with running_bot(tmp_path, config) as bot:
                 am = alertmanager_factory(bot.url, group_wait="1s", group_interval="1s")
-                connect_alerting(prometheus, am.url)
+                alert_to(prometheus, am.url)
                 await eventually(lambda: scraped_twice(prometheus), timeout=20)
                 break_things(idle, busy)
 

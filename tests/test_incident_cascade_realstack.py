@@ -20,27 +20,26 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from tests.fakes.pagerduty import FakePagerDuty
 from tests.fakes.slack import FakeSlack, SlackMessage
 from tests.support.bot import eventually, running_bot
+from tests.support.cooling import (
+    alert_to,
+    gpu_labels,
+    healthy_fleet,
+    overheat,
+    shipped_alertmanager_config,
+    warm_inlet,
+    xid_burst,
+)
 from tests.support.exporter import (
     DCGM_ECC_DBE_VOL_TOTAL,
-    DCGM_GPU_TEMP,
-    DCGM_MEMORY_TEMP,
-    DCGM_THERMAL_VIOLATION,
-    DCGM_XID_ERRORS,
-    IPMI_TEMPERATURE,
-    NO_XID,
-    XID_79,
-    dcgm_labels,
 )
 from tests.support.fleet import SyntheticFleet
-from tests.support.processes import REPO, Alertmanager, Prometheus, webhook_alertmanager_config
+from tests.support.processes import Alertmanager, Prometheus
 from tests.support.rules import SHIPPED_RULES, quick_rules
 from tests.support.slack_receiver import slack_receiver
-from tests.test_e2e_playbooks import connect_alerting
 from tests.test_email import Pki, make_pki, smtp_server
 from tests.test_email_e2e import email_receiver
 
@@ -48,9 +47,7 @@ pytestmark = pytest.mark.realstack
 
 ROWS, RACKS, PER_RACK, GPUS = "ABCD", 3, 4, 2
 HOT_ROW = "C"
-MODELS = ("NVIDIA H100 80GB HBM3", "NVIDIA H200")
 ROUTING_KEY = "0123456789abcdef0123456789abcdef"
-INLET = {"name": "Inlet Temp"}
 
 
 def fleet_layout() -> dict[str, str]:
@@ -69,11 +66,6 @@ BURST = [host for host, rack in RACK_OF.items() if rack[0] in "AB"][::3]  # 8 ho
 SAMPLE = random.Random(7).sample([h for h, rack in RACK_OF.items() if rack[0] in "BD" and h not in BURST], 6)
 
 
-def labels(host: str, gpu: int, **extra: str) -> dict[str, str]:
-    model = MODELS[sum(map(ord, host)) % 2]
-    return dcgm_labels(gpu, hostname=host, model=model, **extra)
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     return make_pki(tmp_path_factory.mktemp("pki"))
@@ -81,44 +73,13 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 @pytest.fixture
 def fleet() -> Iterator[SyntheticFleet]:
-    with SyntheticFleet() as started:
-        for host in RACK_OF:
-            exporter = started.host(host)
-            for gpu in range(GPUS):
-                exporter.set_gpu(
-                    labels(host, gpu), {DCGM_GPU_TEMP: 60, DCGM_MEMORY_TEMP: 70, DCGM_THERMAL_VIOLATION: 0}
-                )
-                exporter.set(DCGM_ECC_DBE_VOL_TOTAL, labels(host, gpu), 0)
-                exporter.set(DCGM_XID_ERRORS, labels(host, gpu, **NO_XID), 0)
-            exporter.set(IPMI_TEMPERATURE, INLET, 24.0)
+    with healthy_fleet(RACK_OF, GPUS) as started:
         yield started
 
 
-def alertmanager_config(bot_url: str) -> dict[str, Any]:
-    """The shipped grouping (one notification per alertname and host) and inhibitions, quick."""
-    shipped = yaml.safe_load((REPO / "config" / "alertmanager.example.yml").read_text())
-    config = webhook_alertmanager_config(bot_url, group_by=shipped["route"]["group_by"])
-    config["inhibit_rules"] = shipped["inhibit_rules"]
-    return config
-
-
-def cooling_fails_in_row_c(fleet: SyntheticFleet) -> None:
-    for host in HOT:
-        exporter = fleet.host(host)
-        exporter.set(DCGM_GPU_TEMP, labels(host, 0), 92)  # GPUTempCritical
-        exporter.set(DCGM_GPU_TEMP, labels(host, 1), 86)
-        exporter.inc(DCGM_THERMAL_VIOLATION, labels(host, 1), 4e8)  # GPUThermalThrottling (GPU 0's is inhibited)
-        for gpu in range(GPUS):
-            exporter.set(DCGM_MEMORY_TEMP, labels(host, gpu), 97)  # GPUMemoryTempHigh, warning and critical
-
-
-def xid_burst_and_ecc_sample(fleet: SyntheticFleet) -> None:
-    for host in BURST:
-        exporter = fleet.host(host)
-        exporter.remove(DCGM_XID_ERRORS, labels(host, 0, **NO_XID))
-        exporter.set(DCGM_XID_ERRORS, labels(host, 0, **XID_79), 79)
+def ecc_sample(fleet: SyntheticFleet) -> None:
     for host in SAMPLE:
-        fleet.host(host).inc(DCGM_ECC_DBE_VOL_TOTAL, labels(host, 1), 1)
+        fleet.host(host).inc(DCGM_ECC_DBE_VOL_TOTAL, gpu_labels(host, 1), 1)
 
 
 def scraped(prometheus: Prometheus) -> bool:
@@ -166,15 +127,15 @@ async def test_a_cooling_cascade_is_one_incident_beside_an_xid_burst_and_a_rando
                     "outbox": {"initial_backoff": "50ms", "max_backoff": "200ms"},
                 }
                 async with running_bot(tmp_path, config) as bot:
-                    am = Alertmanager(tmp_path / "am", alertmanager_config(bot.url))
+                    am = Alertmanager(tmp_path / "am", shipped_alertmanager_config(bot.url))
                     try:
-                        connect_alerting(prometheus, am.url)
+                        alert_to(prometheus, am.url)
                         await eventually(lambda: scraped(prometheus), timeout=30)
-                        for host in HOT:
-                            fleet.host(host).set(IPMI_TEMPERATURE, INLET, 33.0)  # the inlet air warms first
+                        warm_inlet(fleet, HOT)  # the inlet air warms first
                         first = await eventually(lambda: card_of(slack, "Facility cooling"), timeout=45)
-                        cooling_fails_in_row_c(fleet)
-                        xid_burst_and_ecc_sample(fleet)
+                        overheat(fleet, HOT, GPUS)
+                        xid_burst(fleet, BURST)
+                        ecc_sample(fleet)
                         await eventually(lambda: _settled(slack, pagerduty), timeout=90)
                         mailed = await eventually(lambda: _threads(mails.received(), 3), timeout=30)
                     finally:
