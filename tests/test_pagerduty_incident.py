@@ -172,6 +172,8 @@ async def test_the_outbox_waits_out_pagerdutys_rate_limit_and_every_page_arrives
         try:
             await eventually(lambda: any(e.status == 429 for e in fake.events))
             assert len(fake.accepted("trigger")) == 120
+            # Time moves only once the outbox waits out the limit: moved earlier, the wait would start later.
+            await eventually(lambda: (clock.longest_wait or 0.0) >= 59)
             for _ in range(6):  # a minute, ten seconds at a time (the receiver's lease is renewed meanwhile)
                 await clock.advance(10)
             await eventually(lambda: len(fake.accepted("trigger")) == 125)

@@ -77,14 +77,23 @@ async def test_two_replicas_ride_a_promotion_under_load_and_lose_nothing(
     try:
         acknowledged: set[str] = set()
         refused: Counter[int] = Counter()
+        lost: list[str] = []
         async with httpx.AsyncClient(timeout=10) as client:
 
             async def deliver(payload: dict[str, Any]) -> None:
-                """Alertmanager's way: each replica is sent the notification, and retried until it says 200."""
+                """Alertmanager's way: each replica is sent the notification, and retried until it says 200 (a
+                connection lost before the answer is retried too)."""
                 host = payload["alerts"][0]["labels"]["host"]
                 for replica in replicas:
                     for _ in range(120):
-                        answer = await client.post(f"{replica.url}/alertmanager", content=body(payload), headers=JSON)
+                        try:
+                            answer = await client.post(
+                                f"{replica.url}/alertmanager", content=body(payload), headers=JSON
+                            )
+                        except httpx.TransportError as exc:
+                            lost.append(f"{replica.url}: {exc!r}")
+                            await asyncio.sleep(0.25)
+                            continue
                         if answer.status_code == 200:
                             acknowledged.add(host)
                             break
@@ -113,6 +122,8 @@ async def test_two_replicas_ride_a_promotion_under_load_and_lose_nothing(
 
         await eventually(lambda: acknowledged <= set(delivered()), timeout=60, interval=0.2)
         assert len(acknowledged) == ALERTS
+        # The bot answers 503 while it cannot write; a connection dropped unanswered is rare, never the rule.
+        assert len(lost) <= 3, lost
         hosts = delivered()
         assert len(hosts) - len(set(hosts)) <= len(replicas)  # the at-least-once window: one in flight each
         for replica in replicas:

@@ -40,6 +40,13 @@ class FakeClock:
         pending = [at for at, waker in self._sleepers if not waker.done()]
         return max(0.0, min(pending) - self._elapsed) if pending else None
 
+    @property
+    def longest_wait(self) -> float | None:
+        """Seconds until the latest sleeper wakes (None when nobody sleeps): a test waits for a long wait to be
+        asked for before moving time past it."""
+        pending = [at for at, waker in self._sleepers if not waker.done()]
+        return max(0.0, max(pending) - self._elapsed) if pending else None
+
     async def advance(self, seconds: float) -> None:
         """Move time on, wake every sleeper whose time has come, and let them run."""
         self._elapsed += seconds
