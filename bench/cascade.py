@@ -11,8 +11,9 @@ The row's inlet air warms first (InletTemperatureHigh); once the bot's first car
 (GPUTempCritical, GPUMemoryTempHigh warning and critical, GPUThermalThrottling, and GPUTemperatureRising as the
 quick rules let it) and the Xid burst starts. Printed: the incidents each receiver got (Slack cards, PagerDuty
 incident alerts, mail threads), Slack's posts in the row's incident, how long after the first webhook the first
-card named facility cooling, how long after its own arrival each alert was findable in Slack (on its host's line
-or in the attached list; the worst and the median), and the incident analyses and Prometheus queries the bot made.
+card named facility cooling, how long after its own arrival each alert was findable in Slack (its id shown, its
+alertname on its host's line, or in the attached list; the worst and the median), and the incident analyses and
+Prometheus queries the bot made.
 
     .venv/bin/python -m bench.cascade [--hosts 300] [--row 50] [--gpus 8] [--limit 240]
 
@@ -39,7 +40,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import serve
 from bench.fleet import prometheus_requests
-from bench.slackview import visible
+from bench.slackview import shown_ids, visible
+from bot.models import short_id
 from tests.fakes.pagerduty import FakePagerDuty
 from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack
 from tests.support.cooling import alert_to, healthy_fleet, overheat, shipped_alertmanager_config, warm_inlet, xid_burst
@@ -64,15 +66,20 @@ def scraped(prometheus: Prometheus, hosts: int) -> bool:
         return bool(json.load(answer)["data"]["result"])
 
 
-def stored_alerts(db: Path) -> dict[tuple[str, str, str], float]:
-    """(alertname, host, gpu) -> when the bot first heard of it (its store's clock), for every stored alert."""
+Alert = tuple[str, str, str]
+
+
+def stored_alerts(db: Path) -> dict[Alert, tuple[float, frozenset[str]]]:
+    """(alertname, host, gpu) -> when the bot first heard of it (its store's clock) and the ids of its stored
+    alerts (a warning and a critical alert of one GPU are two), for every stored alert."""
     with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
-        rows = conn.execute("SELECT alertname, labels, first_seen FROM alerts").fetchall()
-    found: dict[tuple[str, str, str], float] = {}
-    for alertname, labels, first_seen in rows:
+        rows = conn.execute("SELECT key, alertname, labels, first_seen FROM alerts").fetchall()
+    found: dict[Alert, tuple[float, frozenset[str]]] = {}
+    for alert_key, alertname, labels, first_seen in rows:
         parsed = json.loads(labels)
         key = (alertname, parsed.get("host", ""), parsed.get("gpu", parsed.get("name", "")))
-        found[key] = min(first_seen, found.get(key, first_seen))
+        heard, ids = found.get(key, (first_seen, frozenset()))
+        found[key] = (min(first_seen, heard), ids | {short_id(alert_key)})
     return found
 
 
@@ -185,10 +192,10 @@ def _card_naming(slack: FakeSlack, words: str) -> bool:
     return any(words in m.rendered_text() and "*Scope:*" in m.rendered_text() for m in slack.top_level())
 
 
-async def _follow(slack: FakeSlack, db: Path, limit: float) -> dict[tuple[str, str, str], tuple[float, float]]:
+async def _follow(slack: FakeSlack, db: Path, limit: float) -> dict[Alert, tuple[float, float]]:
     """Each stored alert: (when the bot heard of it, when it was first findable in Slack), until every alert of
     the cascade and the burst is findable and none arrived for 10 s, or `limit` seconds."""
-    found: dict[tuple[str, str, str], float] = {}
+    found: dict[Alert, float] = {}
     deadline = time.monotonic() + limit
     quiet_since = time.monotonic()
     known = 0
@@ -198,23 +205,22 @@ async def _follow(slack: FakeSlack, db: Path, limit: float) -> dict[tuple[str, s
             known, quiet_since = len(stored), time.monotonic()
         names = {alertname for alertname, _, _ in stored}
         visible_now = {(name, host, gpu) for name in names for host, gpu in findable(slack, name)}
+        ids = shown_ids(slack)
         now = time.time()
-        for key in stored:
-            if key not in found and (key in visible_now or (key[0], key[1], "") in visible_now):
+        for key, (_, own_ids) in stored.items():
+            if key not in found and (key in visible_now or (key[0], key[1], "") in visible_now or own_ids <= ids):
                 found[key] = now
         if stored and len(found) == len(stored) and time.monotonic() - quiet_since > 10:
             break
         await asyncio.sleep(_POLL)
-    return {key: (heard, found[key]) for key, heard in stored_alerts(db).items() if key in found} | {
-        key: (heard, float("inf")) for key, heard in stored_alerts(db).items() if key not in found
-    }
+    return {key: (heard, found.get(key, float("inf"))) for key, (heard, _) in stored_alerts(db).items()}
 
 
 def _figures(
     slack: FakeSlack,
     pagerduty: FakePagerDuty,
     mails: Any,
-    seen: dict[tuple[str, str, str], tuple[float, float]],
+    seen: dict[Alert, tuple[float, float]],
     first_webhook: float,
     cause_seen: float | None,
     queries: int,
@@ -259,7 +265,7 @@ def _figures(
     }  # fmt: skip
 
 
-def _by_alertname(seen: dict[tuple[str, str, str], tuple[float, float]]) -> dict[str, tuple[float, float]]:
+def _by_alertname(seen: dict[Alert, tuple[float, float]]) -> dict[str, tuple[float, float]]:
     """Each alertname's median and worst time from its alerts' arrival until findable in Slack."""
     delays: dict[str, list[float]] = {}
     for (alertname, _, _), (heard, found) in seen.items():

@@ -1,7 +1,8 @@
 """What a person sees in the Slack fake during a storm: which alerts are visible, and when a condition first held.
 
 Visible are: an alert's own message; a line of an older storm thread; in an incident's thread, the GPUs of a
-host line (when the card names the alert) and every line of the attached list of alerts."""
+host line (when the card names the alert) and every line of the attached list of alerts; and an alert whose id is
+shown (`shown_ids`)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from tests.fakes.slack import FakeSlack
 _HOST_LINE = re.compile(
     r"`([^`]+)`(?: · ([A-Za-z0-9_:, ]+?))?(?: · outside `[^`]*`)? · GPUs? ([\d, -]+?)(?: ·|$)", re.MULTILINE
 )
+
+_QUOTED = re.compile(r"`([^`\s]+)`")
 
 
 def visible(slack: FakeSlack, alertname: str) -> set[tuple[str, str]]:
@@ -41,6 +44,19 @@ def visible(slack: FakeSlack, alertname: str) -> set[tuple[str, str]]:
         for shared in (f for reply in replies for f in reply.files if f["name"].endswith(".txt")):
             seen.update(_listed(slack.uploads[shared["id"]].data or b"", alertname))
     return seen
+
+
+def shown_ids(slack: FakeSlack) -> set[str]:
+    """Every alert id a person can search Slack for: the ids on messages and host lines, and the attached lists'."""
+    shown: set[str] = set()
+    for message in slack.top_level():
+        replies = slack.replies(message)
+        for text in [message.rendered_text(), *(reply.rendered_text() for reply in replies)]:
+            shown.update(_QUOTED.findall(text))
+        for shared in (f for reply in replies for f in reply.files if f["name"].endswith(".txt")):
+            rows = (line.split() for line in (slack.uploads[shared["id"]].data or b"").decode().splitlines())
+            shown.update(row[0] for row in rows if row)
+    return shown
 
 
 def _gpus(ranges: str) -> list[str]:

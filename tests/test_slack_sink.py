@@ -27,7 +27,7 @@ from bot.sinks.slack.pacing import retry_after
 from bot.store.sqlite import SqliteStore
 from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack
 from tests.support.bot import eventually
-from tests.support.clock import FakeClock
+from tests.support.clock import FakeClock, running
 from tests.support.messages import delivery_of
 from tests.support.slack_receiver import slack_receiver
 from tests.test_secret_files import rotate
@@ -359,6 +359,20 @@ async def test_posts_are_paced_per_channel(fake: FakeSlack, make_sink: SinkFacto
     await delivering
     assert waits == [pytest.approx(1 / rate)] * 7
     assert len(fake.post_times()) == 8
+
+
+async def test_edits_take_turns_of_their_own_not_behind_the_channels_posts(
+    fake: FakeSlack, make_sink: SinkFactory
+) -> None:
+    """Slack limits chat.postMessage per channel and chat.update per method and workspace: at one a second each,
+    the edits of two resolves take no turn of the posts (n posts take n - 1 seconds, edits or not)."""
+    async with running(FakeClock(datetime.now(UTC))) as clock:
+        sink = make_sink(clock=clock, messages_per_second=1)
+        for message in (alert(1), alert(2), alert(1, "resolved"), alert(2, "resolved")):
+            assert await sink.deliver(delivery(message)) == DeliveryResult.ok()
+    posts, edits = (len(fake.calls_of(method)) for method in ("chat.postMessage", "chat.update"))
+    assert edits == 2
+    assert clock.monotonic() == pytest.approx(posts - 1)
 
 
 async def test_hostile_label_values_are_escaped_in_slack(fake: FakeSlack, make_sink: SinkFactory) -> None:

@@ -67,15 +67,15 @@ class SlackFailure(Exception):
 
 
 class SlackChannel:
-    """The configured channel of one receiver; every call is paced by the channel's token bucket."""
+    """The configured channel of one receiver; posts are paced by the channel's token bucket, edits and shares
+    by their method's (bot/sinks/slack/pacing.py)."""
 
     def __init__(self, receiver: SlackReceiver, state: SinkState, limits: SlackRateLimits | None = None) -> None:
         self.name = receiver.name
         self._config = receiver
         self._state = state
-        self._bucket = (limits or SlackRateLimits()).bucket(
-            receiver.api_url, receiver.channel, receiver.messages_per_second
-        )
+        self._limits = limits or SlackRateLimits()
+        self._posts = self._limits.bucket(receiver.api_url, receiver.channel, receiver.messages_per_second)
         self._session: aiohttp.ClientSession | None = None
         self._client: AsyncWebClient | None = None
         self._cannot_look_up = False
@@ -94,7 +94,7 @@ class SlackChannel:
             if nonce
             else None
         )
-        await self._bucket.acquire()
+        await self._posts.acquire()
         answer = await self._call(
             "chat.postMessage",
             lambda c: c.chat_postMessage(channel=channel, thread_ts=thread_ts or None, metadata=metadata, **payload),
@@ -106,16 +106,19 @@ class SlackChannel:
     async def update(self, channel: str, ts: str, payload: Payload) -> None:
         fields = {name: payload[name] for name in ("text", "attachments", "blocks") if name in payload}
         fields.setdefault("blocks", [])
-        await self._bucket.acquire()
+        await self._turn("chat.update")
         await self._call("chat.update", lambda c: c.chat_update(channel=channel, ts=ts, **fields))
 
     async def api(
         self, method: str, request: Callable[[AsyncWebClient], Awaitable[AsyncSlackResponse]], *, paced: bool = True
     ) -> dict[str, Any]:
-        """Another Web API call (the file upload's), paced with the channel's posts unless `paced` is False."""
+        """Another Web API call (the file upload's), paced by its method's bucket unless `paced` is False."""
         if paced:
-            await self._bucket.acquire()
+            await self._turn(method)
         return await self._call(method, request)
+
+    async def _turn(self, method: str) -> None:
+        await self._limits.method(self._config.api_url, self._config.token_file.get(), method).acquire()
 
     async def send_bytes(self, url: str, data: bytes, content_type: str) -> None:
         """The upload step of Slack's file flow: the bytes POSTed to the URL files.getUploadURLExternal gave

@@ -1,13 +1,17 @@
-"""Pacing of Slack calls: a token bucket per channel, and slack_sdk's 429 handler bounded to short waits.
+"""Pacing of Slack calls as Slack limits them, and slack_sdk's 429 handler bounded to short waits.
 
-Every receiver that posts to the same channel shares that channel's bucket. slack_sdk waits out a 429 per
-Retry-After (AsyncRateLimitErrorRetryHandler) when the wait is short; a longer one is not slept inside the
-request but handed to the outbox as the delay of a retry-later.
+Slack limits `chat.postMessage` per channel (about one a second) and every other Web API method per method and
+workspace (its tier, at least 50 a minute for `chat.update`, 100 for the file methods). So posts take turns in a
+bucket per channel, shared by every receiver that posts there, and an edit or a file's share takes its turn in
+its method's bucket, one call a second per workspace: an edit never waits behind a post or a share. slack_sdk
+waits out a 429 per Retry-After (AsyncRateLimitErrorRetryHandler) when the wait is short; a longer one is not
+slept inside the request but handed to the outbox as the delay of a retry-later.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from typing import Any
 
 from slack_sdk.http_retry.builtin_async_handlers import AsyncRateLimitErrorRetryHandler
@@ -44,15 +48,28 @@ class TokenBucket:
             self._tokens -= 1
 
 
+# Slack's advice for the tiered methods: design for one call a second per method.
+METHOD_CALLS_PER_SECOND = 1.0
+
+
 class SlackRateLimits:
-    """One token bucket per Slack channel, shared by every receiver that posts there."""
+    """The token buckets of the Slack calls: one per channel for posts, one per workspace and method for the rest,
+    each shared by every receiver that uses it."""
 
     def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
         self._clock = clock
-        self._buckets: dict[tuple[str, str], TokenBucket] = {}
+        self._buckets: dict[tuple[str, ...], TokenBucket] = {}
 
     def bucket(self, api_url: str, channel: str, rate: float) -> TokenBucket:
-        key = (api_url.rstrip("/"), channel.removeprefix("#"))
+        """The posts' bucket of a channel."""
+        return self._shared(("post", api_url.rstrip("/"), channel.removeprefix("#")), rate)
+
+    def method(self, api_url: str, token: str, method: str) -> TokenBucket:
+        """The bucket of a tiered method in the workspace the bot token belongs to."""
+        workspace = hashlib.sha256(token.encode()).hexdigest()[:16]
+        return self._shared(("method", api_url.rstrip("/"), workspace, method), METHOD_CALLS_PER_SECOND)
+
+    def _shared(self, key: tuple[str, ...], rate: float) -> TokenBucket:
         bucket = self._buckets.setdefault(key, TokenBucket(rate, clock=self._clock))
         bucket.rate = min(bucket.rate, rate)
         return bucket

@@ -12,8 +12,8 @@ looks for that file in the thread (conversations.replies, the history scopes) be
 
 The message always goes first and alone: a picture that cannot be drawn is left out, an upload refused for good
 (not_in_channel, missing_scope: files:write, an invalid upload URL) or failing `_ATTEMPTS` times is given up.
-Both are counted in `gpu_alert_bot_graphs_total{result}`. The share, which posts into the channel, takes its turn
-in the channel's pace (`messages_per_second`) like any other post.
+Both are counted in `gpu_alert_bot_graphs_total{result}`. The share takes its turn in the pace of
+`files.completeUploadExternal` (one a second per workspace), not in the channel's posts'.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class SlackFiles:
         answer = await self._channel.api(
             "files.getUploadURLExternal",
             lambda c: c.files_getUploadURLExternal(filename=filename, length=len(data), alt_txt=alt_text),
-            paced=False,  # nothing shows in the channel yet: the share is the post that takes a turn
+            paced=False,  # nothing shows in the channel yet (a Tier 4 method): the share is the call that takes a turn
         )
         url, file_id = str(answer.get("upload_url") or ""), str(answer.get("file_id") or "")
         await self._channel.send_bytes(url, data, content_type)
