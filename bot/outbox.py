@@ -3,7 +3,10 @@
 Each receiver drains its own queues, so one sink's outage never delays another. A receiver has two lanes: its
 alerts' deliveries, in order (an update of a message never overtakes the post that created it), and its incidents'
 (bot/incident/), so an alert outside an incident never waits behind an incident's backlog. An incident's delivery
-carries its whole view: the newest pending version is sent and the older ones are set aside (superseded). A sink
+carries its whole view: the newest pending version is sent and the older ones are set aside (superseded). The
+newest versions of up to `_INCIDENTS_AT_ONCE` incidents go out side by side, each incident's in order, so one
+incident's slow turn (its first card waiting for the channel's posts, a retry) never holds another incident's new
+hosts back. A sink
 may hold a delivery (an email digest's interval): that is no failed attempt, and the incident's newer versions
 wait as long. While a delivery is retried the receiver's queue waits
 behind it: when Slack is down, hammering it with the next message would not help. Every attempt is written
@@ -41,6 +44,8 @@ LANES: tuple[Lane, ...] = ("alerts", "incidents")
 log = logging.getLogger(__name__)
 
 _BATCH = 50
+_INCIDENTS_AT_ONCE = 4
+_IN_FLIGHT_RECHECK = 1.0
 _IDLE_RECHECK = 30.0
 
 
@@ -76,6 +81,7 @@ class Outbox:
         self._unrecorded: dict[tuple[str, Lane], list[_Outcome]] = {
             (name, lane): [] for name in self._sinks for lane in LANES
         }
+        self._recording = {(name, lane): asyncio.Lock() for name in self._sinks for lane in LANES}
         # A store outage fails every lane's every read: one line a minute per receiver says so, with a count.
         self._store_failures = RateLimitedLog(log, clock=clock.monotonic)
         self._attempts: set[asyncio.Task[DeliveryResult]] = set()
@@ -132,34 +138,69 @@ class Outbox:
 
     async def _dispatch(self, sink: Sink, lane: Lane) -> None:
         wakeup = self._wakeups[sink.name, lane]
-        while True:
-            wakeup.clear()
-            if not self._holding[sink.name]:
-                await self._wait(wakeup, _IDLE_RECHECK)
-                continue
-            try:
-                await self._record_outcomes(sink.name, lane)
-                batch = await self._store.due_deliveries(sink.name, _BATCH, lane)
-                for delivery in batch:
-                    if not self._holding[sink.name]:
-                        break  # lost the receiver to another replica: it sends the rest
-                    if lane == "incidents":
-                        await self._store.supersede_deliveries(delivery)
-                    await self._deliver(sink, lane, delivery)
-                if batch:
+        in_flight: dict[str, asyncio.Task[None]] = {}  # the incidents lane's deliveries under way, by incident
+        try:
+            while True:
+                wakeup.clear()
+                if not self._holding[sink.name]:
+                    await self._wait(wakeup, _IDLE_RECHECK)
                     continue
-                timeout = await self._idle_timeout(sink.name, lane)
-            except StoreUnavailable as exc:
-                self._metrics.error("store_unavailable")
-                self._store_failures.log(
-                    logging.WARNING, sink.name, "outbox cannot read the store", receiver=sink.name, reason=str(exc)
-                )
-                timeout = self._config.initial_backoff
-            except Exception:  # a bug must not silence this receiver until the next restart
-                self._metrics.error("outbox")
-                log.exception("outbox dispatcher error; will try again", extra={"receiver": sink.name})
-                timeout = self._config.max_backoff
-            await self._wait(wakeup, timeout)
+                try:
+                    await self._record_outcomes(sink.name, lane)
+                    if lane == "incidents":
+                        timeout = await self._start_incidents(sink, in_flight, wakeup)
+                    else:
+                        timeout = await self._deliver_alerts(sink)
+                    if timeout is None:
+                        continue
+                except StoreUnavailable as exc:
+                    self._metrics.error("store_unavailable")
+                    self._store_failures.log(
+                        logging.WARNING, sink.name, "outbox cannot read the store", receiver=sink.name, reason=str(exc)
+                    )
+                    timeout = self._config.initial_backoff
+                except Exception:  # a bug must not silence this receiver until the next restart
+                    self._metrics.error("outbox")
+                    log.exception("outbox dispatcher error; will try again", extra={"receiver": sink.name})
+                    timeout = self._config.max_backoff
+                await self._wait(wakeup, timeout)
+        finally:
+            for task in in_flight.values():
+                task.cancel()
+            await asyncio.gather(*in_flight.values(), return_exceptions=True)
+
+    async def _deliver_alerts(self, sink: Sink) -> float | None:
+        """A batch of the alerts lane, in order; how long to wait for more (None: read again at once)."""
+        batch = await self._store.due_deliveries(sink.name, _BATCH, "alerts")
+        for delivery in batch:
+            if not self._holding[sink.name]:
+                break  # lost the receiver to another replica: it sends the rest
+            await self._deliver(sink, "alerts", delivery)
+        return None if batch else await self._idle_timeout(sink.name, "alerts")
+
+    async def _start_incidents(
+        self, sink: Sink, in_flight: dict[str, asyncio.Task[None]], wakeup: asyncio.Event
+    ) -> float | None:
+        """Start the newest version of each due incident not under way, up to `_INCIDENTS_AT_ONCE` at once; an
+        ended one wakes the lane. A delivery's failure (the store, a bug) is raised here, once it has ended."""
+        for key, task in list(in_flight.items()):
+            if task.done():
+                del in_flight[key]
+                task.result()
+        room = _INCIDENTS_AT_ONCE - len(in_flight)
+        if room > 0:
+            batch = await self._store.due_deliveries(sink.name, _INCIDENTS_AT_ONCE + len(in_flight), "incidents")
+            for delivery in [d for d in batch if d.alert_key not in in_flight][:room]:
+                task = asyncio.create_task(self._send_newest(sink, delivery), name=f"delivery-{delivery.id}-newest")
+                task.add_done_callback(lambda _task: wakeup.set())
+                in_flight[delivery.alert_key] = task
+        if in_flight:  # the lane wakes when one ends; a version due meanwhile is seen within the recheck
+            return _IN_FLIGHT_RECHECK
+        return await self._idle_timeout(sink.name, "incidents")
+
+    async def _send_newest(self, sink: Sink, delivery: Delivery) -> None:
+        await self._store.supersede_deliveries(delivery)
+        await self._deliver(sink, "incidents", delivery)
 
     async def _wait(self, wakeup: asyncio.Event, seconds: float) -> None:
         await wait_for_event(self._clock, wakeup, seconds)
@@ -264,13 +305,14 @@ class Outbox:
     async def _record_outcomes(self, receiver: str, lane: Lane) -> None:
         """Write the outcomes this receiver's lane is holding, oldest first; StoreUnavailable keeps the rest."""
         pending = self._unrecorded[receiver, lane]
-        while pending:
-            outcome = pending[0]
-            if outcome.delivered:
-                await self._store.delivery_succeeded(outcome.delivery_id)
-            else:
-                await self._store.delivery_failed(outcome.delivery_id, outcome.error)
-            pending.pop(0)
+        async with self._recording[receiver, lane]:  # the incidents' deliveries end together
+            while pending:
+                outcome = pending[0]
+                if outcome.delivered:
+                    await self._store.delivery_succeeded(outcome.delivery_id)
+                else:
+                    await self._store.delivery_failed(outcome.delivery_id, outcome.error)
+                pending.pop(0)
 
     async def _record_unrecorded_before_exit(self) -> None:
         for (receiver, lane), pending in self._unrecorded.items():

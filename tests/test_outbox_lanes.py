@@ -1,6 +1,6 @@
 """The outbox's incident lane, on a real SQLite store: an alert outside an incident never waits behind the
-incident's deliveries; the newest pending version of an incident is sent and the older ones set aside; a sink's
-hold spends no attempt and makes the incident's newer versions wait as long."""
+incident's deliveries, nor one incident behind another's; the newest pending version of an incident is sent and
+the older ones set aside; a sink's hold spends no attempt and makes the incident's newer versions wait as long."""
 
 from __future__ import annotations
 
@@ -63,6 +63,31 @@ async def test_an_alert_outside_the_incident_never_waits_behind_its_deliveries(t
         async with running_outbox(store, [sink]):
             await eventually(lambda: [d.alert_key for d in sink.delivered] == [key])
             assert [d.message.incident.version for _, d in sink.attempts if d.message.incident] == [3]
+
+
+async def test_one_incidents_slow_turn_never_holds_another_incident_back(tmp_path: Path) -> None:
+    # Slack keeps answering the first incident's card with a long Retry-After; the second incident's goes out.
+    slow: list[str] = []
+
+    def script(delivery: Delivery, _attempt: int) -> DeliveryResult:
+        if delivery.alert_key in slow:
+            return DeliveryResult.retry_later("ratelimited", "rate limited", delay=3600)
+        return DeliveryResult.ok()
+
+    sink = ScriptedSink("slack", script)
+    async with sqlite_store(tmp_path) as store:
+        first = await open_incident(store)
+        await ingest_and_dedup(store, webhook(gpu_alerts(6, host="k-ai-02", alertname="GPUMemoryTempHigh")))
+        events = await store.claim_events(1000, 60)
+        [second] = {m.incident_id for m in (await store.attribute_incidents(arrivals(events), RULE)).values()}
+        await store.route_events([EventRoute(e.id, None, []) for e in events])
+        assert second != first
+        slow.append(incident_key(first))
+        for incident_id in (first, second):
+            await new_version(store, incident_id)
+        async with running_outbox(store, [sink]):
+            await eventually(lambda: [d.alert_key for d in sink.delivered] == [incident_key(second)])
+            assert incident_key(first) in [d.alert_key for _, d in sink.attempts]
 
 
 async def test_the_newest_version_of_an_incident_is_sent_and_the_older_ones_set_aside(tmp_path: Path) -> None:
