@@ -13,7 +13,7 @@ looks for that file in the thread (conversations.replies, the history scopes) be
 The message always goes first and alone: a picture that cannot be drawn is left out, an upload refused for good
 (not_in_channel, missing_scope: files:write, an invalid upload URL) or failing `_ATTEMPTS` times is given up.
 Both are counted in `gpu_alert_bot_graphs_total{result}`. The share takes its turn in the pace of
-`files.completeUploadExternal` (one a second per workspace), not in the channel's posts'.
+`files.completeUploadExternal` (one a second per workspace), not in the pace of the channel's posts.
 """
 
 from __future__ import annotations
