@@ -43,11 +43,13 @@ from bench.fleet import prometheus_requests
 from bench.slackview import shown_ids, visible
 from bot.models import short_id
 from tests.fakes.pagerduty import FakePagerDuty
-from tests.fakes.slack import DEFAULT_TOKEN, FakeSlack
+from tests.fakes.slack import FakeSlack
 from tests.support.cooling import alert_to, healthy_fleet, overheat, shipped_alertmanager_config, warm_inlet, xid_burst
 from tests.support.fleet import SyntheticFleet
+from tests.support.pagerduty_receiver import pagerduty_receiver
 from tests.support.processes import Alertmanager, Prometheus
 from tests.support.rules import SHIPPED_RULES, quick_rules
+from tests.support.slack_receiver import slack_receiver
 from tests.test_email import smtp_server
 
 ROWS = "ABCDEF"
@@ -138,14 +140,11 @@ async def _measured(
     pagerduty: FakePagerDuty,
     slack: FakeSlack,
 ) -> dict[str, Any]:
-    (work / "slack_token").write_text(DEFAULT_TOKEN)
-    (work / "pd_key").write_text("0123456789abcdef0123456789abcdef")
     receivers = [
-        {"type": "slack", "name": "slack", "channel": "#gpu-alerts", "token_file": str(work / "slack_token"),
-         "api_url": slack.api_url, "messages_per_second": 1.0},
+        slack_receiver(work, slack, timeout="10s", messages_per_second=1.0),
         {"type": "email", "name": "mail", "to": ["oncall@example.com"], "from": "bot@example.com",
          "smarthost": f"127.0.0.1:{smtp_port}", "security": "none", "allow_plaintext": True},
-        {"type": "pagerduty", "name": "pd", "routing_key_file": str(work / "pd_key"), "url": pagerduty.url},
+        pagerduty_receiver(work, pagerduty),
     ]  # fmt: skip
     settings = {
         "receivers": receivers,

@@ -37,6 +37,7 @@ from tests.support.exporter import (
     DCGM_ECC_DBE_VOL_TOTAL,
 )
 from tests.support.fleet import SyntheticFleet
+from tests.support.pagerduty_receiver import pagerduty_receiver
 from tests.support.processes import Alertmanager, Prometheus
 from tests.support.rules import SHIPPED_RULES, quick_rules
 from tests.support.slack_receiver import slack_receiver
@@ -47,7 +48,6 @@ pytestmark = pytest.mark.realstack
 
 ROWS, RACKS, PER_RACK, GPUS = "ABCD", 3, 4, 2
 HOT_ROW = "C"
-ROUTING_KEY = "0123456789abcdef0123456789abcdef"
 
 
 def fleet_layout() -> dict[str, str]:
@@ -109,17 +109,14 @@ async def test_a_cooling_cascade_is_one_incident_beside_an_xid_burst_and_a_rando
     rules = quick_rules([SHIPPED_RULES / "gpu-alerts.yml", SHIPPED_RULES / "hardware-alerts.yml"], tmp_path / "r.yml")
     scrape = fleet.scrape_config(tmp_path / "targets.json", {host: {"rack": rack} for host, rack in RACK_OF.items()})
     prometheus = Prometheus(tmp_path / "prom", scrape, [rules])
-    key_file = tmp_path / "pd_key"
-    key_file.write_text(ROUTING_KEY + "\n")
     try:
         with smtp_server("starttls", pki.trusted) as (port, mails):
             async with FakePagerDuty() as pagerduty:
-                pd = {"type": "pagerduty", "name": "pd", "routing_key_file": str(key_file), "url": pagerduty.url}
                 config = {
                     "receivers": [
                         slack_receiver(tmp_path, slack),
                         {**email_receiver(port, pki), "digest_interval": "2s"},
-                        pd,
+                        pagerduty_receiver(tmp_path, pagerduty),
                     ],
                     "routing": {"default": ["slack", "oncall-email", "pd"]},
                     "enrichment": {"budget": "5s", "prometheus": {"url": prometheus.url, "history": "2m"}},

@@ -20,6 +20,7 @@ from bot.models import alert_key, short_id
 from tests.fakes.pagerduty import FakePagerDuty
 from tests.fakes.slack import FakeSlack
 from tests.support.bot import eventually, running_bot
+from tests.support.pagerduty_receiver import pagerduty_receiver
 from tests.support.payloads import am_alert, webhook
 from tests.support.slack_receiver import slack_receiver
 from tests.test_email import Pki, make_pki, smtp_server
@@ -28,7 +29,6 @@ from tests.test_email_e2e import email_receiver
 pytestmark = pytest.mark.realstack
 
 HOSTS, GPUS = 150, 8
-ROUTING_KEY = "0123456789abcdef0123456789abcdef"
 _HOST_LINE = re.compile(r"`(k-ai-\d{3})`")
 
 
@@ -58,8 +58,6 @@ def keys(payload: dict[str, Any]) -> list[str]:
 async def test_a_fleet_incident_is_one_card_one_mail_one_page_and_an_unrelated_alert_is_paged_at_once(
     tmp_path: Path, pki: Pki, slack: FakeSlack
 ) -> None:
-    key_file = tmp_path / "pd_key"
-    key_file.write_text(ROUTING_KEY + "\n")
     started = datetime.now(UTC).replace(microsecond=0)
     storm = [hot(n, started) for n in range(HOSTS)]
     unrelated = webhook(
@@ -68,12 +66,11 @@ async def test_a_fleet_incident_is_one_card_one_mail_one_page_and_an_unrelated_a
     )
     with smtp_server("starttls", pki.trusted) as (port, mails):
         async with FakePagerDuty() as pagerduty:
-            pd = {"type": "pagerduty", "name": "pd", "routing_key_file": str(key_file), "url": pagerduty.url}
             config = {
                 "receivers": [
                     slack_receiver(tmp_path, slack),
                     email_receiver(port, pki),
-                    {**pd, "rate_limit_delay": "15s"},
+                    pagerduty_receiver(tmp_path, pagerduty, rate_limit_delay="15s"),
                 ],
                 "routing": {"default": ["slack", "oncall-email", "pd"]},
                 "outbox": {"initial_backoff": "50ms", "max_backoff": "200ms"},

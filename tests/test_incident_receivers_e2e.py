@@ -13,12 +13,12 @@ import pytest
 
 from tests.fakes.pagerduty import FakePagerDuty
 from tests.support.bot import eventually, running_bot
+from tests.support.pagerduty_receiver import pagerduty_receiver
 from tests.support.payloads import am_alert, webhook
 from tests.test_email import smtp_server
 
 pytestmark = pytest.mark.realstack
 
-ROUTING_KEY = "0123456789abcdef0123456789abcdef"
 LATE = "k-ai-00"
 
 
@@ -45,8 +45,6 @@ async def test_a_host_that_joins_late_is_named_to_pagerduty_and_in_the_next_mail
     hosts = [f"k-ai-{n:02d}" for n in range(10, 48)]
     started = datetime.now(UTC).replace(microsecond=0)
     flood = [hot(host, 8 if n < 37 else 4, started) for n, host in enumerate(hosts)]
-    key_file = tmp_path / "pd_key"
-    key_file.write_text(ROUTING_KEY + "\n")
     with smtp_server("plain") as (port, mails):
         async with FakePagerDuty() as pagerduty:
             mail = {
@@ -62,7 +60,7 @@ async def test_a_host_that_joins_late_is_named_to_pagerduty_and_in_the_next_mail
             config = {
                 "receivers": [
                     mail,
-                    {"type": "pagerduty", "name": "pd", "routing_key_file": str(key_file), "url": pagerduty.url},
+                    pagerduty_receiver(tmp_path, pagerduty),
                 ],
                 "routing": {"default": ["mail", "pd"]},
                 "outbox": {"initial_backoff": "50ms", "max_backoff": "200ms"},

@@ -17,6 +17,7 @@ from tests.fakes.pagerduty import FakePagerDuty
 from tests.fakes.slack import FakeSlack
 from tests.support.bot import eventually, running_bot
 from tests.support.browser import watched_page
+from tests.support.pagerduty_receiver import pagerduty_receiver
 from tests.support.pages import CREDENTIALS, GPUS, host_alerts, pages_config, post, the_incident
 from tests.support.payloads import am_alert, webhook
 from tests.support.slack_receiver import slack_receiver
@@ -24,7 +25,6 @@ from tests.test_email import smtp_server
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
-ROUTING_KEY = "0123456789abcdef0123456789abcdef"
 _SLACK_LINK = re.compile(r"<(http://[^|>]+)\|(Incident page|Alert page)>")
 
 
@@ -39,8 +39,6 @@ def slack_link(slack: FakeSlack, title: str, text: str) -> str | None:
 async def test_the_cards_mails_and_pagerduty_alerts_link_opens_the_incidents_page(
     tmp_path: Path, browser: Browser
 ) -> None:
-    key_file = tmp_path / "pd_key"
-    key_file.write_text(ROUTING_KEY + "\n")
     started = datetime.now(UTC).replace(microsecond=0)
     with smtp_server("plain") as (smtp_port, mails):
         async with FakeSlack() as slack, FakePagerDuty() as pagerduty:
@@ -53,10 +51,9 @@ async def test_the_cards_mails_and_pagerduty_alerts_link_opens_the_incidents_pag
                 "security": "none",
                 "allow_plaintext": True,
             }
-            pd = {"type": "pagerduty", "name": "pd", "routing_key_file": str(key_file), "url": pagerduty.url}
             config = {
                 **pages_config(tmp_path),
-                "receivers": [slack_receiver(tmp_path, slack), mail, pd],
+                "receivers": [slack_receiver(tmp_path, slack), mail, pagerduty_receiver(tmp_path, pagerduty)],
                 "routing": {"default": ["slack", "mail", "pd"]},
             }
             async with running_bot(tmp_path, config) as bot:
